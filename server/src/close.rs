@@ -1,0 +1,24 @@
+//! WebSocket close codes Quire sends, and what a client should do about each.
+//!
+//! Transient codes (reconnect with backoff, the document resyncs): [`GOING_AWAY`],
+//! [`INTERNAL`], [`RESTART`], [`TRY_AGAIN_LATER`]. Permanent codes, in the 4400-4499 band
+//! (reconnecting unchanged will fail the same way): [`DOC_TOO_LARGE`]. Protocol violations by
+//! the client: [`UNSUPPORTED_DATA`], [`MALFORMED`], [`MESSAGE_TOO_BIG`].
+
+/// Server shutting down, or the connection was idle longer than the idle timeout.
+pub const GOING_AWAY: u16 = 1001;
+/// A text frame: the protocol is binary only.
+pub const UNSUPPORTED_DATA: u16 = 1003;
+/// A frame that does not decode as y-websocket messages, or an update yrs rejects.
+pub const MALFORMED: u16 = 1007;
+/// A frame larger than `max_message_size`.
+pub const MESSAGE_TOO_BIG: u16 = 1009;
+/// The document could not be loaded or committed; retry later.
+pub const INTERNAL: u16 = 1011;
+/// The server is restarting.
+pub const RESTART: u16 = 1012;
+/// Backpressure: this connection's outbound queue overflowed, or the document has too many
+/// connections. Reconnect (with backoff) and resync.
+pub const TRY_AGAIN_LATER: u16 = 1013;
+/// The update would make the document larger than `max_doc_size`.
+pub const DOC_TOO_LARGE: u16 = 4413;

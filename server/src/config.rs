@@ -1,0 +1,261 @@
+//! Typed configuration, layered: built-in defaults, then an optional TOML file, then `QUIRE_*`
+//! environment variables, then command-line flags (the last one set wins).
+//!
+//! One struct, [`Settings`], is both the clap argument group and the TOML schema, with every
+//! field optional; [`Settings::resolve`] merges the layers into a [`Config`] with no options left.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// A duration written the human way (`30s`, `500ms`, `2m`) in flags, env vars and TOML.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl FromStr for HumanDuration {
+    type Err = humantime::DurationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        humantime::parse_duration(s).map(HumanDuration)
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// SQLite's `synchronous` pragma. `full` (the default) fsyncs the WAL on every commit, so an
+/// acknowledged update survives power loss; `normal` survives a process crash only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SqliteSync {
+    Off,
+    Normal,
+    Full,
+    Extra,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Every setting, optional, as read from one layer.
+#[derive(Debug, Default, Clone, clap::Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Address to listen on [default: 127.0.0.1:1234]
+    #[arg(long, env = "QUIRE_BIND")]
+    pub bind: Option<SocketAddr>,
+    /// Database URL [default: sqlite://quire.db]
+    #[arg(long = "database", env = "QUIRE_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// SQLite `synchronous` pragma [default: full]
+    #[arg(long, env = "QUIRE_SQLITE_SYNCHRONOUS", value_enum)]
+    pub sqlite_synchronous: Option<SqliteSync>,
+    /// Log format [default: text]
+    #[arg(long, env = "QUIRE_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Log filter, tracing-subscriber syntax [default: info]
+    #[arg(long, env = "QUIRE_LOG")]
+    pub log: Option<String>,
+    /// Largest WebSocket message accepted, in bytes [default: 16777216]
+    #[arg(long, env = "QUIRE_MAX_MESSAGE_SIZE")]
+    pub max_message_size: Option<usize>,
+    /// Largest document (snapshot plus log since), in bytes [default: 268435456]
+    #[arg(long, env = "QUIRE_MAX_DOC_SIZE")]
+    pub max_doc_size: Option<u64>,
+    /// Most connections to one document [default: 1000]
+    #[arg(long, env = "QUIRE_MAX_CONNECTIONS_PER_DOC")]
+    pub max_connections_per_doc: Option<usize>,
+    /// Outbound queue length per connection, in messages; overflow closes with 1013 [default: 1024]
+    #[arg(long, env = "QUIRE_PEER_QUEUE")]
+    pub peer_queue: Option<usize>,
+    /// Inbound queue length per room, in messages [default: 1024]
+    #[arg(long, env = "QUIRE_ROOM_QUEUE")]
+    pub room_queue: Option<usize>,
+    /// Most updates committed in one transaction [default: 1024]
+    #[arg(long, env = "QUIRE_COMMIT_BATCH")]
+    pub commit_batch: Option<usize>,
+    /// WebSocket ping interval [default: 30s]
+    #[arg(long, env = "QUIRE_PING_INTERVAL")]
+    pub ping_interval: Option<HumanDuration>,
+    /// Close a connection silent for this long [default: 90s]
+    #[arg(long, env = "QUIRE_IDLE_TIMEOUT")]
+    pub idle_timeout: Option<HumanDuration>,
+    /// Drop awareness states not refreshed for this long [default: 30s]
+    #[arg(long, env = "QUIRE_AWARENESS_TIMEOUT")]
+    pub awareness_timeout: Option<HumanDuration>,
+    /// Unload a room this long after its last connection closes [default: 30s]
+    #[arg(long, env = "QUIRE_ROOM_UNLOAD_DELAY")]
+    pub room_unload_delay: Option<HumanDuration>,
+    /// After a failed load, refuse the document for this long before retrying [default: 2s]
+    #[arg(long, env = "QUIRE_LOAD_RETRY_DELAY")]
+    pub load_retry_delay: Option<HumanDuration>,
+    /// Snapshot after this many logged updates [default: 1000]
+    #[arg(long, env = "QUIRE_SNAPSHOT_UPDATES")]
+    pub snapshot_updates: Option<u64>,
+    /// Snapshot after this many logged bytes [default: 4194304]
+    #[arg(long, env = "QUIRE_SNAPSHOT_BYTES")]
+    pub snapshot_bytes: Option<u64>,
+    /// Time allowed for a graceful shutdown [default: 10s]
+    #[arg(long, env = "QUIRE_SHUTDOWN_GRACE")]
+    pub shutdown_grace: Option<HumanDuration>,
+}
+
+/// The resolved configuration handed to [`crate::run`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub bind: SocketAddr,
+    pub database_url: String,
+    pub sqlite_synchronous: SqliteSync,
+    pub log_format: LogFormat,
+    pub log: String,
+    pub limits: Limits,
+    pub ping_interval: Duration,
+    pub idle_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub room: RoomConfig,
+}
+
+/// Size bounds on what clients may send.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_message_size: usize,
+    pub max_connections_per_doc: usize,
+    pub peer_queue: usize,
+    pub room_queue: usize,
+}
+
+/// What a room task needs to know.
+#[derive(Debug, Clone)]
+pub struct RoomConfig {
+    pub max_doc_size: u64,
+    pub max_connections: usize,
+    pub commit_batch: usize,
+    pub awareness_timeout: Duration,
+    pub unload_delay: Duration,
+    pub load_retry_delay: Duration,
+    pub snapshot_updates: u64,
+    pub snapshot_bytes: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Settings::default().resolve()
+    }
+}
+
+impl Settings {
+    /// Reads a TOML file of settings.
+    pub fn from_file(path: &PathBuf) -> anyhow::Result<Settings> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read config file {}: {e}", path.display()))?;
+        toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("invalid config file {}: {e}", path.display()))
+    }
+
+    /// Fills every field this layer leaves unset from `lower`.
+    pub fn or(self, lower: Settings) -> Settings {
+        macro_rules! pick {
+            ($($f:ident),*) => { Settings { $($f: self.$f.or(lower.$f)),* } };
+        }
+        pick!(
+            bind,
+            database_url,
+            sqlite_synchronous,
+            log_format,
+            log,
+            max_message_size,
+            max_doc_size,
+            max_connections_per_doc,
+            peer_queue,
+            room_queue,
+            commit_batch,
+            ping_interval,
+            idle_timeout,
+            awareness_timeout,
+            room_unload_delay,
+            load_retry_delay,
+            snapshot_updates,
+            snapshot_bytes,
+            shutdown_grace
+        )
+    }
+
+    /// Applies the built-in defaults to whatever is still unset.
+    pub fn resolve(self) -> Config {
+        let d = |v: Option<HumanDuration>, default: Duration| v.map(|h| h.0).unwrap_or(default);
+        let max_connections_per_doc = self.max_connections_per_doc.unwrap_or(1000).max(1);
+        Config {
+            bind: self
+                .bind
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 1234))),
+            database_url: self
+                .database_url
+                .unwrap_or_else(|| "sqlite://quire.db".to_owned()),
+            sqlite_synchronous: self.sqlite_synchronous.unwrap_or(SqliteSync::Full),
+            log_format: self.log_format.unwrap_or(LogFormat::Text),
+            log: self.log.unwrap_or_else(|| "info".to_owned()),
+            limits: Limits {
+                max_message_size: self.max_message_size.unwrap_or(16 << 20),
+                max_connections_per_doc,
+                // The room pushes at least two messages (step 1, awareness) on join.
+                peer_queue: self.peer_queue.unwrap_or(1024).max(4),
+                room_queue: self.room_queue.unwrap_or(1024).max(1),
+            },
+            ping_interval: d(self.ping_interval, Duration::from_secs(30)),
+            idle_timeout: d(self.idle_timeout, Duration::from_secs(90)),
+            shutdown_grace: d(self.shutdown_grace, Duration::from_secs(10)),
+            room: RoomConfig {
+                max_doc_size: self.max_doc_size.unwrap_or(256 << 20),
+                max_connections: max_connections_per_doc,
+                commit_batch: self.commit_batch.unwrap_or(1024).max(1),
+                awareness_timeout: d(self.awareness_timeout, Duration::from_secs(30)),
+                unload_delay: d(self.room_unload_delay, Duration::from_secs(30)),
+                load_retry_delay: d(self.load_retry_delay, Duration::from_secs(2)),
+                snapshot_updates: self.snapshot_updates.unwrap_or(1000).max(1),
+                snapshot_bytes: self.snapshot_bytes.unwrap_or(4 << 20).max(1),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn higher_layer_wins_and_defaults_fill_the_rest() {
+        let file: Settings = toml::from_str(
+            r#"
+            bind = "127.0.0.1:9000"
+            ping_interval = "5s"
+            snapshot_updates = 10
+            "#,
+        )
+        .expect("valid toml");
+        let flags = Settings {
+            bind: Some("127.0.0.1:9100".parse().expect("addr")),
+            ..Settings::default()
+        };
+        let cfg = flags.or(file).resolve();
+        assert_eq!(cfg.bind.port(), 9100);
+        assert_eq!(cfg.ping_interval, Duration::from_secs(5));
+        assert_eq!(cfg.room.snapshot_updates, 10);
+        assert_eq!(cfg.idle_timeout, Duration::from_secs(90));
+        assert_eq!(cfg.sqlite_synchronous, SqliteSync::Full);
+    }
+
+    #[test]
+    fn unknown_keys_in_the_file_are_rejected() {
+        assert!(toml::from_str::<Settings>("bindd = \"x\"").is_err());
+    }
+}

@@ -1,0 +1,95 @@
+//! The `quire` binary: parses the command line and hands over to the library.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use quire_server::config::Settings;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "quire",
+    version,
+    about = "Quire: a durable Yjs collaborative-document sync server"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve documents over WebSocket (y-websocket protocol)
+    Serve(Args),
+    /// Apply database migrations and exit
+    Migrate(Args),
+}
+
+#[derive(clap::Args)]
+struct Args {
+    /// TOML file of settings (flags and QUIRE_* variables override it)
+    #[arg(long, env = "QUIRE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+impl Args {
+    fn resolve(self) -> anyhow::Result<quire_server::config::Config> {
+        let file = match &self.config {
+            Some(path) => Settings::from_file(path)?,
+            None => Settings::default(),
+        };
+        Ok(self.settings.or(file).resolve())
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            let config = args.resolve()?;
+            quire_server::telemetry::init(config.log_format, &config.log);
+            let listener = tokio::net::TcpListener::bind(config.bind)
+                .await
+                .with_context(|| format!("cannot listen on {}", config.bind))?;
+            let addr = listener.local_addr()?;
+            tracing::info!(%addr, database = %config.database_url, "listening");
+            // Scripts and tests read this line to learn the port when binding to port 0.
+            println!("quire listening on {addr}");
+            let shutdown = CancellationToken::new();
+            tokio::spawn(signal_shutdown(shutdown.clone()));
+            quire_server::run(listener, config, shutdown).await
+        }
+        Command::Migrate(args) => {
+            let config = args.resolve()?;
+            quire_server::telemetry::init(config.log_format, &config.log);
+            quire_server::open_store(&config).await?;
+            tracing::info!(database = %config.database_url, "migrations applied");
+            Ok(())
+        }
+    }
+}
+
+/// Cancels `token` on SIGINT or SIGTERM.
+async fn signal_shutdown(token: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    token.cancel();
+}

@@ -1,0 +1,102 @@
+//! Prometheus metrics, served as text at `GET /metrics`.
+
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntGauge, Registry, TextEncoder};
+
+/// Every metric Quire exports. Shared behind an `Arc`; updating a metric is a relaxed atomic.
+pub struct Metrics {
+    registry: Registry,
+    pub rooms_loaded: IntGauge,
+    pub connections: IntGauge,
+    pub updates_applied: IntCounter,
+    pub updates_logged: IntCounter,
+    pub updates_duplicate: IntCounter,
+    pub commits: IntCounter,
+    pub commit_seconds: Histogram,
+    pub commit_failures: IntCounter,
+    pub broadcast_overflows: IntCounter,
+    pub snapshots: IntCounter,
+    pub snapshot_conflicts: IntCounter,
+    pub room_load_failures: IntCounter,
+    pub malformed_messages: IntCounter,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry =
+            Registry::new_custom(Some("quire".into()), None).unwrap_or_else(|_| Registry::new());
+        fn reg<M: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: M) -> M {
+            // Names are static and distinct, so registration cannot collide.
+            let _ = r.register(Box::new(m.clone()));
+            m
+        }
+        let gauge = |n: &str, h: &str| {
+            reg(
+                &registry,
+                IntGauge::new(n, h).unwrap_or_else(|_| unreachable_metric()),
+            )
+        };
+        let counter = |n: &str, h: &str| {
+            reg(
+                &registry,
+                IntCounter::new(n, h).unwrap_or_else(|_| unreachable_metric()),
+            )
+        };
+        let commit_seconds = reg(
+            &registry,
+            Histogram::with_opts(
+                HistogramOpts::new("commit_seconds", "Time to commit one batch of log appends")
+                    .buckets(vec![
+                        0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
+                    ]),
+            )
+            .unwrap_or_else(|_| unreachable_metric()),
+        );
+        Metrics {
+            rooms_loaded: gauge("rooms_loaded", "Rooms (documents) loaded in memory"),
+            connections: gauge("connections", "Open WebSocket connections"),
+            updates_applied: counter("updates_applied_total", "Updates that changed a document"),
+            updates_logged: counter("updates_logged_total", "Updates committed to the log"),
+            updates_duplicate: counter(
+                "updates_duplicate_total",
+                "Updates that added nothing and were neither logged nor broadcast",
+            ),
+            commits: counter("commits_total", "Log append transactions committed"),
+            commit_seconds,
+            commit_failures: counter("commit_failures_total", "Log appends that failed"),
+            broadcast_overflows: counter(
+                "broadcast_overflows_total",
+                "Connections closed with 1013 because their outbound queue was full",
+            ),
+            snapshots: counter("snapshots_total", "Snapshots written"),
+            snapshot_conflicts: counter(
+                "snapshot_conflicts_total",
+                "Snapshot writes refused by the optimistic version check",
+            ),
+            room_load_failures: counter("room_load_failures_total", "Failed document loads"),
+            malformed_messages: counter(
+                "malformed_messages_total",
+                "Connections closed for sending a malformed message",
+            ),
+            registry,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Metric constructors only fail on invalid names or options, which are literals above.
+#[cold]
+fn unreachable_metric<T>() -> T {
+    unreachable!("static metric definitions are valid")
+}

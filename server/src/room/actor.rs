@@ -1,0 +1,765 @@
+//! The room task: applies updates, commits them to the log, broadcasts them, snapshots.
+//!
+//! The pipeline keeps one rule: **no peer ever receives state that is not committed**.
+//! - Updates arrive in `queued`, unapplied.
+//! - When no write is in flight, the room applies the queued updates to the `Doc` (dropping the
+//!   ones that add nothing) and starts one append for all the new ones: group commit, since
+//!   everything that arrived during the previous commit goes into this one.
+//! - When the append commits, the room broadcasts those updates, echoes durable
+//!   acknowledgements that were waiting for them, and answers Sync/Step1 requests that were
+//!   deferred because the `Doc` held uncommitted data. Then it starts the next batch.
+//! - Snapshots are written between appends, when the `Doc` is exactly the committed state.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, sleep_until, Duration, Instant};
+use tracing::{debug, error, info, info_span, warn, Instrument};
+use yrs::updates::decoder::Decode;
+use yrs::{Doc, ReadTxn, StateVector, Transact, Update};
+
+use super::awareness::AwarenessTable;
+use super::{CloseReason, DocName, JoinError, PeerId, PeerLink, PeerMsg, Registry, RoomCmd};
+use crate::close;
+use crate::protocol;
+use crate::storage::{SnapshotOutcome, StorageError, StoredDoc};
+
+/// Attempts at committing one batch before the room gives up (closing its peers with 1011 so
+/// they resync against a fresh load). Backoff doubles from [`COMMIT_RETRY_BASE`].
+const MAX_COMMIT_ATTEMPTS: u32 = 6;
+const COMMIT_RETRY_BASE: Duration = Duration::from_millis(50);
+
+/// Entry point of a room task.
+pub(super) async fn run(
+    registry: Arc<Registry>,
+    name: DocName,
+    generation: u64,
+    rx: mpsc::Receiver<RoomCmd>,
+) {
+    let span = info_span!("room", doc = %name);
+    async move {
+        registry.metrics.rooms_loaded.inc();
+        let mut rx = rx;
+        match load(&registry, &name).await {
+            Ok(loaded) => {
+                let mut room = Room::new(registry.clone(), name.clone(), generation, loaded);
+                room.run(&mut rx).await;
+            }
+            Err(e) => {
+                registry.metrics.room_load_failures.inc();
+                error!(error = %e, "load failed; refusing connections until the retry delay passes");
+                refuse_until(&mut rx, Instant::now() + registry.config.load_retry_delay).await;
+            }
+        }
+        registry.remove(&name, generation);
+        rx.close();
+        // Joins that raced with the exit are told to ask the registry again.
+        while let Ok(cmd) = rx.try_recv() {
+            if let RoomCmd::Join { reply, .. } = cmd {
+                let _ = reply.send(Err(JoinError::Gone));
+            }
+        }
+        registry.metrics.rooms_loaded.dec();
+    }
+    .instrument(span)
+    .await
+}
+
+/// After a failed load: answer every join with `LoadFailed` until `until`. The failed room
+/// never holds a `Doc`, so it can never write an empty document over stored data.
+async fn refuse_until(rx: &mut mpsc::Receiver<RoomCmd>, until: Instant) {
+    loop {
+        tokio::select! {
+            _ = sleep_until(until) => return,
+            cmd = rx.recv() => match cmd {
+                Some(RoomCmd::Join { reply, .. }) => { let _ = reply.send(Err(JoinError::LoadFailed)); }
+                Some(_) => {}
+                None => return,
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum LoadError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("stored data does not decode: {0}")]
+    Corrupt(String),
+}
+
+struct Loaded {
+    stored: StoredDoc,
+    doc: Doc,
+}
+
+async fn load(registry: &Registry, name: &DocName) -> Result<Loaded, LoadError> {
+    let stored = registry.store.load(name.as_str()).await?;
+    let doc = build_doc(&stored)?;
+    debug!(
+        snapshot_bytes = stored.snapshot.as_ref().map_or(0, Vec::len),
+        log_rows = stored.updates.len(),
+        "loaded"
+    );
+    Ok(Loaded { stored, doc })
+}
+
+/// Latest snapshot plus the log rows after it, replayed into a fresh `Doc`.
+fn build_doc(stored: &StoredDoc) -> Result<Doc, LoadError> {
+    let doc = Doc::new();
+    {
+        let mut txn = doc.transact_mut();
+        if let Some(snapshot) = &stored.snapshot {
+            let update = Update::decode_v2(snapshot)
+                .map_err(|e| LoadError::Corrupt(format!("snapshot: {e}")))?;
+            txn.apply_update(update)
+                .map_err(|e| LoadError::Corrupt(format!("snapshot: {e}")))?;
+        }
+        for (seq, data) in &stored.updates {
+            let update = Update::decode_v1(data)
+                .map_err(|e| LoadError::Corrupt(format!("log row {seq}: {e}")))?;
+            txn.apply_update(update)
+                .map_err(|e| LoadError::Corrupt(format!("log row {seq}: {e}")))?;
+        }
+    }
+    Ok(doc)
+}
+
+struct Peer {
+    tx: mpsc::Sender<Bytes>,
+    kill: Option<tokio::sync::oneshot::Sender<CloseReason>>,
+}
+
+/// An update received and not yet applied.
+struct Queued {
+    idx: u64,
+    peer: PeerId,
+    raw: Bytes,
+    update: Option<Update>,
+}
+
+/// An update applied to the `Doc` and being committed.
+struct Applied {
+    idx: u64,
+    peer: PeerId,
+    raw: Bytes,
+}
+
+enum Inflight {
+    Append {
+        batch: Vec<Applied>,
+        /// Every update with an index up to this one is committed when this append is.
+        upto_idx: u64,
+        /// The state vector before the batch was applied: what peers may have seen.
+        committed_sv: StateVector,
+        started: Instant,
+        attempt: u32,
+        task: JoinHandle<Result<(), StorageError>>,
+    },
+    Snapshot {
+        upto_seq: i64,
+        size: u64,
+        task: JoinHandle<Result<SnapshotOutcome, StorageError>>,
+    },
+}
+
+enum OpResult {
+    Append(Result<(), StorageError>),
+    Snapshot(Result<SnapshotOutcome, StorageError>),
+}
+
+/// Why the room loop stopped.
+enum Exit {
+    Unloaded,
+    Shutdown,
+    Failed(String),
+}
+
+struct Room {
+    registry: Arc<Registry>,
+    name: DocName,
+    #[allow(dead_code)]
+    generation: u64,
+    doc_id: i64,
+    doc: Doc,
+    awareness: AwarenessTable,
+    peers: HashMap<PeerId, Peer>,
+    /// Row version of the document, for the snapshot's optimistic check.
+    version: i64,
+    /// Highest committed log sequence number.
+    last_seq: i64,
+    /// Bytes stored for the document (snapshot plus log since), for `max_doc_size`.
+    stored_bytes: u64,
+    /// Bytes of updates received but not yet committed.
+    queued_bytes: u64,
+    since_snapshot_updates: u64,
+    since_snapshot_bytes: u64,
+    queued: VecDeque<Queued>,
+    inflight: Option<Inflight>,
+    deferred_step1: Vec<(PeerId, StateVector)>,
+    /// Durable-ack echoes waiting for `committed_idx` to reach their index.
+    acks: VecDeque<(u64, PeerId, Bytes)>,
+    received_idx: u64,
+    committed_idx: u64,
+    unload_at: Option<Instant>,
+}
+
+impl Room {
+    fn new(registry: Arc<Registry>, name: DocName, generation: u64, loaded: Loaded) -> Room {
+        let Loaded { stored, doc } = loaded;
+        Room {
+            registry,
+            name,
+            generation,
+            doc_id: stored.id,
+            doc,
+            awareness: AwarenessTable::default(),
+            peers: HashMap::new(),
+            version: stored.version,
+            last_seq: stored.last_seq(),
+            stored_bytes: stored.stored_bytes(),
+            queued_bytes: 0,
+            since_snapshot_updates: stored.updates.len() as u64,
+            since_snapshot_bytes: stored.updates.iter().map(|(_, u)| u.len() as u64).sum(),
+            queued: VecDeque::new(),
+            inflight: None,
+            deferred_step1: Vec::new(),
+            acks: VecDeque::new(),
+            received_idx: 0,
+            committed_idx: 0,
+            unload_at: None,
+        }
+    }
+
+    async fn run(&mut self, rx: &mut mpsc::Receiver<RoomCmd>) {
+        // The first joiner normally arrives at once; until then the room unloads like an
+        // abandoned one would.
+        self.unload_at = Some(Instant::now() + self.registry.config.unload_delay);
+        let sweep_every =
+            (self.registry.config.awareness_timeout / 6).max(Duration::from_millis(100));
+        let mut sweep = tokio::time::interval(sweep_every);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let shutdown = self.registry.shutdown.clone();
+        let exit = loop {
+            tokio::select! {
+                res = wait_inflight(&mut self.inflight), if self.inflight.is_some() => {
+                    if let Err(reason) = self.on_op_done(res).await {
+                        break Exit::Failed(reason);
+                    }
+                }
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => self.handle(cmd),
+                    None => break Exit::Shutdown,
+                },
+                _ = sleep_until(self.unload_at.unwrap_or_else(Instant::now)), if self.unload_at.is_some() => {
+                    if self.peers.is_empty() && self.inflight.is_none() && self.queued.is_empty() {
+                        break Exit::Unloaded;
+                    }
+                    // Still committing what departed peers sent; look again shortly.
+                    self.unload_at = self.peers.is_empty().then(|| Instant::now() + Duration::from_millis(50));
+                }
+                _ = sweep.tick(), if !self.awareness.is_empty() => {
+                    let now = Instant::now();
+                    if let Some(gone) = self.awareness.expire(now, self.registry.config.awareness_timeout) {
+                        self.broadcast(&protocol::encode_awareness(&gone), None);
+                    }
+                }
+                _ = shutdown.cancelled() => break Exit::Shutdown,
+            }
+        };
+        match exit {
+            Exit::Unloaded => {
+                self.final_snapshot().await;
+                debug!("unloaded");
+            }
+            Exit::Shutdown => {
+                if let Err(reason) = self.drain_pipeline().await {
+                    error!(%reason, "could not commit everything before shutdown");
+                }
+                self.final_snapshot().await;
+                self.close_all(CloseReason::new(close::GOING_AWAY, "server shutting down"));
+            }
+            Exit::Failed(reason) => {
+                error!(%reason, "room failed; peers will reconnect and resync");
+                self.close_all(CloseReason::new(
+                    close::INTERNAL,
+                    "document unavailable, reconnect",
+                ));
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: RoomCmd) {
+        match cmd {
+            RoomCmd::Join { peer, reply } => {
+                let result = self.join(peer);
+                let _ = reply.send(result);
+            }
+            RoomCmd::Messages { peer, msgs } => {
+                for msg in msgs {
+                    if !self.peers.contains_key(&peer) {
+                        break; // closed by the room while its messages were queued
+                    }
+                    self.on_message(peer, msg);
+                }
+                self.maybe_start_commit();
+            }
+            RoomCmd::Leave { peer } => self.remove_peer(peer),
+        }
+    }
+
+    fn join(&mut self, link: PeerLink) -> Result<(), JoinError> {
+        if self.peers.len() >= self.registry.config.max_connections {
+            return Err(JoinError::Full);
+        }
+        let PeerLink { id, tx, kill } = link;
+        // The queue is empty and at least 4 long (config), so these cannot overflow.
+        let sv = self.doc.transact().state_vector();
+        let _ = tx.try_send(protocol::encode_step1(&sv));
+        if let Some(all) = self.awareness.full_state() {
+            let _ = tx.try_send(protocol::encode_awareness(&all));
+        }
+        self.peers.insert(
+            id,
+            Peer {
+                tx,
+                kill: Some(kill),
+            },
+        );
+        self.unload_at = None;
+        Ok(())
+    }
+
+    fn on_message(&mut self, peer: PeerId, msg: PeerMsg) {
+        match msg {
+            PeerMsg::Update { raw, update } => {
+                let limit = self.registry.config.max_doc_size;
+                if self.stored_bytes + self.queued_bytes + raw.len() as u64 > limit {
+                    warn!(
+                        peer,
+                        limit, "update refused: document would exceed max_doc_size"
+                    );
+                    self.close_peer(
+                        peer,
+                        CloseReason::new(close::DOC_TOO_LARGE, "document size limit reached"),
+                    );
+                    return;
+                }
+                self.received_idx += 1;
+                self.queued_bytes += raw.len() as u64;
+                self.queued.push_back(Queued {
+                    idx: self.received_idx,
+                    peer,
+                    raw,
+                    update: Some(update),
+                });
+            }
+            PeerMsg::Step1(sv) => {
+                if matches!(self.inflight, Some(Inflight::Append { .. })) {
+                    self.deferred_step1.push((peer, sv));
+                } else {
+                    self.answer_step1(peer, &sv);
+                }
+            }
+            PeerMsg::Awareness { update, raw } => {
+                if self.awareness.apply(&update, peer, Instant::now()) {
+                    self.broadcast(&raw, Some(peer));
+                }
+            }
+            PeerMsg::QueryAwareness => {
+                if let Some(all) = self.awareness.full_state() {
+                    self.send_to(peer, protocol::encode_awareness(&all));
+                }
+            }
+            PeerMsg::DurableAck(raw) => {
+                if self.committed_idx >= self.received_idx {
+                    self.send_to(peer, raw);
+                } else {
+                    self.acks.push_back((self.received_idx, peer, raw));
+                }
+            }
+        }
+    }
+
+    fn answer_step1(&mut self, peer: PeerId, sv: &StateVector) {
+        let diff = self.doc.transact().encode_diff_v1(sv);
+        self.send_to(peer, protocol::encode_step2(&diff));
+    }
+
+    /// Applies queued updates and starts committing the new ones, if nothing is in flight.
+    fn maybe_start_commit(&mut self) {
+        while self.inflight.is_none() && !self.queued.is_empty() {
+            let committed_sv = self.doc.transact().state_vector();
+            let max = self.registry.config.commit_batch;
+            let mut batch = Vec::new();
+            let mut upto_idx = self.committed_idx;
+            let mut rejected = Vec::new();
+            while batch.len() < max {
+                let Some(q) = self.queued.pop_front() else {
+                    break;
+                };
+                upto_idx = q.idx;
+                self.queued_bytes -= q.raw.len() as u64;
+                let update = match q.update {
+                    Some(u) => Ok(u),
+                    None => Update::decode_v1(&q.raw).map_err(|e| e.to_string()),
+                };
+                match update.and_then(|u| self.apply(u).map_err(|e| e.to_string())) {
+                    Ok(true) => batch.push(Applied {
+                        idx: q.idx,
+                        peer: q.peer,
+                        raw: q.raw,
+                    }),
+                    Ok(false) => self.registry.metrics.updates_duplicate.inc(),
+                    Err(e) => rejected.push((q.peer, e)),
+                }
+            }
+            for (peer, e) in rejected {
+                warn!(peer, error = %e, "update rejected by yrs");
+                self.registry.metrics.malformed_messages.inc();
+                self.close_peer(peer, CloseReason::new(close::MALFORMED, "invalid update"));
+            }
+            if batch.is_empty() {
+                self.committed_idx = upto_idx;
+                self.release_acks();
+                continue;
+            }
+            self.registry
+                .metrics
+                .updates_applied
+                .inc_by(batch.len() as u64);
+            self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, 0));
+        }
+    }
+
+    /// Applies one update; true if it changed the document.
+    fn apply(&mut self, update: Update) -> Result<bool, yrs::error::UpdateError> {
+        let mut txn = self.doc.transact_mut();
+        txn.apply_update(update)?;
+        // An update whose dependencies are missing is stashed by yrs, not integrated; it is new
+        // information all the same and must be logged.
+        Ok(!txn.insert_set().is_empty()
+            || !txn.delete_set().is_empty()
+            || txn.has_missing_updates())
+    }
+
+    fn spawn_append(
+        &self,
+        batch: Vec<Applied>,
+        upto_idx: u64,
+        committed_sv: StateVector,
+        attempt: u32,
+    ) -> Inflight {
+        let store = self.registry.store.clone();
+        let doc = self.doc_id;
+        let first_seq = self.last_seq + 1;
+        let rows: Vec<Bytes> = batch.iter().map(|a| a.raw.clone()).collect();
+        let task = tokio::spawn(async move {
+            if attempt > 0 {
+                sleep(COMMIT_RETRY_BASE * 2u32.pow(attempt - 1)).await;
+            }
+            store.append(doc, first_seq, rows).await
+        });
+        Inflight::Append {
+            batch,
+            upto_idx,
+            committed_sv,
+            started: Instant::now(),
+            attempt,
+            task,
+        }
+    }
+
+    async fn on_op_done(&mut self, res: OpResult) -> Result<(), String> {
+        let Some(inflight) = self.inflight.take() else {
+            return Ok(());
+        };
+        match (inflight, res) {
+            (
+                Inflight::Append {
+                    batch,
+                    upto_idx,
+                    started,
+                    ..
+                },
+                OpResult::Append(Ok(())),
+            ) => {
+                let m = &self.registry.metrics;
+                m.commits.inc();
+                m.commit_seconds.observe(started.elapsed().as_secs_f64());
+                m.updates_logged.inc_by(batch.len() as u64);
+                let bytes: u64 = batch.iter().map(|a| a.raw.len() as u64).sum();
+                self.last_seq += batch.len() as i64;
+                self.stored_bytes += bytes;
+                self.since_snapshot_updates += batch.len() as u64;
+                self.since_snapshot_bytes += bytes;
+                self.committed_idx = upto_idx;
+                for applied in &batch {
+                    self.broadcast(&protocol::encode_update(&applied.raw), Some(applied.peer));
+                }
+                self.release_acks();
+                for (peer, sv) in std::mem::take(&mut self.deferred_step1) {
+                    self.answer_step1(peer, &sv);
+                }
+            }
+            (
+                Inflight::Append {
+                    batch,
+                    upto_idx,
+                    committed_sv,
+                    ..
+                },
+                OpResult::Append(Err(StorageError::Conflict)),
+            ) => {
+                // Another writer took our log position: reload what is stored, then apply this
+                // batch again on top of it and commit it at the new position.
+                warn!("log position taken by another writer; reloading");
+                self.registry.metrics.commit_failures.inc();
+                self.reload(&committed_sv).await?;
+                for a in batch.into_iter().rev() {
+                    self.queued_bytes += a.raw.len() as u64;
+                    self.queued.push_front(Queued {
+                        idx: a.idx,
+                        peer: a.peer,
+                        raw: a.raw,
+                        update: None,
+                    });
+                }
+                let _ = upto_idx;
+            }
+            (
+                Inflight::Append {
+                    batch,
+                    upto_idx,
+                    committed_sv,
+                    attempt,
+                    ..
+                },
+                OpResult::Append(Err(e)),
+            ) => {
+                self.registry.metrics.commit_failures.inc();
+                if attempt + 1 >= MAX_COMMIT_ATTEMPTS {
+                    return Err(format!("commit failed {MAX_COMMIT_ATTEMPTS} times: {e}"));
+                }
+                warn!(error = %e, attempt, "commit failed; retrying");
+                self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, attempt + 1));
+                return Ok(());
+            }
+            (Inflight::Snapshot { upto_seq, size, .. }, OpResult::Snapshot(res)) => match res {
+                Ok(SnapshotOutcome::Written { new_version }) => {
+                    self.registry.metrics.snapshots.inc();
+                    debug!(upto_seq, size, "snapshot written");
+                    self.version = new_version;
+                    let logged_after = (self.last_seq - upto_seq) as u64;
+                    self.since_snapshot_updates = logged_after;
+                    self.since_snapshot_bytes = 0;
+                    self.stored_bytes = size;
+                }
+                Ok(SnapshotOutcome::Conflict) => {
+                    self.registry.metrics.snapshot_conflicts.inc();
+                    warn!(
+                        expected_version = self.version,
+                        "snapshot refused: the document row changed; reloading"
+                    );
+                    let sv = self.doc.transact().state_vector();
+                    self.reload(&sv).await?;
+                }
+                Err(e) => {
+                    // The log still holds everything; try again after the next commit.
+                    warn!(error = %e, "snapshot write failed");
+                }
+            },
+            (_, _) => return Err("internal: operation result does not match".into()),
+        }
+        if self.snapshot_due() {
+            self.inflight = Some(self.spawn_snapshot());
+        } else {
+            self.maybe_start_commit();
+        }
+        Ok(())
+    }
+
+    fn snapshot_due(&self) -> bool {
+        let c = &self.registry.config;
+        self.since_snapshot_updates >= c.snapshot_updates
+            || self.since_snapshot_bytes >= c.snapshot_bytes
+    }
+
+    /// Encodes the whole document (v2, compact) and writes it with the version check. Called
+    /// only when nothing is in flight, so the `Doc` is exactly the committed state.
+    fn spawn_snapshot(&self) -> Inflight {
+        let data = self
+            .doc
+            .transact()
+            .encode_state_as_update_v2(&StateVector::default());
+        let size = data.len() as u64;
+        let store = self.registry.store.clone();
+        let (doc, version, upto_seq) = (self.doc_id, self.version, self.last_seq);
+        let task =
+            tokio::spawn(async move { store.write_snapshot(doc, version, data, upto_seq).await });
+        Inflight::Snapshot {
+            upto_seq,
+            size,
+            task,
+        }
+    }
+
+    /// Replaces the `Doc` with what storage holds and sends peers what they lack relative to
+    /// `seen` (the state they may have been sent).
+    async fn reload(&mut self, seen: &StateVector) -> Result<(), String> {
+        let loaded = load(&self.registry, &self.name)
+            .await
+            .map_err(|e| format!("reload failed: {e}"))?;
+        let diff = loaded.doc.transact().encode_diff_v1(seen);
+        let Loaded { stored, doc } = loaded;
+        self.doc = doc;
+        self.version = stored.version;
+        self.last_seq = stored.last_seq();
+        self.stored_bytes = stored.stored_bytes();
+        self.since_snapshot_updates = stored.updates.len() as u64;
+        self.since_snapshot_bytes = stored.updates.iter().map(|(_, u)| u.len() as u64).sum();
+        if !is_empty_update(&diff) {
+            self.broadcast(&protocol::encode_update(&diff), None);
+        }
+        info!(
+            version = self.version,
+            last_seq = self.last_seq,
+            "reloaded from storage"
+        );
+        Ok(())
+    }
+
+    /// Commits everything queued and waits for it (shutdown path).
+    async fn drain_pipeline(&mut self) -> Result<(), String> {
+        self.maybe_start_commit();
+        while self.inflight.is_some() {
+            let res = wait_inflight(&mut self.inflight).await;
+            self.on_op_done(res).await?;
+        }
+        Ok(())
+    }
+
+    /// A snapshot before unloading, so the next load replays nothing.
+    async fn final_snapshot(&mut self) {
+        if self.inflight.is_some() || self.since_snapshot_updates == 0 {
+            return;
+        }
+        self.inflight = Some(self.spawn_snapshot());
+        let res = wait_inflight(&mut self.inflight).await;
+        if let Err(e) = self.on_op_done(res).await {
+            warn!(error = %e, "final snapshot failed; the log still holds every update");
+        }
+        // on_op_done may have started a commit of nothing; there is nothing queued here.
+        if self.inflight.is_some() {
+            let res = wait_inflight(&mut self.inflight).await;
+            let _ = self.on_op_done(res).await;
+        }
+    }
+
+    fn release_acks(&mut self) {
+        while let Some((idx, _, _)) = self.acks.front() {
+            if *idx > self.committed_idx {
+                break;
+            }
+            if let Some((_, peer, raw)) = self.acks.pop_front() {
+                self.send_to(peer, raw);
+            }
+        }
+    }
+
+    /// Sends `frame` to every peer but `except`. A peer whose queue is full is closed with
+    /// 1013: it will reconnect and resync, so nothing is dropped silently.
+    fn broadcast(&mut self, frame: &Bytes, except: Option<PeerId>) {
+        let mut overflowed = Vec::new();
+        for (id, peer) in &self.peers {
+            if Some(*id) == except {
+                continue;
+            }
+            if let Err(mpsc::error::TrySendError::Full(_)) = peer.tx.try_send(frame.clone()) {
+                overflowed.push(*id);
+            }
+        }
+        for id in overflowed {
+            self.overflow(id);
+        }
+    }
+
+    fn send_to(&mut self, peer: PeerId, frame: Bytes) {
+        let full = match self.peers.get(&peer) {
+            Some(p) => matches!(
+                p.tx.try_send(frame),
+                Err(mpsc::error::TrySendError::Full(_))
+            ),
+            None => false,
+        };
+        if full {
+            self.overflow(peer);
+        }
+    }
+
+    fn overflow(&mut self, peer: PeerId) {
+        self.registry.metrics.broadcast_overflows.inc();
+        warn!(
+            peer,
+            "outbound queue full; closing the peer (it will resync)"
+        );
+        self.close_peer(
+            peer,
+            CloseReason::new(close::TRY_AGAIN_LATER, "outbound queue full; reconnect"),
+        );
+    }
+
+    /// Tells a peer's connection to close and forgets the peer.
+    fn close_peer(&mut self, peer: PeerId, reason: CloseReason) {
+        if let Some(p) = self.peers.get_mut(&peer) {
+            if let Some(kill) = p.kill.take() {
+                let _ = kill.send(reason);
+            }
+        }
+        self.remove_peer(peer);
+    }
+
+    fn remove_peer(&mut self, peer: PeerId) {
+        if self.peers.remove(&peer).is_none() {
+            return;
+        }
+        self.deferred_step1.retain(|(p, _)| *p != peer);
+        if let Some(removal) = self.awareness.remove_peer(peer, Instant::now()) {
+            self.broadcast(&protocol::encode_awareness(&removal), None);
+        }
+        if self.peers.is_empty() {
+            self.unload_at = Some(Instant::now() + self.registry.config.unload_delay);
+        }
+    }
+
+    fn close_all(&mut self, reason: CloseReason) {
+        for (_, mut peer) in self.peers.drain() {
+            if let Some(kill) = peer.kill.take() {
+                let _ = kill.send(reason.clone());
+            }
+        }
+    }
+}
+
+async fn wait_inflight(inflight: &mut Option<Inflight>) -> OpResult {
+    let join_err = |e: tokio::task::JoinError| {
+        StorageError::Database(sqlx::Error::Protocol(format!("storage task failed: {e}")))
+    };
+    match inflight {
+        Some(Inflight::Append { task, .. }) => {
+            OpResult::Append(task.await.unwrap_or_else(|e| Err(join_err(e))))
+        }
+        Some(Inflight::Snapshot { task, .. }) => {
+            OpResult::Snapshot(task.await.unwrap_or_else(|e| Err(join_err(e))))
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// A Yjs v1 update with no structs and an empty delete set.
+fn is_empty_update(update: &[u8]) -> bool {
+    update == [0, 0]
+}

@@ -1,0 +1,203 @@
+//! Rooms: one task per loaded document, the only owner of its `Doc`, awareness and log cursor.
+//!
+//! Connections hold a [`RoomHandle`] (a bounded channel) and talk to the room with
+//! [`RoomCmd`]s; the room talks back through each peer's bounded outbound queue. The
+//! [`Registry`] maps document names to running rooms and starts them on demand.
+
+mod actor;
+pub mod awareness;
+mod registry;
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+use yrs::sync::AwarenessUpdate;
+use yrs::{StateVector, Update};
+
+pub use registry::Registry;
+
+/// Identifies one WebSocket connection within the process.
+pub type PeerId = u64;
+
+/// A validated document name: 1 to 255 bytes of UTF-8 without control characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DocName(Arc<str>);
+
+/// Longest document name, in bytes of UTF-8.
+pub const MAX_DOC_NAME_BYTES: usize = 255;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DocNameError {
+    #[error("document name is empty")]
+    Empty,
+    #[error("document name is longer than {MAX_DOC_NAME_BYTES} bytes")]
+    TooLong,
+    #[error("document name contains a control character")]
+    Control,
+    #[error("document name is not valid UTF-8 once URL-decoded")]
+    NotUtf8,
+}
+
+impl DocName {
+    /// Parses an already-decoded name.
+    pub fn parse(name: &str) -> Result<DocName, DocNameError> {
+        if name.is_empty() {
+            return Err(DocNameError::Empty);
+        }
+        if name.len() > MAX_DOC_NAME_BYTES {
+            return Err(DocNameError::TooLong);
+        }
+        if name.chars().any(char::is_control) {
+            return Err(DocNameError::Control);
+        }
+        Ok(DocName(Arc::from(name)))
+    }
+
+    /// Parses the path of a request URL (`/my%20doc`), percent-decoding it.
+    pub fn from_url_path(path: &str) -> Result<DocName, DocNameError> {
+        let raw = path.strip_prefix('/').unwrap_or(path);
+        let decoded = percent_encoding::percent_decode_str(raw)
+            .decode_utf8()
+            .map_err(|_| DocNameError::NotUtf8)?;
+        DocName::parse(&decoded)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for DocName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Why the room asks a connection to close: sent on the peer's kill channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloseReason {
+    pub code: u16,
+    pub reason: Cow<'static, str>,
+}
+
+impl CloseReason {
+    pub fn new(code: u16, reason: impl Into<Cow<'static, str>>) -> CloseReason {
+        CloseReason {
+            code,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// What a connection hands the room when it joins.
+pub struct PeerLink {
+    pub id: PeerId,
+    /// Outbound frames, already encoded. Bounded: a full queue closes the peer with 1013.
+    pub tx: mpsc::Sender<Bytes>,
+    /// Tells the connection to close with a code and reason.
+    pub kill: oneshot::Sender<CloseReason>,
+}
+
+/// One decoded message from a peer, as the room consumes it.
+pub enum PeerMsg {
+    /// A Sync/Update or Sync/Step2, validated by decoding in the connection task.
+    Update {
+        raw: Bytes,
+        update: Update,
+    },
+    /// Sync/Step1: answer with Step2 once the document holds only committed data.
+    Step1(StateVector),
+    /// Awareness update; `raw` is relayed as is.
+    Awareness {
+        update: AwarenessUpdate,
+        raw: Bytes,
+    },
+    QueryAwareness,
+    /// Durable acknowledgement request: echo `raw` once everything before it is committed.
+    DurableAck(Bytes),
+}
+
+pub enum RoomCmd {
+    Join {
+        peer: PeerLink,
+        reply: oneshot::Sender<Result<(), JoinError>>,
+    },
+    Messages {
+        peer: PeerId,
+        msgs: Vec<PeerMsg>,
+    },
+    Leave {
+        peer: PeerId,
+    },
+}
+
+#[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
+pub enum JoinError {
+    #[error("the document could not be loaded; retry later")]
+    LoadFailed,
+    #[error("the document has too many connections")]
+    Full,
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    /// The room was unloading; the caller asks the registry again.
+    #[error("the room closed before the join was handled")]
+    Gone,
+}
+
+/// A cloneable handle to a running room.
+#[derive(Clone)]
+pub struct RoomHandle {
+    tx: mpsc::Sender<RoomCmd>,
+}
+
+impl RoomHandle {
+    /// Joins the room. [`JoinError::Gone`] means the room was on its way out: ask the
+    /// registry for a fresh handle and try again.
+    pub async fn join(&self, peer: PeerLink) -> Result<(), JoinError> {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(RoomCmd::Join { peer, reply }).await.is_err() {
+            return Err(JoinError::Gone);
+        }
+        rx.await.unwrap_or(Err(JoinError::Gone))
+    }
+
+    /// Sends a peer's messages. Waits while the room's queue is full (backpressure on that
+    /// peer's socket). Fails only if the room has stopped.
+    pub async fn send(&self, peer: PeerId, msgs: Vec<PeerMsg>) -> Result<(), ()> {
+        self.tx
+            .send(RoomCmd::Messages { peer, msgs })
+            .await
+            .map_err(|_| ())
+    }
+
+    pub async fn leave(&self, peer: PeerId) {
+        let _ = self.tx.send(RoomCmd::Leave { peer }).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_decoded_and_validated() {
+        assert_eq!(
+            DocName::from_url_path("/my%20doc").map(|n| n.to_string()),
+            Ok("my doc".to_owned())
+        );
+        assert_eq!(
+            DocName::from_url_path("/a/b").map(|n| n.to_string()),
+            Ok("a/b".to_owned())
+        );
+        assert_eq!(DocName::from_url_path("/"), Err(DocNameError::Empty));
+        assert_eq!(DocName::from_url_path("/a%0Ab"), Err(DocNameError::Control));
+        assert_eq!(DocName::from_url_path("/%FF"), Err(DocNameError::NotUtf8));
+        let long = format!("/{}", "x".repeat(256));
+        assert_eq!(DocName::from_url_path(&long), Err(DocNameError::TooLong));
+        let ok = "é".repeat(127); // 254 bytes
+        assert!(DocName::parse(&ok).is_ok());
+    }
+}

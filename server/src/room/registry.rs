@@ -1,0 +1,101 @@
+//! The map from document name to running room, and the shared context rooms need.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::actor;
+use super::{DocName, JoinError, RoomHandle};
+use crate::config::RoomConfig;
+use crate::metrics::Metrics;
+use crate::storage::DocStore;
+
+struct Entry {
+    generation: u64,
+    handle: RoomHandle,
+}
+
+/// Starts rooms on demand and forgets them when they stop. The mutex guards only the map and
+/// is never held across an `.await`.
+pub struct Registry {
+    rooms: Mutex<HashMap<DocName, Entry>>,
+    next_generation: AtomicU64,
+    pub(crate) store: Arc<dyn DocStore>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) config: RoomConfig,
+    pub(crate) room_queue: usize,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) tracker: TaskTracker,
+}
+
+impl Registry {
+    pub fn new(
+        store: Arc<dyn DocStore>,
+        metrics: Arc<Metrics>,
+        config: RoomConfig,
+        room_queue: usize,
+        shutdown: CancellationToken,
+    ) -> Arc<Registry> {
+        Arc::new(Registry {
+            rooms: Mutex::new(HashMap::new()),
+            next_generation: AtomicU64::new(1),
+            store,
+            metrics,
+            config,
+            room_queue,
+            shutdown,
+            tracker: TaskTracker::new(),
+        })
+    }
+
+    /// The running room for `name`, started (and loading) if there is none.
+    pub fn get_or_start(self: &Arc<Self>, name: &DocName) -> Result<RoomHandle, JoinError> {
+        if self.shutdown.is_cancelled() {
+            return Err(JoinError::ShuttingDown);
+        }
+        let mut rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = rooms.get(name) {
+            return Ok(entry.handle.clone());
+        }
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(self.room_queue);
+        let handle = RoomHandle { tx };
+        rooms.insert(
+            name.clone(),
+            Entry {
+                generation,
+                handle: handle.clone(),
+            },
+        );
+        self.tracker
+            .spawn(actor::run(self.clone(), name.clone(), generation, rx));
+        Ok(handle)
+    }
+
+    /// Forgets the room if it is still the given generation.
+    pub(crate) fn remove(&self, name: &DocName, generation: u64) {
+        let mut rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
+        if rooms.get(name).is_some_and(|e| e.generation == generation) {
+            rooms.remove(name);
+        }
+    }
+
+    /// Number of rooms running.
+    pub fn len(&self) -> usize {
+        self.rooms.lock().map(|r| r.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits for every room task to finish (after shutdown was signalled).
+    pub async fn wait_stopped(&self) {
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}

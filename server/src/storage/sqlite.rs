@@ -1,0 +1,322 @@
+//! SQLite implementation of [`DocStore`], the embedded default.
+//!
+//! SQLite allows one writer at a time, so every write goes through a single writer task that
+//! owns one connection and commits whatever requests are queued, from any number of documents,
+//! in one transaction (group commit across rooms: one fsync covers them all). Each request runs
+//! in its own savepoint, so one conflicting request fails alone. Reads (loads) use a small pool;
+//! WAL mode lets them run beside the writer.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
+use sqlx::{Connection, Row};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{now_ms, DocId, DocStore, SnapshotOutcome, StorageError, StoredDoc};
+use crate::config::SqliteSync;
+
+/// Most write requests folded into one transaction. Bounds the latency a request can add to the
+/// others in its batch; at ~10 µs per row this is a few milliseconds of work.
+const MAX_WRITES_PER_TRANSACTION: usize = 512;
+/// Queue of write requests waiting for the writer. Rooms wait (backpressure) when it is full.
+const WRITE_QUEUE: usize = 4096;
+/// How long a connection waits on SQLite's lock before giving up with SQLITE_BUSY.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Read connections: loads and readiness checks.
+const READ_POOL_SIZE: u32 = 4;
+
+enum WriteOp {
+    Append {
+        doc: DocId,
+        first_seq: i64,
+        updates: Vec<Bytes>,
+    },
+    Snapshot {
+        doc: DocId,
+        expected_version: i64,
+        snapshot: Vec<u8>,
+        upto_seq: i64,
+    },
+}
+
+enum WriteOutcome {
+    Appended,
+    Snapshot(SnapshotOutcome),
+}
+
+struct WriteRequest {
+    op: WriteOp,
+    reply: oneshot::Sender<Result<WriteOutcome, StorageError>>,
+}
+
+/// The SQLite document store. Cheap to share behind an `Arc`.
+pub struct SqliteStore {
+    pool: SqlitePool,
+    writer: mpsc::Sender<WriteRequest>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `url` and applies the migrations.
+    pub async fn connect(url: &str, sync: SqliteSync) -> Result<SqliteStore, StorageError> {
+        if !url.starts_with("sqlite:") {
+            return Err(StorageError::UnsupportedUrl(url.to_owned()));
+        }
+        let opts = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match sync {
+                SqliteSync::Off => SqliteSynchronous::Off,
+                SqliteSync::Normal => SqliteSynchronous::Normal,
+                SqliteSync::Full => SqliteSynchronous::Full,
+                SqliteSync::Extra => SqliteSynchronous::Extra,
+            })
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(READ_POOL_SIZE)
+            .connect_with(opts.clone())
+            .await?;
+        migrate(&pool).await?;
+        let conn = SqliteConnection::connect_with(&opts).await?;
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        tokio::spawn(writer_loop(conn, opts, rx));
+        Ok(SqliteStore { pool, writer: tx })
+    }
+
+    /// The read pool, for tests and tools that inspect the database.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    async fn write(&self, op: WriteOp) -> Result<WriteOutcome, StorageError> {
+        let (reply, rx) = oneshot::channel();
+        self.writer
+            .send(WriteRequest { op, reply })
+            .await
+            .map_err(|_| StorageError::Closed)?;
+        rx.await.map_err(|_| StorageError::Closed)?
+    }
+}
+
+/// Applies the embedded SQLite migrations.
+pub async fn migrate(pool: &SqlitePool) -> Result<(), StorageError> {
+    sqlx::migrate!("../migrations/sqlite").run(pool).await?;
+    Ok(())
+}
+
+#[async_trait]
+impl DocStore for SqliteStore {
+    async fn load(&self, name: &str) -> Result<StoredDoc, StorageError> {
+        loop {
+            let mut tx = self.pool.begin().await?;
+            let row = sqlx::query(
+                "SELECT id, version, snapshot, snapshot_seq FROM documents WHERE name = ?",
+            )
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(row) = row else {
+                tx.commit().await?;
+                let now = now_ms();
+                sqlx::query(
+                    "INSERT INTO documents (name, created_at, updated_at) VALUES (?, ?, ?) \
+                     ON CONFLICT (name) DO NOTHING",
+                )
+                .bind(name)
+                .bind(now)
+                .bind(now)
+                .execute(&self.pool)
+                .await?;
+                continue;
+            };
+            let id: i64 = row.try_get("id")?;
+            let snapshot_seq: i64 = row.try_get("snapshot_seq")?;
+            let updates = sqlx::query(
+                "SELECT seq, data FROM doc_updates WHERE doc_id = ? AND seq > ? ORDER BY seq",
+            )
+            .bind(id)
+            .bind(snapshot_seq)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .map(|r| Ok((r.try_get("seq")?, r.try_get("data")?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+            tx.commit().await?;
+            return Ok(StoredDoc {
+                id,
+                version: row.try_get("version")?,
+                snapshot: row.try_get("snapshot")?,
+                snapshot_seq,
+                updates,
+            });
+        }
+    }
+
+    async fn append(
+        &self,
+        doc: DocId,
+        first_seq: i64,
+        updates: Vec<Bytes>,
+    ) -> Result<(), StorageError> {
+        self.write(WriteOp::Append {
+            doc,
+            first_seq,
+            updates,
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn write_snapshot(
+        &self,
+        doc: DocId,
+        expected_version: i64,
+        snapshot: Vec<u8>,
+        upto_seq: i64,
+    ) -> Result<SnapshotOutcome, StorageError> {
+        match self
+            .write(WriteOp::Snapshot {
+                doc,
+                expected_version,
+                snapshot,
+                upto_seq,
+            })
+            .await?
+        {
+            WriteOutcome::Snapshot(outcome) => Ok(outcome),
+            WriteOutcome::Appended => Err(StorageError::Closed),
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StorageError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}
+
+async fn writer_loop(
+    mut conn: SqliteConnection,
+    opts: SqliteConnectOptions,
+    mut rx: mpsc::Receiver<WriteRequest>,
+) {
+    let mut batch = Vec::with_capacity(MAX_WRITES_PER_TRANSACTION);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < MAX_WRITES_PER_TRANSACTION {
+            match rx.try_recv() {
+                Ok(req) => batch.push(req),
+                Err(_) => break,
+            }
+        }
+        match commit_batch(&mut conn, &mut batch).await {
+            Ok(results) => {
+                for (req, result) in batch.drain(..).zip(results) {
+                    let _ = req.reply.send(result);
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "commit failed; the batch is not durable");
+                for req in batch.drain(..) {
+                    let _ = req.reply.send(Err(StorageError::Database(clone_err(&e))));
+                }
+                // The connection may be unusable (disk error, lock state); start afresh.
+                match SqliteConnection::connect_with(&opts).await {
+                    Ok(fresh) => conn = fresh,
+                    Err(e) => tracing::error!(error = %e, "cannot reopen the writer connection"),
+                }
+            }
+        }
+    }
+}
+
+fn clone_err(e: &sqlx::Error) -> sqlx::Error {
+    sqlx::Error::Protocol(e.to_string())
+}
+
+/// Runs every request of `batch` in its own savepoint inside one transaction. Returns one
+/// result per request, or the error that made the whole transaction fail.
+async fn commit_batch(
+    conn: &mut SqliteConnection,
+    batch: &mut [WriteRequest],
+) -> Result<Vec<Result<WriteOutcome, StorageError>>, sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    let mut results = Vec::with_capacity(batch.len());
+    for req in batch.iter() {
+        let mut sp = tx.begin().await?;
+        let result = apply(&mut sp, &req.op).await;
+        match &result {
+            Ok(WriteOutcome::Appended)
+            | Ok(WriteOutcome::Snapshot(SnapshotOutcome::Written { .. })) => sp.commit().await?,
+            _ => sp.rollback().await?,
+        }
+        results.push(result);
+    }
+    tx.commit().await?;
+    Ok(results)
+}
+
+async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome, StorageError> {
+    let now = now_ms();
+    match op {
+        WriteOp::Append {
+            doc,
+            first_seq,
+            updates,
+        } => {
+            for (i, data) in updates.iter().enumerate() {
+                let r = sqlx::query(
+                    "INSERT INTO doc_updates (doc_id, seq, data, created_at) VALUES (?, ?, ?, ?)",
+                )
+                .bind(doc)
+                .bind(first_seq + i as i64)
+                .bind(data.as_ref())
+                .bind(now)
+                .execute(&mut *conn)
+                .await;
+                match r {
+                    Ok(_) => {}
+                    Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                        return Err(StorageError::Conflict)
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(WriteOutcome::Appended)
+        }
+        WriteOp::Snapshot {
+            doc,
+            expected_version,
+            snapshot,
+            upto_seq,
+        } => {
+            let done = sqlx::query(
+                "UPDATE documents SET snapshot = ?, snapshot_seq = ?, version = version + 1, \
+                 updated_at = ? WHERE id = ? AND version = ?",
+            )
+            .bind(snapshot.as_slice())
+            .bind(upto_seq)
+            .bind(now)
+            .bind(doc)
+            .bind(expected_version)
+            .execute(&mut *conn)
+            .await?;
+            if done.rows_affected() == 0 {
+                return Ok(WriteOutcome::Snapshot(SnapshotOutcome::Conflict));
+            }
+            sqlx::query("DELETE FROM doc_updates WHERE doc_id = ? AND seq <= ?")
+                .bind(doc)
+                .bind(upto_seq)
+                .execute(&mut *conn)
+                .await?;
+            Ok(WriteOutcome::Snapshot(SnapshotOutcome::Written {
+                new_version: expected_version + 1,
+            }))
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! One WebSocket connection: decode frames and hand them to the room; write what the room
+//! queues; ping, and close when silent too long.
+//!
+//! Reading and writing run as two halves of one task. The writer owns the bounded outbound
+//! queue the room fills; if the socket stops draining, the queue fills, and the room closes the
+//! peer with 1013 instead of waiting for it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket};
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Duration, Instant};
+use tracing::{debug, info_span, Instrument};
+use yrs::updates::decoder::Decode;
+use yrs::Update;
+
+use crate::close;
+use crate::protocol::{self, Message};
+use crate::room::{CloseReason, DocName, JoinError, PeerLink, PeerMsg, Registry, RoomHandle};
+use crate::AppState;
+
+/// How long a close frame may take to leave before the socket is dropped.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Attempts at joining when the room was unloading at that very moment.
+const JOIN_ATTEMPTS: usize = 8;
+
+static NEXT_PEER: AtomicU64 = AtomicU64::new(1);
+
+/// Serves one upgraded connection to document `name` until it closes.
+pub async fn serve(socket: WebSocket, name: DocName, app: AppState) {
+    let peer = NEXT_PEER.fetch_add(1, Ordering::Relaxed);
+    let span = info_span!("conn", doc = %name, peer);
+    async move {
+        app.metrics.connections.inc();
+        let reason = serve_inner(socket, &name, peer, &app).await;
+        debug!(code = reason.code, reason = %reason.reason, "closed");
+        app.metrics.connections.dec();
+    }
+    .instrument(span)
+    .await
+}
+
+async fn join(
+    registry: &Arc<Registry>,
+    name: &DocName,
+    peer: u64,
+    queue: usize,
+) -> Result<
+    (
+        RoomHandle,
+        mpsc::Receiver<Bytes>,
+        oneshot::Receiver<CloseReason>,
+    ),
+    CloseReason,
+> {
+    for _ in 0..JOIN_ATTEMPTS {
+        let room = registry.get_or_start(name).map_err(join_close)?;
+        let (tx, rx) = mpsc::channel(queue);
+        let (kill, kill_rx) = oneshot::channel();
+        match room.join(PeerLink { id: peer, tx, kill }).await {
+            Ok(()) => return Ok((room, rx, kill_rx)),
+            Err(JoinError::Gone) => continue,
+            Err(e) => return Err(join_close(e)),
+        }
+    }
+    Err(CloseReason::new(
+        close::TRY_AGAIN_LATER,
+        "document busy, retry",
+    ))
+}
+
+fn join_close(e: JoinError) -> CloseReason {
+    match e {
+        JoinError::LoadFailed => {
+            CloseReason::new(close::INTERNAL, "document failed to load, retry later")
+        }
+        JoinError::Full => CloseReason::new(
+            close::TRY_AGAIN_LATER,
+            "too many connections to this document",
+        ),
+        JoinError::ShuttingDown => CloseReason::new(close::RESTART, "server restarting"),
+        JoinError::Gone => CloseReason::new(close::TRY_AGAIN_LATER, "document busy, retry"),
+    }
+}
+
+async fn serve_inner(
+    mut socket: WebSocket,
+    name: &DocName,
+    peer: u64,
+    app: &AppState,
+) -> CloseReason {
+    let (room, mut out_rx, mut kill_rx) =
+        match join(&app.registry, name, peer, app.config.limits.peer_queue).await {
+            Ok(joined) => joined,
+            Err(reason) => {
+                send_close(&mut socket, &reason).await;
+                return reason;
+            }
+        };
+    let (mut sink, mut stream) = socket.split();
+    // Milliseconds since `opened` at which the last frame arrived (shared by both halves).
+    let opened = Instant::now();
+    let last_seen = AtomicU64::new(0);
+    let mark_seen = || last_seen.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);
+    let ping_every = app.config.ping_interval;
+    let idle_timeout = app.config.idle_timeout;
+
+    let reader = async {
+        while let Some(frame) = stream.next().await {
+            mark_seen();
+            match frame {
+                Ok(WsMessage::Binary(data)) => {
+                    let msgs = match to_peer_msgs(&data) {
+                        Ok(msgs) => msgs,
+                        Err(detail) => {
+                            app.metrics.malformed_messages.inc();
+                            debug!(%detail, "malformed message");
+                            return Some(CloseReason::new(close::MALFORMED, truncate(detail)));
+                        }
+                    };
+                    if !msgs.is_empty() && room.send(peer, msgs).await.is_err() {
+                        return Some(CloseReason::new(
+                            close::INTERNAL,
+                            "document closed, reconnect",
+                        ));
+                    }
+                }
+                Ok(WsMessage::Text(_)) => {
+                    return Some(CloseReason::new(
+                        close::UNSUPPORTED_DATA,
+                        "text frames are not part of the protocol",
+                    ))
+                }
+                Ok(WsMessage::Ping(_)) | Ok(WsMessage::Pong(_)) => {}
+                Ok(WsMessage::Close(_)) => return None,
+                Err(e) => {
+                    let text = e.to_string();
+                    if text.contains("Space limit exceeded")
+                        || text.contains("too big")
+                        || text.contains("too long")
+                    {
+                        return Some(CloseReason::new(close::MESSAGE_TOO_BIG, "message too big"));
+                    }
+                    debug!(error = %text, "read error");
+                    return None;
+                }
+            }
+        }
+        None
+    };
+
+    let writer = async {
+        let mut ping = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
+        loop {
+            tokio::select! {
+                biased;
+                reason = &mut kill_rx => return reason.ok(),
+                frame = out_rx.recv() => match frame {
+                    Some(frame) => {
+                        if sink.send(WsMessage::Binary(frame)).await.is_err() {
+                            return None;
+                        }
+                    }
+                    None => return Some(CloseReason::new(close::INTERNAL, "document closed, reconnect")),
+                },
+                _ = ping.tick() => {
+                    let seen = opened + Duration::from_millis(last_seen.load(Ordering::Relaxed));
+                    if seen.elapsed() >= idle_timeout {
+                        return Some(CloseReason::new(close::GOING_AWAY, "idle timeout"));
+                    }
+                    if sink.send(WsMessage::Ping(Bytes::new())).await.is_err() {
+                        return None;
+                    }
+                }
+            }
+        }
+    };
+
+    let outcome = tokio::select! {
+        r = reader => r,
+        w = writer => w,
+    };
+    room.leave(peer).await;
+    match outcome {
+        Some(reason) => {
+            let frame = WsMessage::Close(Some(CloseFrame {
+                code: reason.code,
+                reason: reason.reason.to_string().into(),
+            }));
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+                let _ = sink.send(frame).await;
+                let _ = sink.close().await;
+            })
+            .await;
+            reason
+        }
+        None => CloseReason::new(1000, "closed by peer"),
+    }
+}
+
+async fn send_close(socket: &mut WebSocket, reason: &CloseReason) {
+    let frame = WsMessage::Close(Some(CloseFrame {
+        code: reason.code,
+        reason: reason.reason.to_string().into(),
+    }));
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, socket.send(frame)).await;
+}
+
+/// Close reasons must fit a control frame (123 bytes).
+fn truncate(mut s: String) -> String {
+    if s.len() > 120 {
+        let mut cut = 120;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// Decodes a frame into what the room consumes; updates are decoded here (off the room task)
+/// so a malformed one is refused before it reaches the document.
+fn to_peer_msgs(frame: &Bytes) -> Result<Vec<PeerMsg>, String> {
+    let msgs = protocol::decode_frame(frame).map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(msgs.len());
+    for msg in msgs {
+        match msg {
+            Message::SyncStep1(sv) => out.push(PeerMsg::Step1(sv)),
+            Message::SyncStep2(raw) | Message::Update(raw) => {
+                let update = Update::decode_v1(&raw).map_err(|e| format!("invalid update: {e}"))?;
+                out.push(PeerMsg::Update { raw, update });
+            }
+            Message::Awareness { update, raw } => out.push(PeerMsg::Awareness { update, raw }),
+            Message::QueryAwareness => out.push(PeerMsg::QueryAwareness),
+            Message::DurableAck { raw } => out.push(PeerMsg::DurableAck(raw)),
+            Message::Auth(_) => debug!("ignoring an auth message from a client"),
+            Message::Unknown { tag } => debug!(tag, "ignoring a message of unknown type"),
+        }
+    }
+    Ok(out)
+}
