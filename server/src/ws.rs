@@ -229,6 +229,9 @@ fn to_peer_msgs(frame: &Bytes) -> Result<Vec<PeerMsg>, String> {
     for msg in msgs {
         match msg {
             Message::SyncStep1(sv) => out.push(PeerMsg::Step1(sv)),
+            // An empty update (no structs, empty delete set) is what a client in sync sends as
+            // its Step2; it changes nothing, so it never reaches the room.
+            Message::SyncStep2(raw) | Message::Update(raw) if raw.as_ref() == [0, 0] => {}
             Message::SyncStep2(raw) | Message::Update(raw) => {
                 let update = Update::decode_v1(&raw).map_err(|e| format!("invalid update: {e}"))?;
                 out.push(PeerMsg::Update { raw, update });

@@ -1,0 +1,393 @@
+//! Test harness: a real server on port 0 with a fresh database, and a Rust y-websocket client.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use quire_server::config::{Config, Settings};
+use quire_server::protocol::{self, Message};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_util::sync::CancellationToken;
+use yrs::updates::decoder::Decode;
+use yrs::{Doc, GetString, ReadTxn, StateVector, Text, Transact, Update};
+
+/// Generous bound for "this should happen": tests fail instead of hanging.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("QUIRE_TEST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+}
+
+/// Settings for tests: a database in `dir`, quick unloads.
+pub fn test_config(dir: &Path) -> Config {
+    let mut cfg = Settings::default().resolve();
+    cfg.database_url = format!("sqlite://{}", dir.join("quire.db").display());
+    cfg.room.unload_delay = Duration::from_millis(200);
+    cfg.shutdown_grace = Duration::from_secs(10);
+    cfg
+}
+
+/// An in-process server.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub shutdown: CancellationToken,
+    handle: JoinHandle<anyhow::Result<()>>,
+}
+
+impl TestServer {
+    pub async fn start(config: Config) -> TestServer {
+        init_tracing();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(quire_server::run(listener, config, shutdown.clone()));
+        TestServer {
+            addr,
+            shutdown,
+            handle,
+        }
+    }
+
+    pub fn url(&self, doc: &str) -> String {
+        format!("ws://{}/{}", self.addr, doc)
+    }
+
+    pub fn http(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Graceful shutdown, as on SIGTERM.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(PATIENCE, self.handle)
+            .await
+            .expect("server stops in time")
+            .expect("server task")
+            .expect("server result");
+    }
+
+    /// Fetches a metric's value from /metrics.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let body = http_get(self.addr, "/metrics").await.1;
+        body.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == name).then(|| v.trim().parse().ok()).flatten()
+            })
+            .unwrap_or(0.0)
+    }
+}
+
+/// The `quire` binary as a child process (for SIGKILL tests).
+pub struct ServerProcess {
+    pub child: tokio::process::Child,
+    pub addr: SocketAddr,
+}
+
+impl ServerProcess {
+    pub async fn start(db: &Path, extra: &[&str]) -> ServerProcess {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_quire"))
+            .arg("serve")
+            .arg("--bind")
+            .arg("127.0.0.1:0")
+            .arg("--database")
+            .arg(format!("sqlite://{}", db.display()))
+            .args(extra)
+            .env("QUIRE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn quire");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = tokio::time::timeout(PATIENCE, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(addr) = line.strip_prefix("quire listening on ") {
+                    return addr.parse::<SocketAddr>().expect("address");
+                }
+            }
+            panic!("quire exited before listening");
+        })
+        .await
+        .expect("quire starts");
+        ServerProcess { child, addr }
+    }
+
+    pub fn url(&self, doc: &str) -> String {
+        format!("ws://{}/{}", self.addr, doc)
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.id().expect("running").to_string();
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -{sig} {pid}");
+    }
+}
+
+/// A minimal HTTP/1.1 GET: (status, body).
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.expect("read");
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// A y-websocket client in Rust: a `Doc` kept in sync over one socket.
+pub struct Client {
+    pub doc: Doc,
+    ws: Ws,
+    pub synced: bool,
+    pub acks_received: Vec<Bytes>,
+    pub awareness: HashMap<u64, String>,
+    pub updates_received: usize,
+    pub closed: Option<CloseFrame>,
+}
+
+impl Client {
+    /// Connects with a fixed client id and waits for the initial sync.
+    pub async fn connect(url: &str, client_id: u64) -> Client {
+        let mut c = Client::connect_unsynced(url, client_id).await;
+        c.sync().await;
+        c
+    }
+
+    /// Connects and sends Sync/Step1 without waiting for anything.
+    pub async fn connect_unsynced(url: &str, client_id: u64) -> Client {
+        Client::connect_with_doc(url, Doc::with_client_id(client_id)).await
+    }
+
+    pub async fn connect_with_doc(url: &str, doc: Doc) -> Client {
+        // Large documents arrive as one large Step2 frame; lift tungstenite's 16 MiB default.
+        let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .max_frame_size(None)
+            .max_message_size(None);
+        let (ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), false)
+            .await
+            .expect("websocket connect");
+        let mut c = Client {
+            doc,
+            ws,
+            synced: false,
+            acks_received: Vec::new(),
+            awareness: HashMap::new(),
+            updates_received: 0,
+            closed: None,
+        };
+        let sv = c.doc.transact().state_vector();
+        c.send_raw(protocol::encode_step1(&sv)).await;
+        c
+    }
+
+    pub async fn sync(&mut self) {
+        let ok = self.pump_until(PATIENCE, |c| c.synced).await;
+        assert!(ok, "initial sync completes");
+    }
+
+    pub fn text(&self) -> String {
+        let t = self.doc.get_or_insert_text("text");
+        t.get_string(&self.doc.transact())
+    }
+
+    /// Length of the shared text, without building the string.
+    pub fn text_len(&self) -> usize {
+        let t = self.doc.get_or_insert_text("text");
+        t.len(&self.doc.transact()) as usize
+    }
+
+    pub fn state_vector(&self) -> StateVector {
+        self.doc.transact().state_vector()
+    }
+
+    /// Inserts into the shared text "text" and sends the update; returns it.
+    pub async fn insert(&mut self, index: u32, s: &str) -> Vec<u8> {
+        let t = self.doc.get_or_insert_text("text");
+        let update = {
+            let mut txn = self.doc.transact_mut();
+            let len = t.len(&txn);
+            t.insert(&mut txn, index.min(len), s);
+            txn.encode_update_v1()
+        };
+        self.send_update(&update).await;
+        update
+    }
+
+    pub async fn send_update(&mut self, update: &[u8]) {
+        self.send_raw(protocol::encode_update(update)).await;
+    }
+
+    pub async fn send_raw(&mut self, frame: Bytes) {
+        let _ = self.ws.send(WsMessage::Binary(frame)).await;
+    }
+
+    /// Sends a durable-ack request and waits for its echo.
+    pub async fn durable_ack(&mut self, n: u64) {
+        let frame = protocol::encode_durable_ack(n);
+        self.send_raw(frame.clone()).await;
+        let ok = self
+            .pump_until(PATIENCE, |c| c.acks_received.contains(&frame))
+            .await;
+        assert!(ok, "durable ack {n} echoed");
+    }
+
+    /// Handles incoming frames until `done` holds or `patience` passes. Returns whether `done`.
+    pub async fn pump_until(&mut self, patience: Duration, done: impl Fn(&Client) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + patience;
+        while !done(self) {
+            if self.closed.is_some() {
+                return false;
+            }
+            match tokio::time::timeout_at(deadline, self.ws.next()).await {
+                Err(_) => return false,
+                Ok(None) => {
+                    self.closed = Some(CloseFrame {
+                        code: CloseCode::Abnormal,
+                        reason: "eof".into(),
+                    });
+                }
+                Ok(Some(Err(_))) => {
+                    self.closed = Some(CloseFrame {
+                        code: CloseCode::Abnormal,
+                        reason: "error".into(),
+                    });
+                }
+                Ok(Some(Ok(msg))) => self.handle(msg).await,
+            }
+        }
+        true
+    }
+
+    /// Waits for the server to close the connection; returns the close code.
+    pub async fn wait_closed(&mut self) -> Option<u16> {
+        self.pump_until(PATIENCE, |c| c.closed.is_some()).await;
+        self.closed.as_ref().map(|f| u16::from(f.code))
+    }
+
+    async fn handle(&mut self, msg: WsMessage) {
+        match msg {
+            WsMessage::Binary(data) => {
+                let msgs = protocol::decode_frame(&data).expect("server frames decode");
+                for m in msgs {
+                    match m {
+                        Message::SyncStep1(sv) => {
+                            let diff = self.doc.transact().encode_diff_v1(&sv);
+                            self.send_raw(protocol::encode_step2(&diff)).await;
+                        }
+                        Message::SyncStep2(u) => {
+                            self.apply(&u);
+                            self.synced = true;
+                        }
+                        Message::Update(u) => {
+                            self.updates_received += 1;
+                            self.apply(&u);
+                        }
+                        Message::Awareness { update, .. } => {
+                            for (id, e) in update.clients {
+                                if &*e.json == "null" {
+                                    self.awareness.remove(&id.get());
+                                } else {
+                                    self.awareness.insert(id.get(), e.json.to_string());
+                                }
+                            }
+                        }
+                        Message::DurableAck { raw } => self.acks_received.push(raw),
+                        _ => {}
+                    }
+                }
+            }
+            WsMessage::Close(frame) => {
+                self.closed = Some(frame.unwrap_or(CloseFrame {
+                    code: CloseCode::Status,
+                    reason: "".into(),
+                }));
+            }
+            _ => {}
+        }
+    }
+
+    fn apply(&mut self, update: &[u8]) {
+        let u = Update::decode_v1(update).expect("server sends valid updates");
+        self.doc.transact_mut().apply_update(u).expect("apply");
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.ws.close(None).await;
+    }
+}
+
+/// Log rows stored for a document, read straight from the SQLite file.
+pub async fn log_rows(db: &Path, name: &str) -> i64 {
+    let pool = open_db(db).await;
+    let n: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM doc_updates u JOIN documents d ON d.id = u.doc_id WHERE d.name = ?",
+    )
+    .bind(name)
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    pool.close().await;
+    n
+}
+
+pub async fn open_db(db: &Path) -> sqlx::SqlitePool {
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(db)
+                .busy_timeout(Duration::from_secs(10)),
+        )
+        .await
+        .expect("open db")
+}
+
+pub fn db_path(dir: &Path) -> PathBuf {
+    dir.join("quire.db")
+}
+
+pub fn seed() -> u64 {
+    let seed = std::env::var("QUIRE_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("seed = {seed} (replay with QUIRE_TEST_SEED={seed})");
+    seed
+}
+
+pub fn shared<T>(t: T) -> Arc<T> {
+    Arc::new(t)
+}

@@ -1,0 +1,322 @@
+//! The sync protocol end to end: a real server on port 0, Rust clients over WebSocket.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+#[tokio::test]
+async fn many_clients_converge_and_a_late_joiner_gets_everything() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let url = server.url("converge");
+
+    let mut clients = Vec::new();
+    for i in 0..6u64 {
+        clients.push(Client::connect(&url, 100 + i).await);
+    }
+    // Every client makes edits at random positions; messages interleave at the server.
+    for round in 0..20 {
+        for c in clients.iter_mut() {
+            let len = c.text().chars().count() as u32;
+            let at = rng.random_range(0..=len);
+            c.insert(at, &format!("{round}")).await;
+        }
+    }
+    for (i, c) in clients.iter_mut().enumerate() {
+        c.durable_ack(i as u64).await;
+    }
+    let late = Client::connect(&url, 999).await;
+    let expected = late.text();
+    assert_eq!(
+        expected.len(),
+        6 * (10 + 10 * 2),
+        "every insert is in the late joiner's copy"
+    );
+    for c in clients.iter_mut() {
+        let ok = c.pump_until(PATIENCE, |c| c.text() == expected).await;
+        assert!(
+            ok,
+            "client converged (seed {seed}): {} vs {}",
+            c.text(),
+            expected
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_duplicate_update_is_neither_logged_nor_broadcast() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let url = server.url("dup");
+    let mut a = Client::connect(&url, 1).await;
+    let mut b = Client::connect(&url, 2).await;
+
+    let update = a.insert(0, "hello").await;
+    a.durable_ack(1).await;
+    assert!(b.pump_until(PATIENCE, |c| c.text() == "hello").await);
+    let received = b.updates_received;
+
+    // A retry of the same update, from the same and from another connection.
+    a.send_update(&update).await;
+    b.send_update(&update).await;
+    a.durable_ack(2).await;
+    b.durable_ack(3).await;
+
+    // Something new after the duplicates: b must receive it, and nothing else in between.
+    a.insert(5, "!").await;
+    a.durable_ack(4).await;
+    assert!(b.pump_until(PATIENCE, |c| c.text() == "hello!").await);
+    assert_eq!(
+        b.updates_received,
+        received + 1,
+        "the duplicate was not broadcast"
+    );
+    assert_eq!(server.metric("quire_updates_duplicate_total").await, 2.0);
+    assert_eq!(server.metric("quire_updates_logged_total").await, 2.0);
+    assert_eq!(log_rows(&db_path(dir.path()), "dup").await, 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_update_is_acknowledged_only_once_committed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let url = server.url("ack");
+    let mut a = Client::connect(&url, 1).await;
+    for i in 0..50 {
+        a.insert(i, "x").await;
+    }
+    a.durable_ack(7).await;
+    // The echo is the exact bytes sent.
+    assert_eq!(
+        a.acks_received,
+        vec![quire_server::protocol::encode_durable_ack(7)]
+    );
+    // Everything before the ack is in the log at the moment the echo arrives.
+    assert_eq!(log_rows(&db_path(dir.path()), "ack").await, 50);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_frames_close_only_the_sender() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let url = server.url("malformed");
+    let mut good = Client::connect(&url, 1).await;
+    let mut other = Client::connect(&url, 2).await;
+
+    let cases: Vec<(Bytes, u16)> = vec![
+        (Bytes::from_static(&[0, 2, 10, 1, 2]), 1007), // truncated update
+        (Bytes::from_static(&[0, 2, 3, 0xff, 0xff, 0xff]), 1007), // not a Yjs update
+        (Bytes::from_static(&[0, 9, 0]), 1007),        // unknown sync type
+        (Bytes::from_static(&[1, 3, 1, 2]), 1007),     // bad awareness
+    ];
+    for (frame, code) in cases {
+        let mut bad = Client::connect(&url, 3).await;
+        bad.send_raw(frame.clone()).await;
+        assert_eq!(bad.wait_closed().await, Some(code), "frame {frame:?}");
+    }
+    // A text frame is refused with 1003.
+    {
+        use futures_util::SinkExt;
+        let (mut ws, _) = tokio_tungstenite::connect_async(&url)
+            .await
+            .expect("connect");
+        ws.send(tokio_tungstenite::tungstenite::Message::Text("hi".into()))
+            .await
+            .expect("send");
+        let mut c = ClientCloseWatcher(ws);
+        assert_eq!(c.close_code().await, Some(1003));
+    }
+    // Unknown message types are ignored, not fatal.
+    good.send_raw(Bytes::from_static(&[77, 1, 0])).await;
+    good.insert(0, "still here").await;
+    good.durable_ack(1).await;
+    assert!(
+        other
+            .pump_until(PATIENCE, |c| c.text() == "still here")
+            .await
+    );
+    assert!(server.metric("quire_malformed_messages_total").await >= 4.0);
+    server.stop().await;
+}
+
+struct ClientCloseWatcher(
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+);
+
+impl ClientCloseWatcher {
+    async fn close_code(&mut self) -> Option<u16> {
+        use futures_util::StreamExt;
+        while let Ok(Some(msg)) = tokio::time::timeout(PATIENCE, self.0.next()).await {
+            if let Ok(tokio_tungstenite::tungstenite::Message::Close(f)) = msg {
+                return f.map(|f| u16::from(f.code));
+            }
+        }
+        None
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_closed_with_1013_and_others_keep_receiving() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.limits.peer_queue = 8;
+    let server = TestServer::start(cfg).await;
+    let url = server.url("slow");
+    let mut writer = Client::connect(&url, 1).await;
+    let mut fast = Client::connect(&url, 2).await;
+    let mut slow = Client::connect(&url, 3).await; // never reads until the end
+
+    // Large updates fill the slow client's socket buffers (loopback buffers hold a few MiB),
+    // then its queue. The writer paces itself on the fast client, whose queue never holds
+    // more than one update, so only the slow client can overflow.
+    let chunk = "y".repeat(64 * 1024);
+    let n = 400usize;
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen_by_reader = seen.clone();
+    let reader = tokio::spawn(async move {
+        let ok = fast
+            .pump_until(PATIENCE, |c| {
+                seen_by_reader.store(c.updates_received, std::sync::atomic::Ordering::SeqCst);
+                c.updates_received == n
+            })
+            .await;
+        (ok, fast.closed.clone(), fast.text_len())
+    });
+    for i in 0..n {
+        writer.insert(0, &chunk).await;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while seen.load(std::sync::atomic::Ordering::SeqCst) < i + 1 && !reader.is_finished() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "fast client stalled"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+    let (ok, closed, len) = reader.await.expect("reader task");
+    assert!(
+        ok,
+        "the fast client received every update (closed: {closed:?})"
+    );
+    let total = n * chunk.len();
+    assert_eq!(len, total);
+    assert!(server.metric("quire_broadcast_overflows_total").await >= 1.0);
+    // Now the slow client reads: what was queued, then a 1013 close.
+    assert_eq!(slow.wait_closed().await, Some(1013));
+    // It resyncs on reconnect.
+    let again = Client::connect(&url, 3).await;
+    assert_eq!(again.text_len(), total);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn awareness_is_relayed_and_removed_when_its_connection_closes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let url = server.url("presence");
+    let mut a = Client::connect(&url, 1).await;
+    let mut b = Client::connect(&url, 2).await;
+    let state = yrs::sync::AwarenessUpdate {
+        clients: [(
+            yrs::ClientID::new(1),
+            yrs::sync::awareness::AwarenessUpdateEntry {
+                clock: 1,
+                json: r#"{"user":{"name":"ann"}}"#.into(),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    };
+    a.send_raw(quire_server::protocol::encode_awareness(&state))
+        .await;
+    assert!(
+        b.pump_until(PATIENCE, |c| c.awareness.contains_key(&1))
+            .await
+    );
+    // A newcomer gets the full awareness state on open.
+    let mut c = Client::connect(&url, 3).await;
+    assert!(
+        c.pump_until(PATIENCE, |c| c.awareness.contains_key(&1))
+            .await
+    );
+    a.close().await;
+    assert!(
+        b.pump_until(PATIENCE, |c| !c.awareness.contains_key(&1))
+            .await
+    );
+    assert!(
+        c.pump_until(PATIENCE, |c| !c.awareness.contains_key(&1))
+            .await
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_document_names_get_400_before_the_upgrade() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let long = format!("/{}", "x".repeat(300));
+    for path in ["/", "/bad%0Aname", "/%FF%FE", long.as_str()] {
+        let (status, body) = http_get(server.addr, path).await;
+        assert_eq!(status, 400, "{path}");
+        assert!(body.contains("invalid-document-name"), "{body}");
+        let err = tokio_tungstenite::connect_async(format!("ws://{}{}", server.addr, path)).await;
+        assert!(err.is_err(), "upgrade refused for {path}");
+    }
+    // A query string is accepted and not part of the name; names are URL-decoded.
+    let mut a = Client::connect(&server.url("my%20doc?token=abc&x=1"), 1).await;
+    a.insert(0, "q").await;
+    a.durable_ack(1).await;
+    let b = Client::connect(&server.url("%6Dy%20doc"), 2).await;
+    assert_eq!(b.text(), "q");
+    assert_eq!(http_get(server.addr, "/healthz").await.0, 200);
+    assert_eq!(http_get(server.addr, "/readyz").await.0, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn too_many_connections_and_oversized_documents_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.limits.max_connections_per_doc = 2;
+    cfg.room.max_connections = 2;
+    cfg.room.max_doc_size = 1000;
+    let server = TestServer::start(cfg).await;
+    let url = server.url("bounded");
+    let mut a = Client::connect(&url, 1).await;
+    let _b = Client::connect(&url, 2).await;
+    let mut c = Client::connect_unsynced(&url, 3).await;
+    assert_eq!(c.wait_closed().await, Some(1013));
+
+    a.insert(0, &"z".repeat(2000)).await;
+    assert_eq!(a.wait_closed().await, Some(4413));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_commits_and_closes_sockets_with_1001() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let url = server.url("bye");
+    let mut a = Client::connect(&url, 1).await;
+    for i in 0..20 {
+        a.insert(i, "s").await;
+    }
+    a.durable_ack(1).await;
+    server.shutdown.cancel();
+    assert_eq!(a.wait_closed().await, Some(1001));
+    server.stop().await;
+    // Reconnecting later (clients do) finds every acknowledged update.
+    let server = TestServer::start(test_config(dir.path())).await;
+    let b = Client::connect(&server.url("bye"), 2).await;
+    assert_eq!(b.text(), "s".repeat(20));
+    server.stop().await;
+}
