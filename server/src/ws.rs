@@ -23,7 +23,7 @@ use crate::room::{CloseReason, DocName, JoinError, PeerLink, PeerMsg, Registry, 
 use crate::AppState;
 
 /// How long a close frame may take to leave before the socket is dropped.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Attempts at joining when the room was unloading at that very moment.
 const JOIN_ATTEMPTS: usize = 8;
 
@@ -190,8 +190,16 @@ async fn serve_inner(
                 code: reason.code,
                 reason: reason.reason.to_string().into(),
             }));
+            // The close handshake: send ours, then read until the client's Close (or the
+            // timeout) so the client sees our code instead of a reset connection.
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
-                let _ = sink.send(frame).await;
+                if sink.send(frame).await.is_ok() {
+                    while let Some(Ok(msg)) = stream.next().await {
+                        if matches!(msg, WsMessage::Close(_)) {
+                            break;
+                        }
+                    }
+                }
                 let _ = sink.close().await;
             })
             .await;

@@ -1,0 +1,417 @@
+//! Durability: restarts, SIGKILL, compaction, snapshot races, failed loads.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use quire_server::config::SqliteSync;
+use quire_server::storage::sqlite::SqliteStore;
+use quire_server::storage::{DocStore, SnapshotOutcome, StorageError};
+use tokio::sync::Barrier;
+use yrs::updates::decoder::Decode;
+use yrs::{Doc, GetString, ReadTxn, StateVector, Text, Transact, Update};
+
+#[tokio::test]
+async fn a_restart_keeps_every_document() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    for d in 0..5u64 {
+        let mut c = Client::connect(&server.url(&format!("doc-{d}")), d + 1).await;
+        for i in 0..10 {
+            c.insert(i, &d.to_string()).await;
+        }
+        c.durable_ack(0).await;
+        c.close().await;
+    }
+    // Let the rooms unload (final snapshot), then keep editing one of them.
+    let ok = tokio::time::timeout(PATIENCE, async {
+        while server.metric("quire_rooms_loaded").await > 0.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(ok.is_ok(), "idle rooms unload");
+    let mut c = Client::connect(&server.url("doc-0"), 50).await;
+    assert_eq!(c.text(), "0".repeat(10));
+    c.insert(0, "after-unload ").await;
+    c.durable_ack(1).await;
+    server.stop().await;
+
+    let server = TestServer::start(test_config(dir.path())).await;
+    for d in 0..5u64 {
+        let c = Client::connect(&server.url(&format!("doc-{d}")), 100 + d).await;
+        let want = if d == 0 {
+            format!("after-unload {}", "0".repeat(10))
+        } else {
+            d.to_string().repeat(10)
+        };
+        assert_eq!(c.text(), want, "doc-{d}");
+    }
+    server.stop().await;
+}
+
+/// The guarantee: whatever any client has received from the server is durable, even if the
+/// process dies the next instant.
+#[tokio::test]
+async fn sigkill_right_after_clients_received_updates_loses_none_of_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = db_path(dir.path());
+    let seed = seed();
+    for round in 0..3u64 {
+        let server = ServerProcess::start(&db, &[]).await;
+        let url = server.url("crash");
+        let mut writer = Client::connect(&url, 10 + round).await;
+        let mut watcher = Client::connect(&url, 20 + round).await;
+        let target = 20 + (seed.wrapping_add(round) % 40) as usize;
+        // The writer streams updates without waiting; the watcher waits for `target` of them.
+        let writing = tokio::spawn(async move {
+            for i in 0..500u32 {
+                writer.insert(i, "w").await;
+            }
+            writer
+        });
+        let ok = watcher
+            .pump_until(PATIENCE, |c| c.updates_received >= target)
+            .await;
+        assert!(ok, "watcher receives updates");
+        server.signal("KILL");
+        let seen = watcher.state_vector();
+        let seen_text = watcher.text();
+        let _ = writing.await;
+        drop(server);
+
+        let server = ServerProcess::start(&db, &[]).await;
+        let fresh = Client::connect(&server.url("crash"), 30 + round).await;
+        let have = fresh.state_vector();
+        for (client, clock) in seen.iter() {
+            assert!(
+                have.get(client) >= *clock,
+                "round {round}, seed {seed}: client {client} clock {clock} seen before the kill, {} after",
+                have.get(client)
+            );
+        }
+        assert!(fresh.text().len() >= seen_text.len());
+        server.signal("TERM");
+    }
+}
+
+#[tokio::test]
+async fn compaction_keeps_the_content_and_shrinks_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = db_path(dir.path());
+    let mut cfg = test_config(dir.path());
+    cfg.room.snapshot_updates = 10;
+    let server = TestServer::start(cfg.clone()).await;
+    let mut c = Client::connect(&server.url("compact"), 1).await;
+    for i in 0..35u32 {
+        c.insert(i, "c").await;
+        c.durable_ack(u64::from(i)).await; // one update per commit, so snapshots are predictable
+    }
+    let expected = c.text();
+    // 35 updates, snapshot every 10: 3 snapshots and 5 rows left in the log.
+    let ok = tokio::time::timeout(PATIENCE, async {
+        while server.metric("quire_snapshots_total").await < 3.0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(ok.is_ok(), "three snapshots written");
+    assert_eq!(log_rows(&db, "compact").await, 5);
+    let pool = open_db(&db).await;
+    let (seq, size): (i64, i64) = sqlx::query_as(
+        "SELECT snapshot_seq, length(snapshot) FROM documents WHERE name = 'compact'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("row");
+    assert_eq!(seq, 30);
+    assert!(size > 0);
+    pool.close().await;
+    let late = Client::connect(&server.url("compact"), 2).await;
+    assert_eq!(late.text(), expected);
+    server.stop().await;
+
+    let server = TestServer::start(cfg).await;
+    let again = Client::connect(&server.url("compact"), 3).await;
+    assert_eq!(again.text(), expected);
+    server.stop().await;
+    assert_eq!(
+        log_rows(&db, "compact").await,
+        0,
+        "the final snapshot covers the log"
+    );
+}
+
+fn text_update(client: u64, base: &Doc, s: &str) -> Vec<u8> {
+    let doc = Doc::with_client_id(client);
+    let sv = base.transact().state_vector();
+    let full = base.transact().encode_diff_v1(&StateVector::default());
+    doc.transact_mut()
+        .apply_update(Update::decode_v1(&full).expect("decode"))
+        .expect("apply");
+    let t = doc.get_or_insert_text("text");
+    {
+        let mut txn = doc.transact_mut();
+        let len = t.len(&txn);
+        t.insert(&mut txn, len, s);
+    }
+    let diff = doc.transact().encode_diff_v1(&sv);
+    diff
+}
+
+fn doc_of(stored: &quire_server::storage::StoredDoc) -> Doc {
+    let doc = Doc::new();
+    {
+        let mut txn = doc.transact_mut();
+        if let Some(s) = &stored.snapshot {
+            txn.apply_update(Update::decode_v2(s).expect("v2"))
+                .expect("apply");
+        }
+        for (_, u) in &stored.updates {
+            txn.apply_update(Update::decode_v1(u).expect("v1"))
+                .expect("apply");
+        }
+    }
+    doc
+}
+
+fn text_of(doc: &Doc) -> String {
+    doc.get_or_insert_text("text").get_string(&doc.transact())
+}
+
+/// Two snapshot writers that both read version v are released together by a barrier. Exactly
+/// one wins; the loser is refused and changes nothing; no row is lost either way. Run with
+/// both orders forced, and concurrently.
+#[tokio::test]
+async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
+    for order in ["a-first", "b-first", "together"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", db_path(dir.path()).display());
+        let a = Arc::new(
+            SqliteStore::connect(&url, SqliteSync::Full)
+                .await
+                .expect("a"),
+        );
+        let b = Arc::new(
+            SqliteStore::connect(&url, SqliteSync::Full)
+                .await
+                .expect("b"),
+        );
+
+        // Three client updates in the log.
+        let base = Doc::with_client_id(1);
+        let seeded = a.load("race").await.expect("load");
+        let mut rows = Vec::new();
+        for s in ["one ", "two ", "three "] {
+            let u = text_update(1, &base, s);
+            base.transact_mut()
+                .apply_update(Update::decode_v1(&u).expect("d"))
+                .expect("a");
+            rows.push(bytes::Bytes::from(u));
+        }
+        a.append(seeded.id, 1, rows).await.expect("append");
+
+        // Both writers read version v; then A appends a fourth row B has not seen.
+        let seen_by_a = a.load("race").await.expect("load a");
+        let seen_by_b = b.load("race").await.expect("load b");
+        assert_eq!(seen_by_a.version, seen_by_b.version);
+        let doc_a = doc_of(&seen_by_a);
+        let extra = text_update(2, &doc_a, "four");
+        doc_a
+            .transact_mut()
+            .apply_update(Update::decode_v1(&extra).expect("d"))
+            .expect("a");
+        a.append(seen_by_a.id, 4, vec![extra.into()])
+            .await
+            .expect("append 4");
+        // B, still at seq 3, cannot take log position 4: the key fences it.
+        let stale = b
+            .append(seen_by_b.id, 4, vec![text_update(3, &base, "x").into()])
+            .await;
+        assert!(matches!(stale, Err(StorageError::Conflict)), "{order}");
+
+        let snap_a = doc_a
+            .transact()
+            .encode_state_as_update_v2(&StateVector::default());
+        let snap_b = doc_of(&seen_by_b)
+            .transact()
+            .encode_state_as_update_v2(&StateVector::default());
+        let v = seen_by_a.version;
+        let id = seen_by_a.id;
+        let (ra, rb) = match order {
+            "a-first" => {
+                let ra = a.write_snapshot(id, v, snap_a, 4).await.expect("a");
+                let rb = b.write_snapshot(id, v, snap_b, 3).await.expect("b");
+                (ra, rb)
+            }
+            "b-first" => {
+                let rb = b.write_snapshot(id, v, snap_b, 3).await.expect("b");
+                let ra = a.write_snapshot(id, v, snap_a, 4).await.expect("a");
+                (ra, rb)
+            }
+            _ => {
+                let barrier = Arc::new(Barrier::new(2));
+                let (ba, bb) = (barrier.clone(), barrier.clone());
+                let (sa, sb) = (a.clone(), b.clone());
+                let ta = tokio::spawn(async move {
+                    ba.wait().await;
+                    sa.write_snapshot(id, v, snap_a, 4).await
+                });
+                let tb = tokio::spawn(async move {
+                    bb.wait().await;
+                    sb.write_snapshot(id, v, snap_b, 3).await
+                });
+                (
+                    ta.await.expect("join").expect("a"),
+                    tb.await.expect("join").expect("b"),
+                )
+            }
+        };
+        let wins = [ra, rb]
+            .iter()
+            .filter(|r| matches!(r, SnapshotOutcome::Written { .. }))
+            .count();
+        assert_eq!(wins, 1, "{order}: exactly one writer wins ({ra:?}, {rb:?})");
+        assert!(
+            [ra, rb].contains(&SnapshotOutcome::Conflict),
+            "{order}: the other is refused"
+        );
+        let after = a.load("race").await.expect("load");
+        assert_eq!(after.version, v + 1);
+        assert_eq!(text_of(&doc_of(&after)), "one two three four", "{order}");
+    }
+}
+
+/// A room whose snapshot is refused (someone else wrote the row) counts the conflict, reloads,
+/// and carries on without losing anything.
+#[tokio::test]
+async fn a_room_answers_a_snapshot_conflict_by_reloading() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = db_path(dir.path());
+    let mut cfg = test_config(dir.path());
+    cfg.room.snapshot_updates = 5;
+    let server = TestServer::start(cfg.clone()).await;
+    let mut c = Client::connect(&server.url("conflict"), 1).await;
+    for i in 0..3u32 {
+        c.insert(i, "a").await;
+    }
+    c.durable_ack(1).await;
+    // Another writer bumps the row's version behind the room's back.
+    let pool = open_db(&db).await;
+    sqlx::query("UPDATE documents SET version = version + 1 WHERE name = 'conflict'")
+        .execute(&pool)
+        .await
+        .expect("bump");
+    pool.close().await;
+    for i in 3..6u32 {
+        c.insert(i, "b").await;
+    }
+    c.durable_ack(2).await;
+    let ok = tokio::time::timeout(PATIENCE, async {
+        while server.metric("quire_snapshot_conflicts_total").await < 1.0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(ok.is_ok(), "the conflict is counted");
+    // The room reloaded and keeps working; the next snapshot succeeds with the new version.
+    for i in 6..12u32 {
+        c.insert(i, "c").await;
+    }
+    c.durable_ack(3).await;
+    let watcher = Client::connect(&server.url("conflict"), 2).await;
+    assert_eq!(watcher.text(), "aaabbbcccccc");
+    server.stop().await;
+    let server = TestServer::start(cfg).await;
+    let again = Client::connect(&server.url("conflict"), 3).await;
+    assert_eq!(again.text(), "aaabbbcccccc");
+    server.stop().await;
+}
+
+/// A document whose stored data cannot be read is refused with 1011 and never replaced by an
+/// empty one; once the data is readable again, the next connection after the retry delay works.
+#[tokio::test]
+async fn a_failed_load_refuses_with_1011_and_never_overwrites_stored_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = db_path(dir.path());
+    let mut cfg = test_config(dir.path());
+    cfg.room.load_retry_delay = Duration::from_millis(300);
+    let server = TestServer::start(cfg.clone()).await;
+    let mut c = Client::connect(&server.url("fragile"), 1).await;
+    c.insert(0, "precious").await;
+    c.durable_ack(1).await;
+    c.close().await;
+    server.stop().await; // final snapshot written
+
+    let pool = open_db(&db).await;
+    let (good,): (Vec<u8>,) =
+        sqlx::query_as("SELECT snapshot FROM documents WHERE name = 'fragile'")
+            .fetch_one(&pool)
+            .await
+            .expect("snapshot");
+    sqlx::query("UPDATE documents SET snapshot = x'ffffffff' WHERE name = 'fragile'")
+        .execute(&pool)
+        .await
+        .expect("corrupt");
+
+    let server = TestServer::start(cfg).await;
+    let mut refused = Client::connect_unsynced(&server.url("fragile"), 2).await;
+    assert_eq!(refused.wait_closed().await, Some(1011));
+    // A client that has the content and tries to push it while the load is failing changes
+    // nothing in storage.
+    let mut again = Client::connect_unsynced(&server.url("fragile"), 3).await;
+    again.insert(0, "overwrite?").await;
+    assert_eq!(again.wait_closed().await, Some(1011));
+    assert!(server.metric("quire_room_load_failures_total").await >= 1.0);
+    let (still,): (Vec<u8>,) =
+        sqlx::query_as("SELECT snapshot FROM documents WHERE name = 'fragile'")
+            .fetch_one(&pool)
+            .await
+            .expect("snapshot");
+    assert_eq!(still, vec![0xff; 4], "the stored row was not touched");
+
+    // Repair, wait out the retry delay, and the document loads.
+    sqlx::query("UPDATE documents SET snapshot = ? WHERE name = 'fragile'")
+        .bind(&good)
+        .execute(&pool)
+        .await
+        .expect("repair");
+    pool.close().await;
+    let ok = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let mut c = Client::connect_unsynced(&server.url("fragile"), 4).await;
+            if c.pump_until(Duration::from_secs(2), |c| c.synced).await {
+                return c.text();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert_eq!(ok.expect("loads after the retry delay"), "precious");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn silent_connections_are_closed_and_live_ones_are_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.ping_interval = Duration::from_millis(100);
+    cfg.idle_timeout = Duration::from_millis(400);
+    let server = TestServer::start(cfg).await;
+    let url = server.url("keepalive");
+    let mut live = Client::connect(&url, 1).await;
+    let mut silent = Client::connect(&url, 2).await;
+    // `live` keeps reading (and so answers pings); `silent` reads nothing for a while.
+    let stayed = live
+        .pump_until(Duration::from_millis(1200), |c| c.closed.is_some())
+        .await;
+    assert!(!stayed, "a client that answers pings stays connected");
+    assert_eq!(silent.wait_closed().await, Some(1001));
+    assert_eq!(
+        silent.closed.as_ref().map(|f| f.reason.to_string()),
+        Some("idle timeout".into())
+    );
+    server.stop().await;
+}
