@@ -1,0 +1,117 @@
+//! Interop with the real npm packages (`yjs`, `y-websocket`, `ws`): the scripts in `tests/js`
+//! run against a server started here. They need `npm ci --prefix tests/js` first; without the
+//! packages these tests fail (they are part of the suite, never skipped).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+fn js_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/js");
+    assert!(
+        dir.join("node_modules/y-websocket").is_dir(),
+        "the npm packages for the interop tests are missing: run `npm ci --prefix tests/js`"
+    );
+    dir
+}
+
+fn node() -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new("node");
+    cmd.current_dir(js_dir()).kill_on_drop(true);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_yjs_clients_on_three_documents_converge_through_random_disconnects() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let seed = seed() % (1 << 31);
+    let duration = std::env::var("QUIRE_INTEROP_MS").unwrap_or_else(|_| "20000".into());
+    let out = tokio::time::timeout(
+        Duration::from_secs(180),
+        node()
+            .args(["interop.mjs", "--url", &format!("ws://{}", server.addr)])
+            .args(["--seed", &seed.to_string(), "--duration", &duration])
+            .args(["--clients", "8", "--docs", "3"])
+            .output(),
+    )
+    .await
+    .expect("interop script finishes")
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(out.status.success(), "interop failed (seed {seed})");
+    assert!(stdout.contains("\"ok\":true"));
+    assert!(server.metric("quire_updates_logged_total").await > 100.0);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn javascript_and_rust_clients_converge_on_one_document() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut js = node()
+        .args(["mixed.mjs", "--url", &format!("ws://{}", server.addr)])
+        .args(["--doc", "mixed", "--seed", &(seed % 1000).to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("node runs");
+    let mut lines = BufReader::new(js.stdout.take().expect("stdout")).lines();
+    let ready = tokio::time::timeout(PATIENCE, lines.next_line()).await;
+    assert!(
+        matches!(ready, Ok(Ok(Some(ref l))) if l == "ready"),
+        "{ready:?}"
+    );
+
+    let url = server.url("mixed");
+    let mut rust = Vec::new();
+    for i in 0..3 {
+        rust.push(Client::connect(&url, 7000 + i).await);
+    }
+    for round in 0..60 {
+        for (i, c) in rust.iter_mut().enumerate() {
+            let len = c.text_len() as u32;
+            c.insert(rng.random_range(0..=len), &format!("rs{i}.{round} "))
+                .await;
+            c.pump_until(Duration::from_millis(5), |_| false).await;
+        }
+    }
+    for (i, c) in rust.iter_mut().enumerate() {
+        c.durable_ack(i as u64).await;
+    }
+    let mut stdin = js.stdin.take().expect("stdin");
+    stdin.write_all(b"done\n").await.expect("write");
+    let last = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("js finishes")
+        .expect("read")
+        .expect("a result line");
+    let result: serde_json::Value = serde_json::from_str(&last).expect("json");
+    let js_text = result["content"]["text"].as_str().expect("text").to_owned();
+    assert!(
+        js_text.contains("rs0.59") && js_text.contains("js"),
+        "both kinds of edits present"
+    );
+    for c in rust.iter_mut() {
+        let ok = c.pump_until(PATIENCE, |c| c.text() == js_text).await;
+        assert!(
+            ok,
+            "rust client converged with the JS clients (seed {seed})"
+        );
+    }
+    let late = Client::connect(&url, 9999).await;
+    assert_eq!(late.text(), js_text);
+    assert!(js.wait().await.expect("exit").success());
+    server.stop().await;
+}
