@@ -239,8 +239,12 @@ fn clone_err(e: &sqlx::Error) -> sqlx::Error {
     sqlx::Error::Protocol(e.to_string())
 }
 
-/// Runs every request of `batch` in its own savepoint inside one transaction. Returns one
-/// result per request, or the error that made the whole transaction fail.
+/// Commits every request of `batch` in one transaction and returns one result per request,
+/// or the error that made the whole transaction fail.
+///
+/// The fast path runs the requests back to back. If one of them fails (a log position taken,
+/// say), the transaction is rolled back and the batch runs again with a savepoint per request,
+/// so only the failing request fails.
 async fn commit_batch(
     conn: &mut SqliteConnection,
     batch: &mut [WriteRequest],
@@ -248,12 +252,25 @@ async fn commit_batch(
     let mut tx = conn.begin().await?;
     let mut results = Vec::with_capacity(batch.len());
     for req in batch.iter() {
+        match apply(&mut tx, &req.op).await {
+            Ok(outcome) => results.push(Ok(outcome)),
+            Err(_) => break,
+        }
+    }
+    if results.len() == batch.len() {
+        tx.commit().await?;
+        return Ok(results);
+    }
+    tx.rollback().await?;
+    results.clear();
+    let mut tx = conn.begin().await?;
+    for req in batch.iter() {
         let mut sp = tx.begin().await?;
         let result = apply(&mut sp, &req.op).await;
-        match &result {
-            Ok(WriteOutcome::Appended)
-            | Ok(WriteOutcome::Snapshot(SnapshotOutcome::Written { .. })) => sp.commit().await?,
-            _ => sp.rollback().await?,
+        if result.is_ok() {
+            sp.commit().await?;
+        } else {
+            sp.rollback().await?;
         }
         results.push(result);
     }

@@ -196,7 +196,7 @@ impl Client {
         let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
             .max_frame_size(None)
             .max_message_size(None);
-        let (ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), false)
+        let (ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)
             .await
             .expect("websocket connect");
         let mut c = Client {
