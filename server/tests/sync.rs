@@ -320,3 +320,56 @@ async fn graceful_shutdown_commits_and_closes_sockets_with_1001() {
     assert_eq!(b.text(), "s".repeat(20));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn several_messages_in_one_frame_are_all_handled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let url = server.url("batched");
+    let mut a = Client::connect(&url, 1).await;
+    let mut b = Client::connect(&url, 2).await;
+
+    // Two updates, an awareness state, a query and an ack request in a single frame.
+    let doc = yrs::Doc::with_client_id(5);
+    let text = doc.get_or_insert_text("text");
+    let mut frame = bytes::BytesMut::new();
+    for s in ["one ", "two"] {
+        use yrs::{Text, Transact};
+        let mut txn = doc.transact_mut();
+        let len = text.len(&txn);
+        text.insert(&mut txn, len, s);
+        frame.extend_from_slice(&quire_server::protocol::encode_update(
+            &txn.encode_update_v1(),
+        ));
+    }
+    let presence = yrs::sync::AwarenessUpdate {
+        clients: [(
+            yrs::ClientID::new(5),
+            yrs::sync::awareness::AwarenessUpdateEntry {
+                clock: 1,
+                json: r#"{"user":"bo"}"#.into(),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    };
+    frame.extend_from_slice(&quire_server::protocol::encode_awareness(&presence));
+    frame.extend_from_slice(&[3]);
+    let ack = quire_server::protocol::encode_durable_ack(9);
+    frame.extend_from_slice(&ack);
+    a.send_raw(frame.freeze()).await;
+
+    assert!(
+        a.pump_until(PATIENCE, |c| c.acks_received.contains(&ack))
+            .await
+    );
+    // The query was answered with the full state, which includes a's own presence entry.
+    assert!(a.awareness.contains_key(&5));
+    assert!(
+        b.pump_until(PATIENCE, |c| c.text() == "one two"
+            && c.awareness.contains_key(&5))
+            .await
+    );
+    assert_eq!(log_rows(&db_path(dir.path()), "batched").await, 2);
+    server.stop().await;
+}

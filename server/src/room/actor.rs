@@ -276,10 +276,11 @@ impl Room {
                 debug!("unloaded");
             }
             Exit::Shutdown => {
-                if let Err(reason) = self.drain_pipeline().await {
-                    error!(%reason, "could not commit everything before shutdown");
+                match self.drain_pipeline().await {
+                    Ok(()) => self.final_snapshot().await,
+                    // The Doc may hold updates that are not committed: no snapshot of it.
+                    Err(reason) => error!(%reason, "could not commit everything before shutdown"),
                 }
-                self.final_snapshot().await;
                 self.close_all(CloseReason::new(close::GOING_AWAY, "server shutting down"));
             }
             Exit::Failed(reason) => {

@@ -1,0 +1,163 @@
+//! The `quire` binary: help, migrate, configuration layering, SIGTERM.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+fn quire() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_quire"))
+}
+
+#[test]
+fn help_documents_every_setting() {
+    let out = quire().args(["serve", "--help"]).output().expect("run");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--bind",
+        "--database",
+        "--config",
+        "--sqlite-synchronous",
+        "--log-format",
+        "--log",
+        "--max-message-size",
+        "--max-doc-size",
+        "--max-connections-per-doc",
+        "--peer-queue",
+        "--room-queue",
+        "--commit-batch",
+        "--ping-interval",
+        "--idle-timeout",
+        "--awareness-timeout",
+        "--room-unload-delay",
+        "--load-retry-delay",
+        "--snapshot-updates",
+        "--snapshot-bytes",
+        "--shutdown-grace",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
+    }
+    // Every setting in the README's table is a flag, and the other way round.
+    let readme = include_str!("../../README.md");
+    for line in readme
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.contains("`--"))
+    {
+        let flag = line.split('`').nth(1).expect("flag column");
+        assert!(help.contains(flag), "README lists {flag}, --help does not");
+    }
+}
+
+#[test]
+fn migrate_creates_the_schema_and_exits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("m.db");
+    let out = quire()
+        .args([
+            "migrate",
+            "--database",
+            &format!("sqlite://{}", db.display()),
+        ])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let pool = open_db(&db).await;
+        let tables: Vec<(String,)> =
+            sqlx::query_as("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+                .fetch_all(&pool)
+                .await
+                .expect("tables");
+        let names: Vec<_> = tables.into_iter().map(|t| t.0).collect();
+        assert!(names.contains(&"documents".to_string()), "{names:?}");
+        assert!(names.contains(&"doc_updates".to_string()), "{names:?}");
+    });
+}
+
+/// Flags beat `QUIRE_*` variables, which beat the TOML file. Observed through the listening
+/// address: a layer pointing at a port already taken makes start-up fail.
+#[test]
+fn flags_beat_environment_which_beats_the_config_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken = taken.local_addr().expect("addr").to_string();
+    let file = dir.path().join("quire.toml");
+    std::fs::write(&file, format!("bind = \"{taken}\"\nlog = \"warn\"\n")).expect("write");
+    let db = format!("sqlite://{}", dir.path().join("c.db").display());
+
+    let start = |env_bind: Option<&str>, flag_bind: Option<&str>| {
+        let mut cmd = quire();
+        cmd.args(["serve", "--config"])
+            .arg(&file)
+            .args(["--database", &db]);
+        cmd.env_remove("QUIRE_BIND");
+        if let Some(b) = env_bind {
+            cmd.env("QUIRE_BIND", b);
+        }
+        if let Some(b) = flag_bind {
+            cmd.args(["--bind", b]);
+        }
+        cmd.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn");
+        // It prints its address once listening; a failed bind ends the process (stdout EOF).
+        let stdout = child.stdout.take().expect("stdout");
+        let listening = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+            .map_while(Result::ok)
+            .any(|l| l.starts_with("quire listening on "));
+        let _ = child.kill();
+        let status = child.wait().expect("wait");
+        if listening {
+            Ok(())
+        } else {
+            Err(status)
+        }
+    };
+    assert!(
+        start(None, None).is_err(),
+        "the file's (taken) address is used"
+    );
+    assert!(
+        start(Some("127.0.0.1:0"), None).is_ok(),
+        "env beats the file"
+    );
+    assert!(
+        start(Some(&taken), Some("127.0.0.1:0")).is_ok(),
+        "flag beats env"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_commits_closes_with_1001_and_exits_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = db_path(dir.path());
+    let mut server = ServerProcess::start(&db, &["--log-format", "json"]).await;
+    let mut c = Client::connect(&server.url("term"), 1).await;
+    for i in 0..30 {
+        c.insert(i, "t").await;
+    }
+    c.durable_ack(1).await;
+    server.signal("TERM");
+    assert_eq!(c.wait_closed().await, Some(1001));
+    let status = tokio::time::timeout(PATIENCE, server.child.wait())
+        .await
+        .expect("exits in time")
+        .expect("status");
+    assert!(status.success(), "{status:?}");
+    let server = ServerProcess::start(&db, &[]).await;
+    let again = Client::connect(&server.url("term"), 2).await;
+    assert_eq!(again.text(), "t".repeat(30));
+    assert_eq!(
+        log_rows(&db, "term").await,
+        0,
+        "the shutdown snapshot covers the log"
+    );
+    server.signal("TERM");
+}
