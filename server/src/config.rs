@@ -129,7 +129,6 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_message_size: usize,
-    pub max_connections_per_doc: usize,
     pub peer_queue: usize,
     pub room_queue: usize,
 }
@@ -193,7 +192,6 @@ impl Settings {
     /// Applies the built-in defaults to whatever is still unset.
     pub fn resolve(self) -> Config {
         let d = |v: Option<HumanDuration>, default: Duration| v.map(|h| h.0).unwrap_or(default);
-        let max_connections_per_doc = self.max_connections_per_doc.unwrap_or(1000).max(1);
         Config {
             bind: self
                 .bind
@@ -206,7 +204,6 @@ impl Settings {
             log: self.log.unwrap_or_else(|| "info".to_owned()),
             limits: Limits {
                 max_message_size: self.max_message_size.unwrap_or(16 << 20),
-                max_connections_per_doc,
                 // The room pushes at least two messages (step 1, awareness) on join.
                 peer_queue: self.peer_queue.unwrap_or(1024).max(4),
                 room_queue: self.room_queue.unwrap_or(1024).max(1),
@@ -216,7 +213,7 @@ impl Settings {
             shutdown_grace: d(self.shutdown_grace, Duration::from_secs(10)),
             room: RoomConfig {
                 max_doc_size: self.max_doc_size.unwrap_or(256 << 20),
-                max_connections: max_connections_per_doc,
+                max_connections: self.max_connections_per_doc.unwrap_or(1000).max(1),
                 commit_batch: self.commit_batch.unwrap_or(1024).max(1),
                 awareness_timeout: d(self.awareness_timeout, Duration::from_secs(30)),
                 unload_delay: d(self.room_unload_delay, Duration::from_secs(30)),

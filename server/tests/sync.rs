@@ -286,7 +286,6 @@ async fn bad_document_names_get_400_before_the_upgrade() {
 async fn too_many_connections_and_oversized_documents_are_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = test_config(dir.path());
-    cfg.limits.max_connections_per_doc = 2;
     cfg.room.max_connections = 2;
     cfg.room.max_doc_size = 1000;
     let server = TestServer::start(cfg).await;
@@ -371,5 +370,22 @@ async fn several_messages_in_one_frame_are_all_handled() {
             .await
     );
     assert_eq!(log_rows(&db_path(dir.path()), "batched").await, 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_message_over_the_size_limit_closes_only_its_sender_with_1009() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.limits.max_message_size = 4096;
+    let server = TestServer::start(cfg).await;
+    let url = server.url("big");
+    let mut big = Client::connect(&url, 1).await;
+    let mut other = Client::connect(&url, 2).await;
+    big.insert(0, &"b".repeat(10_000)).await;
+    assert_eq!(big.wait_closed().await, Some(1009));
+    other.insert(0, "fine").await;
+    other.durable_ack(1).await;
+    assert_eq!(log_rows(&db_path(dir.path()), "big").await, 1);
     server.stop().await;
 }

@@ -45,7 +45,7 @@ pub(super) async fn run(
         let mut rx = rx;
         match load(&registry, &name).await {
             Ok(loaded) => {
-                let mut room = Room::new(registry.clone(), name.clone(), generation, loaded);
+                let mut room = Room::new(registry.clone(), name.clone(), loaded);
                 room.run(&mut rx).await;
             }
             Err(e) => {
@@ -181,8 +181,6 @@ enum Exit {
 struct Room {
     registry: Arc<Registry>,
     name: DocName,
-    #[allow(dead_code)]
-    generation: u64,
     doc_id: i64,
     doc: Doc,
     awareness: AwarenessTable,
@@ -208,12 +206,11 @@ struct Room {
 }
 
 impl Room {
-    fn new(registry: Arc<Registry>, name: DocName, generation: u64, loaded: Loaded) -> Room {
+    fn new(registry: Arc<Registry>, name: DocName, loaded: Loaded) -> Room {
         let Loaded { stored, doc } = loaded;
         Room {
             registry,
             name,
-            generation,
             doc_id: stored.id,
             doc,
             awareness: AwarenessTable::default(),
@@ -509,7 +506,6 @@ impl Room {
             (
                 Inflight::Append {
                     batch,
-                    upto_idx,
                     committed_sv,
                     ..
                 },
@@ -529,7 +525,6 @@ impl Room {
                         update: None,
                     });
                 }
-                let _ = upto_idx;
             }
             (
                 Inflight::Append {
