@@ -2,7 +2,8 @@
 //!
 //! Transient codes (reconnect with backoff, the document resyncs): [`GOING_AWAY`],
 //! [`INTERNAL`], [`RESTART`], [`TRY_AGAIN_LATER`]. Permanent codes, in the 4400-4499 band
-//! (reconnecting unchanged will fail the same way): [`DOC_TOO_LARGE`]. Protocol violations by
+//! (reconnecting unchanged will fail the same way): [`DOC_TOO_LARGE`], [`FORBIDDEN`],
+//! [`DELETED`]. Protocol violations by
 //! the client: [`UNSUPPORTED_DATA`], [`MALFORMED`], [`MESSAGE_TOO_BIG`].
 
 /// Server shutting down, or the connection was idle longer than the idle timeout.
@@ -22,3 +23,8 @@ pub const RESTART: u16 = 1012;
 pub const TRY_AGAIN_LATER: u16 = 1013;
 /// The update would make the document larger than `max_doc_size`.
 pub const DOC_TOO_LARGE: u16 = 4413;
+/// The token was revoked, or the user's access to the document changed: reconnect with a
+/// valid token (the new permissions apply).
+pub const FORBIDDEN: u16 = 4403;
+/// The document was deleted; it cannot be opened until it is restored.
+pub const DELETED: u16 = 4404;

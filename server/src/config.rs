@@ -108,6 +108,35 @@ pub struct Settings {
     /// Time allowed for a graceful shutdown [default: 10s]
     #[arg(long, env = "QUIRE_SHUTDOWN_GRACE")]
     pub shutdown_grace: Option<HumanDuration>,
+    /// Token signing keys as `kid:secret` (secret of 16+ bytes); the first signs, all verify.
+    /// Repeat the flag or separate with commas. None: open development mode [default: none]
+    #[arg(long = "auth-key", env = "QUIRE_AUTH_KEYS", value_delimiter = ',')]
+    pub auth_keys: Option<Vec<String>>,
+    /// Admin key: a bearer credential with every permission, for issuing tokens [default: none]
+    #[arg(long, env = "QUIRE_ADMIN_KEY")]
+    pub admin_key: Option<String>,
+    /// How long an Idempotency-Key is remembered [default: 24h]
+    #[arg(long, env = "QUIRE_IDEMPOTENCY_TTL")]
+    pub idempotency_ttl: Option<HumanDuration>,
+    /// Webhook URLs that receive events; repeat or separate with commas [default: none]
+    #[arg(
+        long = "webhook-url",
+        env = "QUIRE_WEBHOOK_URLS",
+        value_delimiter = ','
+    )]
+    pub webhook_urls: Option<Vec<String>>,
+    /// Secret for the webhook signature header [default: none, unsigned]
+    #[arg(long, env = "QUIRE_WEBHOOK_SECRET")]
+    pub webhook_secret: Option<String>,
+    /// Delivery attempts before an event moves to the dead-letter table [default: 8]
+    #[arg(long, env = "QUIRE_WEBHOOK_MAX_ATTEMPTS")]
+    pub webhook_max_attempts: Option<u32>,
+    /// At most one document.updated event per document per this interval [default: 10s]
+    #[arg(long, env = "QUIRE_WEBHOOK_DEBOUNCE")]
+    pub webhook_debounce: Option<HumanDuration>,
+    /// First retry delay; doubles per attempt, with jitter [default: 1s]
+    #[arg(long, env = "QUIRE_WEBHOOK_BACKOFF")]
+    pub webhook_backoff: Option<HumanDuration>,
 }
 
 /// The resolved configuration handed to [`crate::run`].
@@ -123,6 +152,20 @@ pub struct Config {
     pub idle_timeout: Duration,
     pub shutdown_grace: Duration,
     pub room: RoomConfig,
+    pub auth_keys: Vec<String>,
+    pub admin_key: Option<String>,
+    pub idempotency_ttl: Duration,
+    pub webhooks: WebhookConfig,
+}
+
+/// Where and how events are delivered.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    pub urls: Vec<String>,
+    pub secret: Option<String>,
+    pub max_attempts: u32,
+    pub debounce: Duration,
+    pub backoff: Duration,
 }
 
 /// Size bounds on what clients may send.
@@ -185,7 +228,15 @@ impl Settings {
             load_retry_delay,
             snapshot_updates,
             snapshot_bytes,
-            shutdown_grace
+            shutdown_grace,
+            auth_keys,
+            admin_key,
+            idempotency_ttl,
+            webhook_urls,
+            webhook_secret,
+            webhook_max_attempts,
+            webhook_debounce,
+            webhook_backoff
         )
     }
 
@@ -220,6 +271,16 @@ impl Settings {
                 load_retry_delay: d(self.load_retry_delay, Duration::from_secs(2)),
                 snapshot_updates: self.snapshot_updates.unwrap_or(1000).max(1),
                 snapshot_bytes: self.snapshot_bytes.unwrap_or(4 << 20).max(1),
+            },
+            auth_keys: self.auth_keys.unwrap_or_default(),
+            admin_key: self.admin_key,
+            idempotency_ttl: d(self.idempotency_ttl, Duration::from_secs(24 * 3600)),
+            webhooks: WebhookConfig {
+                urls: self.webhook_urls.unwrap_or_default(),
+                secret: self.webhook_secret,
+                max_attempts: self.webhook_max_attempts.unwrap_or(8).max(1),
+                debounce: d(self.webhook_debounce, Duration::from_secs(10)),
+                backoff: d(self.webhook_backoff, Duration::from_secs(1)),
             },
         }
     }

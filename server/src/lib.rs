@@ -12,26 +12,32 @@
 //!
 //! [`run`] serves on a listener until a shutdown token fires; tests start it on port 0.
 
+pub mod auth;
 pub mod close;
 pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod protocol;
+pub mod revocation;
 pub mod room;
 pub mod storage;
 pub mod telemetry;
+pub mod webhooks;
 pub mod ws;
 
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use auth::Auth;
 use config::Config;
 use metrics::Metrics;
 use room::Registry;
-use storage::sqlite::SqliteStore;
+use storage::api::ApiStore;
+use storage::sqlite::{EventSettings, SqliteStore};
 use storage::{DocStore, StorageError};
 
 /// What request handlers share.
@@ -39,16 +45,38 @@ use storage::{DocStore, StorageError};
 pub struct AppState {
     pub config: Arc<Config>,
     pub store: Arc<dyn DocStore>,
+    pub api: Arc<dyn ApiStore>,
+    pub auth: Arc<Auth>,
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
     /// Tracks WebSocket connection tasks so shutdown can wait for their close frames.
     pub connections: TaskTracker,
 }
 
+/// The storage a server runs on: document content, API rows, and the signal that outbox
+/// events were written.
+#[derive(Clone)]
+pub struct Stores {
+    pub docs: Arc<dyn DocStore>,
+    pub api: Arc<dyn ApiStore>,
+    pub events_written: Arc<Notify>,
+}
+
 /// Opens the configured database and applies migrations.
-pub async fn open_store(config: &Config) -> Result<Arc<dyn DocStore>, StorageError> {
-    let store = SqliteStore::connect(&config.database_url, config.sqlite_synchronous).await?;
-    Ok(Arc::new(store))
+pub async fn open_stores(config: &Config) -> Result<Stores, StorageError> {
+    let events = EventSettings {
+        enabled: !config.webhooks.urls.is_empty(),
+        debounce: config.webhooks.debounce,
+    };
+    let store = Arc::new(
+        SqliteStore::connect_with_events(&config.database_url, config.sqlite_synchronous, events)
+            .await?,
+    );
+    Ok(Stores {
+        events_written: store.events_notify(),
+        docs: store.clone(),
+        api: store,
+    })
 }
 
 /// Serves until `shutdown` is cancelled, then shuts down gracefully: stop accepting, commit
@@ -58,33 +86,66 @@ pub async fn run(
     config: Config,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let store = open_store(&config).await?;
-    run_with_store(listener, config, store, shutdown).await
+    let stores = open_stores(&config).await?;
+    run_with_stores(listener, config, stores, shutdown).await
 }
 
-/// [`run`] with an already opened store.
-pub async fn run_with_store(
+/// [`run`] with already opened stores.
+pub async fn run_with_stores(
     listener: TcpListener,
     config: Config,
-    store: Arc<dyn DocStore>,
+    stores: Stores,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let auth = Arc::new(
+        Auth::new(&config.auth_keys, config.admin_key.clone()).map_err(anyhow::Error::msg)?,
+    );
+    if auth.is_open() {
+        tracing::warn!(
+            "NO AUTH KEY CONFIGURED: open development mode, every client may read, write and \
+             administer every document. Set --auth-key (and --admin-key) before exposing Quire."
+        );
+    }
+    // Revocations are loaded before the first request, so no revoked token slips through.
+    for r in stores.api.revocations_after(0).await? {
+        auth.apply_revocation(&r);
+    }
     let metrics = Arc::new(Metrics::new());
     let registry = Registry::new(
-        store.clone(),
+        stores.docs.clone(),
         metrics.clone(),
         config.room.clone(),
         config.limits.room_queue,
         shutdown.clone(),
     );
     let grace = config.shutdown_grace;
+    let webhooks = config.webhooks.clone();
+    let idempotency_ttl = config.idempotency_ttl;
     let app = AppState {
         config: Arc::new(config),
-        store,
+        store: stores.docs.clone(),
+        api: stores.api.clone(),
+        auth,
         registry: registry.clone(),
         metrics,
         connections: TaskTracker::new(),
     };
+    let background = TaskTracker::new();
+    background.spawn(revocation::watch(app.clone(), shutdown.clone()));
+    if !webhooks.urls.is_empty() {
+        background.spawn(webhooks::run(
+            stores.api.clone(),
+            webhooks,
+            stores.events_written.clone(),
+            shutdown.clone(),
+        ));
+    }
+    background.spawn(cleanup_idempotency_keys(
+        stores.api.clone(),
+        idempotency_ttl,
+        shutdown.clone(),
+    ));
+    background.close();
     let connections = app.connections.clone();
     let router = http::router(app);
     let serve =
@@ -106,6 +167,28 @@ pub async fn run_with_store(
         );
     }
     server.abort();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), background.wait()).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Deletes expired idempotency keys every few minutes.
+async fn cleanup_idempotency_keys(
+    api: Arc<dyn ApiStore>,
+    ttl: std::time::Duration,
+    shutdown: CancellationToken,
+) {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+    loop {
+        let before = storage::now_ms() - ttl.as_millis() as i64;
+        match api.idem_cleanup(before).await {
+            Ok(n) if n > 0 => tracing::debug!(removed = n, "expired idempotency keys removed"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "idempotency key cleanup failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(EVERY) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
 }

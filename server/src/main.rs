@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use quire_server::auth::{Auth, Permission};
 use quire_server::config::Settings;
 use tokio_util::sync::CancellationToken;
 
@@ -24,6 +25,44 @@ enum Command {
     Serve(Args),
     /// Apply database migrations and exit
     Migrate(Args),
+    /// Issue or revoke access tokens
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Sign a token with the first configured auth key and print it
+    Issue {
+        /// User id (the token's subject)
+        #[arg(long)]
+        user: String,
+        /// Document name, or a pattern ending in `*` (`*` for every document)
+        #[arg(long)]
+        doc: String,
+        /// read, write or admin
+        #[arg(long, value_parser = parse_permission)]
+        permission: Permission,
+        /// Lifetime
+        #[arg(long, default_value = "1h")]
+        ttl: quire_server::config::HumanDuration,
+        #[command(flatten)]
+        args: Args,
+    },
+    /// Revoke a token id, or every token of a user issued until now; running servers close
+    /// the matching sockets with 4403 within a second
+    Revoke {
+        #[arg(long, required_unless_present = "user")]
+        token_id: Option<String>,
+        #[arg(long)]
+        user: Option<String>,
+        #[command(flatten)]
+        args: Args,
+    },
+}
+
+fn parse_permission(s: &str) -> Result<Permission, String> {
+    Permission::parse(s).ok_or_else(|| format!("{s:?} is not read, write or admin"))
 }
 
 #[derive(clap::Args)]
@@ -66,8 +105,46 @@ async fn main() -> anyhow::Result<()> {
         Command::Migrate(args) => {
             let config = args.resolve()?;
             quire_server::telemetry::init(config.log_format, &config.log);
-            quire_server::open_store(&config).await?;
+            quire_server::open_stores(&config).await?;
             tracing::info!(database = %config.database_url, "migrations applied");
+            Ok(())
+        }
+        Command::Token(TokenCommand::Issue {
+            user,
+            doc,
+            permission,
+            ttl,
+            args,
+        }) => {
+            let config = args.resolve()?;
+            let auth = Auth::new(&config.auth_keys, None).map_err(anyhow::Error::msg)?;
+            let (token, _) = auth.issue(
+                &user,
+                &doc,
+                permission,
+                ttl.0.as_secs() as i64,
+                quire_server::auth::now_secs(),
+            )?;
+            println!("{token}");
+            Ok(())
+        }
+        Command::Token(TokenCommand::Revoke {
+            token_id,
+            user,
+            args,
+        }) => {
+            let config = args.resolve()?;
+            quire_server::telemetry::init(config.log_format, &config.log);
+            let stores = quire_server::open_stores(&config).await?;
+            let r = stores
+                .api
+                .revoke(
+                    token_id.as_deref(),
+                    user.as_deref(),
+                    quire_server::storage::now_ms(),
+                )
+                .await?;
+            println!("revocation {} recorded", r.id);
             Ok(())
         }
     }

@@ -19,23 +19,30 @@ use yrs::Update;
 
 use crate::close;
 use crate::protocol::{self, Message};
-use crate::room::{CloseReason, DocName, JoinError, PeerLink, PeerMsg, Registry, RoomHandle};
+use crate::room::{
+    CloseReason, DocName, JoinError, PeerAuth, PeerLink, PeerMsg, Registry, RoomHandle,
+};
 use crate::AppState;
 
 /// How long a close frame may take to leave before the socket is dropped.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The same for a peer closed because it stopped reading (1013): it may be slow rather than
+/// gone, and should learn why it was closed once it reads again; the bound frees the task of
+/// one that never does.
+const BACKPRESSURE_CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Attempts at joining when the room was unloading at that very moment.
 const JOIN_ATTEMPTS: usize = 8;
 
 static NEXT_PEER: AtomicU64 = AtomicU64::new(1);
 
 /// Serves one upgraded connection to document `name` until it closes.
-pub async fn serve(socket: WebSocket, name: DocName, app: AppState) {
+pub async fn serve(socket: WebSocket, name: DocName, auth: PeerAuth, app: AppState) {
     let peer = NEXT_PEER.fetch_add(1, Ordering::Relaxed);
-    let span = info_span!("conn", doc = %name, peer);
+    let user = auth.user.as_deref().unwrap_or("-").to_owned();
+    let span = info_span!("conn", doc = %name, peer, user = %user);
     async move {
         app.metrics.connections.inc();
-        let reason = serve_inner(socket, &name, peer, &app).await;
+        let reason = serve_inner(socket, &name, peer, auth, &app).await;
         debug!(code = reason.code, reason = %reason.reason, "closed");
         app.metrics.connections.dec();
     }
@@ -47,6 +54,7 @@ async fn join(
     registry: &Arc<Registry>,
     name: &DocName,
     peer: u64,
+    auth: PeerAuth,
     queue: usize,
 ) -> Result<
     (
@@ -60,7 +68,13 @@ async fn join(
         let room = registry.get_or_start(name).map_err(join_close)?;
         let (tx, rx) = mpsc::channel(queue);
         let (kill, kill_rx) = oneshot::channel();
-        match room.join(PeerLink { id: peer, tx, kill }).await {
+        let link = PeerLink {
+            id: peer,
+            auth: auth.clone(),
+            tx,
+            kill,
+        };
+        match room.join(link).await {
             Ok(()) => return Ok((room, rx, kill_rx)),
             Err(JoinError::Gone) => continue,
             Err(e) => return Err(join_close(e)),
@@ -83,6 +97,7 @@ fn join_close(e: JoinError) -> CloseReason {
         ),
         JoinError::ShuttingDown => CloseReason::new(close::RESTART, "server restarting"),
         JoinError::Gone => CloseReason::new(close::TRY_AGAIN_LATER, "document busy, retry"),
+        JoinError::Deleted => CloseReason::new(close::DELETED, "document deleted"),
     }
 }
 
@@ -90,16 +105,24 @@ async fn serve_inner(
     mut socket: WebSocket,
     name: &DocName,
     peer: u64,
+    auth: PeerAuth,
     app: &AppState,
 ) -> CloseReason {
-    let (room, mut out_rx, mut kill_rx) =
-        match join(&app.registry, name, peer, app.config.limits.peer_queue).await {
-            Ok(joined) => joined,
-            Err(reason) => {
-                send_close(&mut socket, &reason).await;
-                return reason;
-            }
-        };
+    let (room, mut out_rx, mut kill_rx) = match join(
+        &app.registry,
+        name,
+        peer,
+        auth,
+        app.config.limits.peer_queue,
+    )
+    .await
+    {
+        Ok(joined) => joined,
+        Err(reason) => {
+            send_close(&mut socket, &reason).await;
+            return reason;
+        }
+    };
     let (mut sink, mut stream) = socket.split();
     // Milliseconds since `opened` at which the last frame arrived (shared by both halves).
     let opened = Instant::now();
@@ -157,11 +180,19 @@ async fn serve_inner(
         loop {
             tokio::select! {
                 biased;
-                reason = &mut kill_rx => return reason.ok(),
+                reason = &mut kill_rx => return Some(killed(reason)),
                 frame = out_rx.recv() => match frame {
                     Some(frame) => {
-                        if sink.send(WsMessage::Binary(frame)).await.is_err() {
-                            return None;
+                        // A peer that stops reading blocks this send; the room's close order
+                        // (1013 when its queue overflows) must still get through.
+                        tokio::select! {
+                            biased;
+                            reason = &mut kill_rx => return Some(killed(reason)),
+                            sent = sink.send(WsMessage::Binary(frame)) => {
+                                if sent.is_err() {
+                                    return None;
+                                }
+                            }
                         }
                     }
                     None => return Some(CloseReason::new(close::INTERNAL, "document closed, reconnect")),
@@ -192,7 +223,12 @@ async fn serve_inner(
             }));
             // The close handshake: send ours, then read until the client's Close (or the
             // timeout) so the client sees our code instead of a reset connection.
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+            let patience = if reason.code == close::TRY_AGAIN_LATER {
+                BACKPRESSURE_CLOSE_TIMEOUT
+            } else {
+                CLOSE_TIMEOUT
+            };
+            let _ = tokio::time::timeout(patience, async {
                 if sink.send(frame).await.is_ok() {
                     while let Some(Ok(msg)) = stream.next().await {
                         if matches!(msg, WsMessage::Close(_)) {
@@ -207,6 +243,11 @@ async fn serve_inner(
         }
         None => CloseReason::new(1000, "closed by peer"),
     }
+}
+
+/// The room's close order; a room that vanished without one (it panicked) means 1011.
+fn killed(reason: Result<CloseReason, oneshot::error::RecvError>) -> CloseReason {
+    reason.unwrap_or_else(|_| CloseReason::new(close::INTERNAL, "document closed, reconnect"))
 }
 
 async fn send_close(socket: &mut WebSocket, reason: &CloseReason) {

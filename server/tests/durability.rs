@@ -216,7 +216,7 @@ async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
         // Both writers read version v; then A appends a fourth row B has not seen.
         let seen_by_a = a.load("race").await.expect("load a");
         let seen_by_b = b.load("race").await.expect("load b");
-        assert_eq!(seen_by_a.version, seen_by_b.version);
+        assert_eq!(seen_by_a.snapshot_version, seen_by_b.snapshot_version);
         let doc_a = doc_of(&seen_by_a);
         let extra = text_update(2, &doc_a, "four");
         doc_a
@@ -238,7 +238,7 @@ async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
         let snap_b = doc_of(&seen_by_b)
             .transact()
             .encode_state_as_update_v2(&StateVector::default());
-        let v = seen_by_a.version;
+        let v = seen_by_a.snapshot_version;
         let id = seen_by_a.id;
         let (ra, rb) = match order {
             "a-first" => {
@@ -278,8 +278,17 @@ async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
             [ra, rb].contains(&SnapshotOutcome::Conflict),
             "{order}: the other is refused"
         );
+        // The stale writer cannot append at a position a snapshot already covers, even where
+        // the snapshot deleted the row that held it.
+        let late = b
+            .append(id, 4, vec![text_update(3, &base, "late").into()])
+            .await;
+        assert!(
+            matches!(late, Err(StorageError::Conflict)),
+            "{order}: {late:?}"
+        );
         let after = a.load("race").await.expect("load");
-        assert_eq!(after.version, v + 1);
+        assert_eq!(after.snapshot_version, v + 1);
         assert_eq!(text_of(&doc_of(&after)), "one two three four", "{order}");
     }
 }
@@ -300,10 +309,12 @@ async fn a_room_answers_a_snapshot_conflict_by_reloading() {
     c.durable_ack(1).await;
     // Another writer bumps the row's version behind the room's back.
     let pool = open_db(&db).await;
-    sqlx::query("UPDATE documents SET version = version + 1 WHERE name = 'conflict'")
-        .execute(&pool)
-        .await
-        .expect("bump");
+    sqlx::query(
+        "UPDATE documents SET snapshot_version = snapshot_version + 1 WHERE name = 'conflict'",
+    )
+    .execute(&pool)
+    .await
+    .expect("bump");
     pool.close().await;
     for i in 3..6u32 {
         c.insert(i, "b").await;

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The real store, with the next `fail_appends` appends failing as a disk error would.
 struct FaultyStore {
-    inner: SqliteStore,
+    inner: Arc<SqliteStore>,
     fail_appends: AtomicU32,
     appends_tried: AtomicU32,
 }
@@ -60,21 +60,28 @@ async fn start(
 ) -> (std::net::SocketAddr, Arc<FaultyStore>, CancellationToken) {
     init_tracing();
     let cfg = test_config(dir);
-    let inner = SqliteStore::connect(&cfg.database_url, SqliteSync::Full)
-        .await
-        .expect("store");
+    let inner = Arc::new(
+        SqliteStore::connect(&cfg.database_url, SqliteSync::Full)
+            .await
+            .expect("store"),
+    );
     let store = Arc::new(FaultyStore {
-        inner,
+        inner: inner.clone(),
         fail_appends: AtomicU32::new(0),
         appends_tried: AtomicU32::new(0),
     });
+    let stores = quire_server::Stores {
+        docs: store.clone(),
+        api: inner.clone(),
+        events_written: inner.events_notify(),
+    };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let token = CancellationToken::new();
-    tokio::spawn(quire_server::run_with_store(
+    tokio::spawn(quire_server::run_with_stores(
         listener,
         cfg,
-        store.clone(),
+        stores,
         token.clone(),
     ));
     (addr, store, token)

@@ -22,7 +22,10 @@ use yrs::updates::decoder::Decode;
 use yrs::{Doc, ReadTxn, StateVector, Transact, Update};
 
 use super::awareness::AwarenessTable;
-use super::{CloseReason, DocName, JoinError, PeerId, PeerLink, PeerMsg, Registry, RoomCmd};
+use super::{
+    ApplyError, CloseReason, DocName, JoinError, PeerAuth, PeerFilter, PeerId, PeerLink, PeerMsg,
+    Registry, RoomCmd,
+};
 use crate::close;
 use crate::protocol;
 use crate::storage::{SnapshotOutcome, StorageError, StoredDoc};
@@ -31,6 +34,21 @@ use crate::storage::{SnapshotOutcome, StorageError, StoredDoc};
 /// they resync against a fresh load). Backoff doubles from [`COMMIT_RETRY_BASE`].
 const MAX_COMMIT_ATTEMPTS: u32 = 6;
 const COMMIT_RETRY_BASE: Duration = Duration::from_millis(50);
+
+/// Removes the room from the registry however the task ends, a panic included, so the next
+/// connection starts a fresh room instead of finding a dead handle.
+struct Registration {
+    registry: Arc<Registry>,
+    name: DocName,
+    generation: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.remove(&self.name, self.generation);
+        self.registry.metrics.rooms_loaded.dec();
+    }
+}
 
 /// Entry point of a room task.
 pub(super) async fn run(
@@ -42,11 +60,21 @@ pub(super) async fn run(
     let span = info_span!("room", doc = %name);
     async move {
         registry.metrics.rooms_loaded.inc();
+        let registration = Registration {
+            registry: registry.clone(),
+            name: name.clone(),
+            generation,
+        };
         let mut rx = rx;
+        // What joins still queued when the room stops are told.
+        let mut leftover = JoinError::Gone;
         match load(&registry, &name).await {
+            Ok(loaded) if loaded.stored.deleted => leftover = JoinError::Deleted,
             Ok(loaded) => {
                 let mut room = Room::new(registry.clone(), name.clone(), loaded);
-                room.run(&mut rx).await;
+                if room.run(&mut rx).await {
+                    leftover = JoinError::Deleted;
+                }
             }
             Err(e) => {
                 registry.metrics.room_load_failures.inc();
@@ -54,18 +82,25 @@ pub(super) async fn run(
                 refuse_until(&mut rx, Instant::now() + registry.config.load_retry_delay).await;
             }
         }
-        registry.remove(&name, generation);
+        drop(registration);
         rx.close();
-        // Joins that raced with the exit are told to ask the registry again.
+        // Joins that raced with the exit are told to ask the registry again (or that the
+        // document is deleted).
         while let Ok(cmd) = rx.try_recv() {
-            if let RoomCmd::Join { reply, .. } = cmd {
-                let _ = reply.send(Err(JoinError::Gone));
-            }
+            reject(cmd, leftover);
         }
-        registry.metrics.rooms_loaded.dec();
     }
     .instrument(span)
     .await
+}
+
+/// Answers a command the room will not serve.
+fn reject(cmd: RoomCmd, why: JoinError) {
+    // Other commands' reply senders are dropped with `cmd`: HTTP callers see the room gone
+    // and retry.
+    if let RoomCmd::Join { reply, .. } = cmd {
+        let _ = reply.send(Err(why));
+    }
 }
 
 /// After a failed load: answer every join with `LoadFailed` until `until`. The failed room
@@ -75,8 +110,7 @@ async fn refuse_until(rx: &mut mpsc::Receiver<RoomCmd>, until: Instant) {
         tokio::select! {
             _ = sleep_until(until) => return,
             cmd = rx.recv() => match cmd {
-                Some(RoomCmd::Join { reply, .. }) => { let _ = reply.send(Err(JoinError::LoadFailed)); }
-                Some(_) => {}
+                Some(cmd) => reject(cmd, JoinError::LoadFailed),
                 None => return,
             }
         }
@@ -131,12 +165,28 @@ fn build_doc(stored: &StoredDoc) -> Result<Doc, LoadError> {
 struct Peer {
     tx: mpsc::Sender<Bytes>,
     kill: Option<tokio::sync::oneshot::Sender<CloseReason>>,
+    auth: PeerAuth,
+}
+
+/// Where an update came from: a connection, or an HTTP request waiting for its commit.
+enum Origin {
+    Peer(PeerId),
+    Http(tokio::sync::oneshot::Sender<Result<i64, ApplyError>>),
+}
+
+impl Origin {
+    fn peer(&self) -> Option<PeerId> {
+        match self {
+            Origin::Peer(p) => Some(*p),
+            Origin::Http(_) => None,
+        }
+    }
 }
 
 /// An update received and not yet applied.
 struct Queued {
     idx: u64,
-    peer: PeerId,
+    origin: Origin,
     raw: Bytes,
     update: Option<Update>,
 }
@@ -144,8 +194,20 @@ struct Queued {
 /// An update applied to the `Doc` and being committed.
 struct Applied {
     idx: u64,
-    peer: PeerId,
+    origin: Origin,
     raw: Bytes,
+}
+
+/// Reads that must see only committed state; deferred while an append is in flight.
+enum DeferredRead {
+    Update(StateVector, tokio::sync::oneshot::Sender<Vec<u8>>),
+    Json(tokio::sync::oneshot::Sender<serde_json::Value>),
+}
+
+/// Something waiting for `committed_idx` to reach `idx`.
+enum Waiter {
+    /// Echo a durable-ack request to a peer.
+    Ack(PeerId, Bytes),
 }
 
 enum Inflight {
@@ -174,6 +236,7 @@ enum OpResult {
 /// Why the room loop stopped.
 enum Exit {
     Unloaded,
+    Deleted,
     Shutdown,
     Failed(String),
 }
@@ -185,8 +248,8 @@ struct Room {
     doc: Doc,
     awareness: AwarenessTable,
     peers: HashMap<PeerId, Peer>,
-    /// Row version of the document, for the snapshot's optimistic check.
-    version: i64,
+    /// Version of the document row's snapshot, for the optimistic check.
+    snapshot_version: i64,
     /// Highest committed log sequence number.
     last_seq: i64,
     /// Bytes stored for the document (snapshot plus log since), for `max_doc_size`.
@@ -195,13 +258,21 @@ struct Room {
     queued_bytes: u64,
     since_snapshot_updates: u64,
     since_snapshot_bytes: u64,
+    /// A snapshot write failed: wait for the next successful append before trying again, so
+    /// a failing snapshot never holds up commits.
+    snapshot_failed: bool,
     queued: VecDeque<Queued>,
     inflight: Option<Inflight>,
-    deferred_step1: Vec<(PeerId, StateVector)>,
-    /// Durable-ack echoes waiting for `committed_idx` to reach their index.
-    acks: VecDeque<(u64, PeerId, Bytes)>,
+    /// At most one deferred Sync/Step1 per peer (a later one replaces an earlier one).
+    deferred_step1: HashMap<PeerId, StateVector>,
+    deferred_reads: Vec<DeferredRead>,
+    waiters: VecDeque<(u64, Waiter)>,
     received_idx: u64,
     committed_idx: u64,
+    /// Set when an update failed half-way through being applied: the `Doc` may hold part of
+    /// it, so it is rebuilt from storage before anything else happens. Holds what peers may
+    /// have seen.
+    reload_needed: Option<StateVector>,
     unload_at: Option<Instant>,
 }
 
@@ -215,23 +286,28 @@ impl Room {
             doc,
             awareness: AwarenessTable::default(),
             peers: HashMap::new(),
-            version: stored.version,
+            snapshot_version: stored.snapshot_version,
             last_seq: stored.last_seq(),
             stored_bytes: stored.stored_bytes(),
             queued_bytes: 0,
             since_snapshot_updates: stored.updates.len() as u64,
             since_snapshot_bytes: stored.updates.iter().map(|(_, u)| u.len() as u64).sum(),
+            snapshot_failed: false,
             queued: VecDeque::new(),
             inflight: None,
-            deferred_step1: Vec::new(),
-            acks: VecDeque::new(),
+            deferred_step1: HashMap::new(),
+            deferred_reads: Vec::new(),
+            waiters: VecDeque::new(),
             received_idx: 0,
             committed_idx: 0,
+            reload_needed: None,
             unload_at: None,
         }
     }
 
-    async fn run(&mut self, rx: &mut mpsc::Receiver<RoomCmd>) {
+    /// Runs until the room unloads, fails or shuts down. Returns true if the document was
+    /// deleted (queued joins are then told so).
+    async fn run(&mut self, rx: &mut mpsc::Receiver<RoomCmd>) -> bool {
         // The first joiner normally arrives at once; until then the room unloads like an
         // abandoned one would.
         self.unload_at = Some(Instant::now() + self.registry.config.unload_delay);
@@ -241,6 +317,16 @@ impl Room {
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let shutdown = self.registry.shutdown.clone();
         let exit = loop {
+            if let Some(seen) = self.reload_needed.take() {
+                if self.inflight.is_none() {
+                    if let Err(reason) = self.reload(&seen).await {
+                        break Exit::Failed(reason);
+                    }
+                    self.maybe_start_commit();
+                } else {
+                    self.reload_needed = Some(seen);
+                }
+            }
             tokio::select! {
                 res = wait_inflight(&mut self.inflight), if self.inflight.is_some() => {
                     if let Err(reason) = self.on_op_done(res).await {
@@ -248,7 +334,11 @@ impl Room {
                     }
                 }
                 cmd = rx.recv() => match cmd {
-                    Some(cmd) => self.handle(cmd),
+                    Some(cmd) => {
+                        if let Some(exit) = self.handle(cmd) {
+                            break exit;
+                        }
+                    }
                     None => break Exit::Shutdown,
                 },
                 _ = sleep_until(self.unload_at.unwrap_or_else(Instant::now)), if self.unload_at.is_some() => {
@@ -268,9 +358,14 @@ impl Room {
             }
         };
         match exit {
-            Exit::Unloaded => {
-                self.final_snapshot().await;
+            Exit::Unloaded | Exit::Deleted => {
+                // Commit what is queued (an HTTP update, say) before leaving.
+                match self.drain_pipeline().await {
+                    Ok(()) => self.final_snapshot().await,
+                    Err(reason) => error!(%reason, "could not commit everything before unloading"),
+                }
                 debug!("unloaded");
+                matches!(exit, Exit::Deleted)
             }
             Exit::Shutdown => {
                 match self.drain_pipeline().await {
@@ -279,6 +374,7 @@ impl Room {
                     Err(reason) => error!(%reason, "could not commit everything before shutdown"),
                 }
                 self.close_all(CloseReason::new(close::GOING_AWAY, "server shutting down"));
+                false
             }
             Exit::Failed(reason) => {
                 error!(%reason, "room failed; peers will reconnect and resync");
@@ -286,11 +382,13 @@ impl Room {
                     close::INTERNAL,
                     "document unavailable, reconnect",
                 ));
+                false
             }
         }
     }
 
-    fn handle(&mut self, cmd: RoomCmd) {
+    /// Handles one command; returns an exit if the room must stop.
+    fn handle(&mut self, cmd: RoomCmd) -> Option<Exit> {
         match cmd {
             RoomCmd::Join { peer, reply } => {
                 let result = self.join(peer);
@@ -306,14 +404,64 @@ impl Room {
                 self.maybe_start_commit();
             }
             RoomCmd::Leave { peer } => self.remove_peer(peer),
+            RoomCmd::Close {
+                filter,
+                reason,
+                unload,
+            } => {
+                let matching: Vec<PeerId> = self
+                    .peers
+                    .iter()
+                    .filter(|(_, p)| match &filter {
+                        PeerFilter::All => true,
+                        PeerFilter::User(u) => p.auth.user.as_deref() == Some(u.as_str()),
+                        PeerFilter::Token(t) => p.auth.token_id.as_deref() == Some(t.as_str()),
+                    })
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in matching {
+                    self.close_peer(id, reason.clone());
+                }
+                if unload {
+                    return Some(Exit::Deleted);
+                }
+            }
+            RoomCmd::ReadUpdate { since, reply } => {
+                if self.has_uncommitted() {
+                    self.deferred_reads.push(DeferredRead::Update(since, reply));
+                } else {
+                    let _ = reply.send(self.doc.transact().encode_diff_v1(&since));
+                }
+            }
+            RoomCmd::ReadJson { reply } => {
+                if self.has_uncommitted() {
+                    self.deferred_reads.push(DeferredRead::Json(reply));
+                } else {
+                    let _ = reply.send(doc_json(&self.doc));
+                }
+            }
+            RoomCmd::Apply { raw, update, reply } => {
+                if let Err(reply) = self.enqueue(Origin::Http(reply), raw, update) {
+                    if let Origin::Http(reply) = reply {
+                        let _ = reply.send(Err(ApplyError::TooLarge));
+                    }
+                } else {
+                    self.maybe_start_commit();
+                }
+            }
         }
+        None
+    }
+
+    fn has_uncommitted(&self) -> bool {
+        matches!(self.inflight, Some(Inflight::Append { .. })) || self.reload_needed.is_some()
     }
 
     fn join(&mut self, link: PeerLink) -> Result<(), JoinError> {
         if self.peers.len() >= self.registry.config.max_connections {
             return Err(JoinError::Full);
         }
-        let PeerLink { id, tx, kill } = link;
+        let PeerLink { id, auth, tx, kill } = link;
         // The queue is empty and at least 4 long (config), so these cannot overflow.
         let sv = self.doc.transact().state_vector();
         let _ = tx.try_send(protocol::encode_step1(&sv));
@@ -325,39 +473,51 @@ impl Room {
             Peer {
                 tx,
                 kill: Some(kill),
+                auth,
             },
         );
         self.unload_at = None;
         Ok(())
     }
 
+    /// Queues an update for the next commit; gives the origin back if the document would
+    /// grow past `max_doc_size`.
+    fn enqueue(&mut self, origin: Origin, raw: Bytes, update: Update) -> Result<(), Origin> {
+        let limit = self.registry.config.max_doc_size;
+        if self.stored_bytes + self.queued_bytes + raw.len() as u64 > limit {
+            warn!(limit, "update refused: document would exceed max_doc_size");
+            return Err(origin);
+        }
+        self.received_idx += 1;
+        self.queued_bytes += raw.len() as u64;
+        self.queued.push_back(Queued {
+            idx: self.received_idx,
+            origin,
+            raw,
+            update: Some(update),
+        });
+        Ok(())
+    }
+
     fn on_message(&mut self, peer: PeerId, msg: PeerMsg) {
         match msg {
             PeerMsg::Update { raw, update } => {
-                let limit = self.registry.config.max_doc_size;
-                if self.stored_bytes + self.queued_bytes + raw.len() as u64 > limit {
-                    warn!(
-                        peer,
-                        limit, "update refused: document would exceed max_doc_size"
-                    );
+                let can_write = self.peers.get(&peer).is_some_and(|p| p.auth.can_write);
+                if !can_write {
+                    // Not applied, not logged; the client is told why.
+                    self.send_to(peer, protocol::encode_permission_denied("read-only access"));
+                    return;
+                }
+                if self.enqueue(Origin::Peer(peer), raw, update).is_err() {
                     self.close_peer(
                         peer,
                         CloseReason::new(close::DOC_TOO_LARGE, "document size limit reached"),
                     );
-                    return;
                 }
-                self.received_idx += 1;
-                self.queued_bytes += raw.len() as u64;
-                self.queued.push_back(Queued {
-                    idx: self.received_idx,
-                    peer,
-                    raw,
-                    update: Some(update),
-                });
             }
             PeerMsg::Step1(sv) => {
-                if matches!(self.inflight, Some(Inflight::Append { .. })) {
-                    self.deferred_step1.push((peer, sv));
+                if self.has_uncommitted() {
+                    self.deferred_step1.insert(peer, sv);
                 } else {
                     self.answer_step1(peer, &sv);
                 }
@@ -376,7 +536,8 @@ impl Room {
                 if self.committed_idx >= self.received_idx {
                     self.send_to(peer, raw);
                 } else {
-                    self.acks.push_back((self.received_idx, peer, raw));
+                    self.waiters
+                        .push_back((self.received_idx, Waiter::Ack(peer, raw)));
                 }
             }
         }
@@ -387,12 +548,34 @@ impl Room {
         self.send_to(peer, protocol::encode_step2(&diff));
     }
 
+    /// Answers the reads that waited for the `Doc` to hold only committed state.
+    fn answer_deferred(&mut self) {
+        if self.has_uncommitted() {
+            return;
+        }
+        for (peer, sv) in std::mem::take(&mut self.deferred_step1) {
+            if self.peers.contains_key(&peer) {
+                self.answer_step1(peer, &sv);
+            }
+        }
+        for read in std::mem::take(&mut self.deferred_reads) {
+            match read {
+                DeferredRead::Update(sv, reply) => {
+                    let _ = reply.send(self.doc.transact().encode_diff_v1(&sv));
+                }
+                DeferredRead::Json(reply) => {
+                    let _ = reply.send(doc_json(&self.doc));
+                }
+            }
+        }
+    }
+
     /// Applies queued updates and starts committing the new ones, if nothing is in flight.
     fn maybe_start_commit(&mut self) {
-        while self.inflight.is_none() && !self.queued.is_empty() {
+        while self.inflight.is_none() && self.reload_needed.is_none() && !self.queued.is_empty() {
             let committed_sv = self.doc.transact().state_vector();
             let max = self.registry.config.commit_batch;
-            let mut batch = Vec::new();
+            let mut batch: Vec<Applied> = Vec::new();
             let mut upto_idx = self.committed_idx;
             let mut rejected = Vec::new();
             while batch.len() < max {
@@ -408,21 +591,50 @@ impl Room {
                 match update.and_then(|u| self.apply(u).map_err(|e| e.to_string())) {
                     Ok(true) => batch.push(Applied {
                         idx: q.idx,
-                        peer: q.peer,
+                        origin: q.origin,
                         raw: q.raw,
                     }),
-                    Ok(false) => self.registry.metrics.updates_duplicate.inc(),
-                    Err(e) => rejected.push((q.peer, e)),
+                    Ok(false) => {
+                        self.registry.metrics.updates_duplicate.inc();
+                        if let Origin::Http(reply) = q.origin {
+                            let _ = reply.send(Ok(self.last_seq));
+                        }
+                    }
+                    Err(e) => {
+                        rejected.push((q.origin, e));
+                        break;
+                    }
                 }
             }
-            for (peer, e) in rejected {
-                warn!(peer, error = %e, "update rejected by yrs");
-                self.registry.metrics.malformed_messages.inc();
-                self.close_peer(peer, CloseReason::new(close::MALFORMED, "invalid update"));
+            if !rejected.is_empty() {
+                // yrs may have integrated part of the rejected update: put the good ones back,
+                // rebuild the Doc from storage, and apply them again.
+                for a in batch.into_iter().rev() {
+                    self.queued_bytes += a.raw.len() as u64;
+                    self.queued.push_front(Queued {
+                        idx: a.idx,
+                        origin: a.origin,
+                        raw: a.raw,
+                        update: None,
+                    });
+                }
+                for (origin, e) in rejected {
+                    warn!(error = %e, "update rejected by yrs");
+                    self.registry.metrics.malformed_messages.inc();
+                    match origin {
+                        Origin::Peer(peer) => self
+                            .close_peer(peer, CloseReason::new(close::MALFORMED, "invalid update")),
+                        Origin::Http(reply) => {
+                            let _ = reply.send(Err(ApplyError::Invalid(e)));
+                        }
+                    }
+                }
+                self.reload_needed = Some(committed_sv);
+                return;
             }
             if batch.is_empty() {
                 self.committed_idx = upto_idx;
-                self.release_acks();
+                self.release_waiters();
                 continue;
             }
             self.registry
@@ -431,6 +643,7 @@ impl Room {
                 .inc_by(batch.len() as u64);
             self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, 0));
         }
+        self.answer_deferred();
     }
 
     /// Applies one update; true if it changed the document.
@@ -494,14 +707,17 @@ impl Room {
                 self.stored_bytes += bytes;
                 self.since_snapshot_updates += batch.len() as u64;
                 self.since_snapshot_bytes += bytes;
+                self.snapshot_failed = false;
                 self.committed_idx = upto_idx;
-                for applied in &batch {
-                    self.broadcast(&protocol::encode_update(&applied.raw), Some(applied.peer));
+                let last_seq = self.last_seq;
+                for applied in batch {
+                    let frame = protocol::encode_update(&applied.raw);
+                    self.broadcast(&frame, applied.origin.peer());
+                    if let Origin::Http(reply) = applied.origin {
+                        let _ = reply.send(Ok(last_seq));
+                    }
                 }
-                self.release_acks();
-                for (peer, sv) in std::mem::take(&mut self.deferred_step1) {
-                    self.answer_step1(peer, &sv);
-                }
+                self.release_waiters();
             }
             (
                 Inflight::Append {
@@ -520,7 +736,7 @@ impl Room {
                     self.queued_bytes += a.raw.len() as u64;
                     self.queued.push_front(Queued {
                         idx: a.idx,
-                        peer: a.peer,
+                        origin: a.origin,
                         raw: a.raw,
                         update: None,
                     });
@@ -538,6 +754,11 @@ impl Room {
             ) => {
                 self.registry.metrics.commit_failures.inc();
                 if attempt + 1 >= MAX_COMMIT_ATTEMPTS {
+                    for a in batch {
+                        if let Origin::Http(reply) = a.origin {
+                            drop(reply); // the caller sees the room give up: 503
+                        }
+                    }
                     return Err(format!("commit failed {MAX_COMMIT_ATTEMPTS} times: {e}"));
                 }
                 warn!(error = %e, attempt, "commit failed; retrying");
@@ -548,7 +769,7 @@ impl Room {
                 Ok(SnapshotOutcome::Written { new_version }) => {
                     self.registry.metrics.snapshots.inc();
                     debug!(upto_seq, size, "snapshot written");
-                    self.version = new_version;
+                    self.snapshot_version = new_version;
                     let logged_after = (self.last_seq - upto_seq) as u64;
                     self.since_snapshot_updates = logged_after;
                     self.since_snapshot_bytes = 0;
@@ -557,7 +778,7 @@ impl Room {
                 Ok(SnapshotOutcome::Conflict) => {
                     self.registry.metrics.snapshot_conflicts.inc();
                     warn!(
-                        expected_version = self.version,
+                        expected_version = self.snapshot_version,
                         "snapshot refused: the document row changed; reloading"
                     );
                     let sv = self.doc.transact().state_vector();
@@ -566,12 +787,14 @@ impl Room {
                 Err(e) => {
                     // The log still holds everything; try again after the next commit.
                     warn!(error = %e, "snapshot write failed");
+                    self.snapshot_failed = true;
                 }
             },
             (_, _) => return Err("internal: operation result does not match".into()),
         }
         if self.snapshot_due() {
             self.inflight = Some(self.spawn_snapshot());
+            self.answer_deferred();
         } else {
             self.maybe_start_commit();
         }
@@ -580,8 +803,10 @@ impl Room {
 
     fn snapshot_due(&self) -> bool {
         let c = &self.registry.config;
-        self.since_snapshot_updates >= c.snapshot_updates
-            || self.since_snapshot_bytes >= c.snapshot_bytes
+        !self.snapshot_failed
+            && self.reload_needed.is_none()
+            && (self.since_snapshot_updates >= c.snapshot_updates
+                || self.since_snapshot_bytes >= c.snapshot_bytes)
     }
 
     /// Encodes the whole document (v2, compact) and writes it with the version check. Called
@@ -593,7 +818,7 @@ impl Room {
             .encode_state_as_update_v2(&StateVector::default());
         let size = data.len() as u64;
         let store = self.registry.store.clone();
-        let (doc, version, upto_seq) = (self.doc_id, self.version, self.last_seq);
+        let (doc, version, upto_seq) = (self.doc_id, self.snapshot_version, self.last_seq);
         let task =
             tokio::spawn(async move { store.write_snapshot(doc, version, data, upto_seq).await });
         Inflight::Snapshot {
@@ -612,7 +837,7 @@ impl Room {
         let diff = loaded.doc.transact().encode_diff_v1(seen);
         let Loaded { stored, doc } = loaded;
         self.doc = doc;
-        self.version = stored.version;
+        self.snapshot_version = stored.snapshot_version;
         self.last_seq = stored.last_seq();
         self.stored_bytes = stored.stored_bytes();
         self.since_snapshot_updates = stored.updates.len() as u64;
@@ -621,48 +846,53 @@ impl Room {
             self.broadcast(&protocol::encode_update(&diff), None);
         }
         info!(
-            version = self.version,
+            snapshot_version = self.snapshot_version,
             last_seq = self.last_seq,
             "reloaded from storage"
         );
         Ok(())
     }
 
-    /// Commits everything queued and waits for it (shutdown path).
+    /// Commits everything queued and waits for it (unload and shutdown paths).
     async fn drain_pipeline(&mut self) -> Result<(), String> {
-        self.maybe_start_commit();
-        while self.inflight.is_some() {
+        loop {
+            if let Some(seen) = self.reload_needed.take() {
+                self.reload(&seen).await?;
+            }
+            self.maybe_start_commit();
+            if self.inflight.is_none() {
+                return Ok(());
+            }
             let res = wait_inflight(&mut self.inflight).await;
             self.on_op_done(res).await?;
         }
-        Ok(())
     }
 
     /// A snapshot before unloading, so the next load replays nothing.
     async fn final_snapshot(&mut self) {
-        if self.inflight.is_some() || self.since_snapshot_updates == 0 {
+        if self.inflight.is_some() || self.since_snapshot_updates == 0 || self.snapshot_failed {
             return;
         }
         self.inflight = Some(self.spawn_snapshot());
-        let res = wait_inflight(&mut self.inflight).await;
-        if let Err(e) = self.on_op_done(res).await {
-            warn!(error = %e, "final snapshot failed; the log still holds every update");
-        }
-        // on_op_done may have started a commit of nothing; there is nothing queued here.
-        if self.inflight.is_some() {
+        while self.inflight.is_some() {
             let res = wait_inflight(&mut self.inflight).await;
-            let _ = self.on_op_done(res).await;
+            if let Err(e) = self.on_op_done(res).await {
+                warn!(error = %e, "final snapshot failed; the log still holds every update");
+                return;
+            }
         }
     }
 
-    fn release_acks(&mut self) {
-        while let Some((idx, _, _)) = self.acks.front() {
+    fn release_waiters(&mut self) {
+        while let Some((idx, _)) = self.waiters.front() {
             if *idx > self.committed_idx {
                 break;
             }
-            if let Some((_, peer, raw)) = self.acks.pop_front() {
-                self.send_to(peer, raw);
-            }
+            let Some((_, waiter)) = self.waiters.pop_front() else {
+                break;
+            };
+            let Waiter::Ack(peer, raw) = waiter;
+            self.send_to(peer, raw);
         }
     }
 
@@ -722,7 +952,7 @@ impl Room {
         if self.peers.remove(&peer).is_none() {
             return;
         }
-        self.deferred_step1.retain(|(p, _)| *p != peer);
+        self.deferred_step1.remove(&peer);
         if let Some(removal) = self.awareness.remove_peer(peer, Instant::now()) {
             self.broadcast(&protocol::encode_awareness(&removal), None);
         }
@@ -758,4 +988,28 @@ async fn wait_inflight(inflight: &mut Option<Inflight>) -> OpResult {
 /// A Yjs v1 update with no structs and an empty delete set.
 fn is_empty_update(update: &[u8]) -> bool {
     update == [0, 0]
+}
+
+/// The document's root types as JSON. Roots loaded from updates have no declared type, so
+/// the type is inferred from the content the way yrs does (text, array or map).
+pub(crate) fn doc_json(doc: &Doc) -> serde_json::Value {
+    use yrs::types::AsPrelim;
+    use yrs::types::ToJson;
+    use yrs::{ArrayRef, In, MapRef, Out, TextRef, XmlFragmentRef};
+    let txn = doc.transact();
+    let mut out = serde_json::Map::new();
+    for (name, root) in txn.root_refs() {
+        let typed = match &root {
+            Out::UndefinedRef(branch) => match root.as_prelim(&txn) {
+                In::Text(_) => Out::YText(TextRef::from(*branch)),
+                In::Array(_) => Out::YArray(ArrayRef::from(*branch)),
+                In::Map(_) => Out::YMap(MapRef::from(*branch)),
+                _ => Out::YXmlFragment(XmlFragmentRef::from(*branch)),
+            },
+            _ => root.clone(),
+        };
+        let json = serde_json::to_value(typed.to_json(&txn)).unwrap_or(serde_json::Value::Null);
+        out.insert(name.to_owned(), json);
+    }
+    serde_json::Value::Object(out)
 }

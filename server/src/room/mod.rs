@@ -92,9 +92,27 @@ impl CloseReason {
     }
 }
 
+/// Who is behind a connection, for permission checks and revocation.
+#[derive(Debug, Clone, Default)]
+pub struct PeerAuth {
+    pub user: Option<Arc<str>>,
+    pub token_id: Option<Arc<str>>,
+    /// False for read-only peers: their updates are refused with an Auth message.
+    pub can_write: bool,
+}
+
+/// Which peers a [`RoomCmd::Close`] applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerFilter {
+    All,
+    User(String),
+    Token(String),
+}
+
 /// What a connection hands the room when it joins.
 pub struct PeerLink {
     pub id: PeerId,
+    pub auth: PeerAuth,
     /// Outbound frames, already encoded. Bounded: a full queue closes the peer with 1013.
     pub tx: mpsc::Sender<Bytes>,
     /// Tells the connection to close with a code and reason.
@@ -132,6 +150,36 @@ pub enum RoomCmd {
     Leave {
         peer: PeerId,
     },
+    /// Closes the matching peers. With `unload`, the room also unloads (a deleted document).
+    Close {
+        filter: PeerFilter,
+        reason: CloseReason,
+        unload: bool,
+    },
+    /// The committed state as a Yjs v1 update, or its difference from a state vector.
+    ReadUpdate {
+        since: StateVector,
+        reply: oneshot::Sender<Vec<u8>>,
+    },
+    /// The committed state as JSON, one key per root type.
+    ReadJson {
+        reply: oneshot::Sender<serde_json::Value>,
+    },
+    /// Applies an update sent over HTTP like a client's; replies once it is committed, with the
+    /// log sequence number the document has reached (`None` if it changed nothing new).
+    Apply {
+        raw: Bytes,
+        update: Update,
+        reply: oneshot::Sender<Result<i64, ApplyError>>,
+    },
+}
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ApplyError {
+    #[error("the update does not apply: {0}")]
+    Invalid(String),
+    #[error("the document would exceed its size limit")]
+    TooLarge,
 }
 
 #[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
@@ -142,6 +190,8 @@ pub enum JoinError {
     Full,
     #[error("the server is shutting down")]
     ShuttingDown,
+    #[error("the document is deleted")]
+    Deleted,
     /// The room was unloading; the caller asks the registry again.
     #[error("the room closed before the join was handled")]
     Gone,
@@ -175,6 +225,11 @@ impl RoomHandle {
 
     pub async fn leave(&self, peer: PeerId) {
         let _ = self.tx.send(RoomCmd::Leave { peer }).await;
+    }
+
+    /// Sends any other command; fails if the room has stopped.
+    pub async fn command(&self, cmd: RoomCmd) -> Result<(), JoinError> {
+        self.tx.send(cmd).await.map_err(|_| JoinError::Gone)
     }
 }
 

@@ -59,7 +59,10 @@ impl Registry {
         }
         let mut rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(entry) = rooms.get(name) {
-            return Ok(entry.handle.clone());
+            // A room that stopped without deregistering (it cannot, but be safe) is replaced.
+            if !entry.handle.tx.is_closed() {
+                return Ok(entry.handle.clone());
+            }
         }
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(self.room_queue);
@@ -74,6 +77,18 @@ impl Registry {
         self.tracker
             .spawn(actor::run(self.clone(), name.clone(), generation, rx));
         Ok(handle)
+    }
+
+    /// The running room for `name`, if it is loaded.
+    pub fn get(&self, name: &DocName) -> Option<RoomHandle> {
+        let rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
+        rooms.get(name).map(|e| e.handle.clone())
+    }
+
+    /// Every loaded room (for revocations, which apply to all).
+    pub fn all(&self) -> Vec<RoomHandle> {
+        let rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
+        rooms.values().map(|e| e.handle.clone()).collect()
     }
 
     /// Forgets the room if it is still the given generation.

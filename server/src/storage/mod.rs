@@ -9,7 +9,9 @@
 //!   returns [`SnapshotOutcome::Conflict`] and changes nothing.
 //! - `load` reads the snapshot and the log after it from one consistent read snapshot.
 
+pub mod api;
 pub mod sqlite;
+mod sqlite_api;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -21,7 +23,10 @@ pub type DocId = i64;
 #[derive(Debug, Clone)]
 pub struct StoredDoc {
     pub id: DocId,
-    pub version: i64,
+    /// Version guarding snapshot writes (not the metadata version).
+    pub snapshot_version: i64,
+    /// Soft-deleted documents are not served.
+    pub deleted: bool,
     /// Yjs v2 encoded state covering log rows up to `snapshot_seq`.
     pub snapshot: Option<Vec<u8>>,
     pub snapshot_seq: i64,
@@ -65,6 +70,8 @@ pub enum StorageError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("unsupported database URL {0:?} (expected sqlite://...)")]
     UnsupportedUrl(String),
+    #[error("stored data is invalid: {0}")]
+    Invalid(String),
 }
 
 #[async_trait]
@@ -94,7 +101,7 @@ pub trait DocStore: Send + Sync + 'static {
 }
 
 /// Milliseconds since the Unix epoch, for `created_at` columns.
-pub(crate) fn now_ms() -> i64 {
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)

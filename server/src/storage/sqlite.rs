@@ -16,7 +16,9 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 use sqlx::{Connection, Row};
-use tokio::sync::{mpsc, oneshot};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::{now_ms, DocId, DocStore, SnapshotOutcome, StorageError, StoredDoc};
 use crate::config::SqliteSync;
@@ -36,6 +38,8 @@ enum WriteOp {
         doc: DocId,
         first_seq: i64,
         updates: Vec<Bytes>,
+        /// Fold a `document.updated` event into the outbox, available after this many ms.
+        event_debounce_ms: Option<i64>,
     },
     Snapshot {
         doc: DocId,
@@ -55,15 +59,35 @@ struct WriteRequest {
     reply: oneshot::Sender<Result<WriteOutcome, StorageError>>,
 }
 
+/// Whether document changes write webhook events to the outbox, and how `document.updated`
+/// events are debounced.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EventSettings {
+    pub enabled: bool,
+    pub debounce: Duration,
+}
+
 /// The SQLite document store. Cheap to share behind an `Arc`.
 pub struct SqliteStore {
-    pool: SqlitePool,
+    pub(super) pool: SqlitePool,
     writer: mpsc::Sender<WriteRequest>,
+    pub(super) events: EventSettings,
+    /// Woken after a transaction that wrote outbox events commits.
+    pub(super) events_written: Arc<Notify>,
 }
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url` and applies the migrations.
     pub async fn connect(url: &str, sync: SqliteSync) -> Result<SqliteStore, StorageError> {
+        SqliteStore::connect_with_events(url, sync, EventSettings::default()).await
+    }
+
+    /// [`SqliteStore::connect`], writing webhook events to the outbox as configured.
+    pub async fn connect_with_events(
+        url: &str,
+        sync: SqliteSync,
+        events: EventSettings,
+    ) -> Result<SqliteStore, StorageError> {
         if !url.starts_with("sqlite:") {
             return Err(StorageError::UnsupportedUrl(url.to_owned()));
         }
@@ -85,8 +109,19 @@ impl SqliteStore {
         migrate(&pool).await?;
         let conn = SqliteConnection::connect_with(&opts).await?;
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
-        tokio::spawn(writer_loop(conn, opts, rx));
-        Ok(SqliteStore { pool, writer: tx })
+        let events_written = Arc::new(Notify::new());
+        tokio::spawn(writer_loop(conn, opts, rx, events_written.clone()));
+        Ok(SqliteStore {
+            pool,
+            writer: tx,
+            events,
+            events_written,
+        })
+    }
+
+    /// Notified whenever outbox events were committed (the delivery worker waits on it).
+    pub fn events_notify(&self) -> Arc<Notify> {
+        self.events_written.clone()
     }
 
     /// The read pool, for tests and tools that inspect the database.
@@ -116,27 +151,20 @@ impl DocStore for SqliteStore {
         loop {
             let mut tx = self.pool.begin().await?;
             let row = sqlx::query(
-                "SELECT id, version, snapshot, snapshot_seq FROM documents WHERE name = ?",
+                "SELECT id, snapshot_version, snapshot, snapshot_seq, deleted_at \
+                 FROM documents WHERE name = ?",
             )
             .bind(name)
             .fetch_optional(&mut *tx)
             .await?;
             let Some(row) = row else {
                 tx.commit().await?;
-                let now = now_ms();
-                sqlx::query(
-                    "INSERT INTO documents (name, created_at, updated_at) VALUES (?, ?, ?) \
-                     ON CONFLICT (name) DO NOTHING",
-                )
-                .bind(name)
-                .bind(now)
-                .bind(now)
-                .execute(&self.pool)
-                .await?;
+                self.create_for_load(name).await?;
                 continue;
             };
             let id: i64 = row.try_get("id")?;
             let snapshot_seq: i64 = row.try_get("snapshot_seq")?;
+            let deleted_at: Option<i64> = row.try_get("deleted_at")?;
             let updates = sqlx::query(
                 "SELECT seq, data FROM doc_updates WHERE doc_id = ? AND seq > ? ORDER BY seq",
             )
@@ -150,7 +178,8 @@ impl DocStore for SqliteStore {
             tx.commit().await?;
             return Ok(StoredDoc {
                 id,
-                version: row.try_get("version")?,
+                snapshot_version: row.try_get("snapshot_version")?,
+                deleted: deleted_at.is_some(),
                 snapshot: row.try_get("snapshot")?,
                 snapshot_seq,
                 updates,
@@ -164,10 +193,15 @@ impl DocStore for SqliteStore {
         first_seq: i64,
         updates: Vec<Bytes>,
     ) -> Result<(), StorageError> {
+        let event_debounce_ms = self
+            .events
+            .enabled
+            .then(|| self.events.debounce.as_millis() as i64);
         self.write(WriteOp::Append {
             doc,
             first_seq,
             updates,
+            event_debounce_ms,
         })
         .await
         .map(|_| ())
@@ -204,6 +238,7 @@ async fn writer_loop(
     mut conn: SqliteConnection,
     opts: SqliteConnectOptions,
     mut rx: mpsc::Receiver<WriteRequest>,
+    events_written: Arc<Notify>,
 ) {
     let mut batch = Vec::with_capacity(MAX_WRITES_PER_TRANSACTION);
     while let Some(first) = rx.recv().await {
@@ -216,6 +251,17 @@ async fn writer_loop(
         }
         match commit_batch(&mut conn, &mut batch).await {
             Ok(results) => {
+                if batch.iter().any(|r| {
+                    matches!(
+                        r.op,
+                        WriteOp::Append {
+                            event_debounce_ms: Some(_),
+                            ..
+                        }
+                    )
+                }) {
+                    events_written.notify_one();
+                }
                 for (req, result) in batch.drain(..).zip(results) {
                     let _ = req.reply.send(result);
                 }
@@ -285,24 +331,53 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
             doc,
             first_seq,
             updates,
+            event_debounce_ms,
         } => {
+            // A snapshot may already cover (and have deleted) the rows at our position: the
+            // key alone would not notice, so the first row checks `snapshot_seq` too.
             for (i, data) in updates.iter().enumerate() {
                 let r = sqlx::query(
-                    "INSERT INTO doc_updates (doc_id, seq, data, created_at) VALUES (?, ?, ?, ?)",
+                    "INSERT INTO doc_updates (doc_id, seq, data, created_at) \
+                     SELECT ?1, ?2, ?3, ?4 \
+                     WHERE ?5 <> 0 OR (SELECT snapshot_seq FROM documents WHERE id = ?1) < ?2",
                 )
                 .bind(doc)
                 .bind(first_seq + i as i64)
                 .bind(data.as_ref())
                 .bind(now)
+                .bind(i as i64)
                 .execute(&mut *conn)
                 .await;
                 match r {
-                    Ok(_) => {}
+                    Ok(done) if done.rows_affected() == 1 => {}
+                    Ok(_) => return Err(StorageError::Conflict),
                     Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                         return Err(StorageError::Conflict)
                     }
                     Err(e) => return Err(e.into()),
                 }
+            }
+            if let Some(debounce) = event_debounce_ms {
+                // One pending `document.updated` per document: a fold updates its sequence
+                // number and gives it a new event id (receivers dedupe by id).
+                let last_seq = first_seq + updates.len() as i64 - 1;
+                sqlx::query(
+                    "INSERT INTO outbox (event_id, type, payload, coalesce_key, available_at, created_at) \
+                     SELECT ?, 'document.updated', \
+                            json_object('id', id, 'name', name, 'seq', ?), \
+                            'document.updated:' || id, ?, ? \
+                     FROM documents WHERE id = ? \
+                     ON CONFLICT (coalesce_key) WHERE status = 'pending' DO UPDATE SET \
+                       payload = excluded.payload, event_id = excluded.event_id, \
+                       revision = revision + 1",
+                )
+                .bind(uuid::Uuid::new_v4().to_string())
+                .bind(last_seq)
+                .bind(now + debounce)
+                .bind(now)
+                .bind(doc)
+                .execute(&mut *conn)
+                .await?;
             }
             Ok(WriteOutcome::Appended)
         }
@@ -313,12 +388,12 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
             upto_seq,
         } => {
             let done = sqlx::query(
-                "UPDATE documents SET snapshot = ?, snapshot_seq = ?, version = version + 1, \
-                 updated_at = ? WHERE id = ? AND version = ?",
+                "UPDATE documents SET snapshot = ?, snapshot_seq = ?, \
+                 snapshot_version = snapshot_version + 1 \
+                 WHERE id = ? AND snapshot_version = ?",
             )
             .bind(snapshot.as_slice())
             .bind(upto_seq)
-            .bind(now)
             .bind(doc)
             .bind(expected_version)
             .execute(&mut *conn)

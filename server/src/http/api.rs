@@ -1,0 +1,775 @@
+//! The REST API under `/api/v1`: documents, content (through the room task), access, profiles,
+//! tokens, revocations and the outbox. The OpenAPI document is generated from these handlers.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Extension, Json, Router};
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use utoipa::{IntoParams, OpenApi, ToSchema};
+use yrs::updates::decoder::Decode;
+use yrs::{StateVector, Update};
+
+use super::error::{etag, ApiError, Problem};
+use crate::auth::{Permission, Principal};
+use crate::close;
+use crate::room::{ApplyError, CloseReason, DocName, PeerFilter, RoomCmd};
+use crate::storage::api::{
+    DeadEvent, DocMeta, DocPatch, DocQuery, OutboxEvent, Revocation, Role, UserPatch, UserProfile,
+    Versioned,
+};
+use crate::AppState;
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Most documents per page of `GET /docs`.
+const MAX_PAGE: u32 = 200;
+/// How long a content request waits for the room (loading included).
+const ROOM_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/docs", post(create_doc).get(list_docs))
+        .route(
+            "/docs/{id}",
+            get(get_doc).patch(patch_doc).delete(delete_doc),
+        )
+        .route("/docs/{id}/restore", post(restore_doc))
+        .route("/docs/{id}/update", get(get_update).post(post_update))
+        .route("/docs/{id}/json", get(get_json))
+        .route("/docs/{id}/access", get(list_access))
+        .route(
+            "/docs/{id}/access/{user}",
+            put(put_access).delete(delete_access),
+        )
+        .route("/users/{id}", get(get_user).patch(patch_user))
+        .route("/me", get(get_me))
+        .route("/tokens", post(issue_token))
+        .route("/tokens/revoke", post(revoke))
+        .route("/admin/outbox", get(admin_outbox))
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Quire API", version = "1", description = "Documents, content, access, profiles, tokens and webhooks of a Quire server."),
+    paths(
+        create_doc, list_docs, get_doc, patch_doc, delete_doc, restore_doc, get_update,
+        post_update, get_json, list_access, put_access, delete_access, get_user, patch_user,
+        get_me, issue_token, revoke, admin_outbox
+    ),
+    components(schemas(
+        DocMeta, DocPatch, UserProfile, UserPatch, Role, Permission, Problem, CreateDoc, DocPage,
+        UpdateApplied, AccessEntry, SetRole, IssueToken, IssuedToken, RevokeRequest, Revocation,
+        OutboxView, OutboxEvent, DeadEvent
+    )),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// `GET /api/v1/openapi.json`
+pub async fn openapi_json() -> Response {
+    match ApiDoc::openapi().to_json() {
+        Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            .into_response(),
+    }
+}
+
+fn with_etag<T: Serialize>(status: StatusCode, body: &T, version: i64) -> Response {
+    let mut resp = (status, Json(body)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&etag(version)) {
+        resp.headers_mut().insert(header::ETAG, v);
+    }
+    resp
+}
+
+/// The version an `If-Match` header names. Missing: 428.
+fn if_match(headers: &HeaderMap) -> ApiResult<i64> {
+    let value = headers.get(header::IF_MATCH).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::PRECONDITION_REQUIRED,
+            "if-match-required",
+            "send If-Match with the ETag of the version you read",
+        )
+    })?;
+    let text = value.to_str().unwrap_or("").trim();
+    let text = text.strip_prefix("W/").unwrap_or(text).trim_matches('"');
+    text.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "version-mismatch",
+            "If-Match does not name a version of this resource",
+        )
+    })
+}
+
+/// The document, checked for existence and the caller's permission on it.
+async fn doc_for(
+    app: &AppState,
+    principal: &Principal,
+    id: i64,
+    need: Permission,
+) -> ApiResult<DocMeta> {
+    let doc = app
+        .api
+        .get_doc(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("document"))?;
+    let role = app.api.get_role(doc.id, &principal.user).await?;
+    match principal.permission_on(&doc.name, role) {
+        None => Err(ApiError::not_found("document")),
+        Some(p) if p < need => Err(ApiError::forbidden(&format!(
+            "{need:?} permission is required on this document"
+        ))),
+        Some(_) => Ok(doc),
+    }
+}
+
+fn live(doc: DocMeta) -> ApiResult<DocMeta> {
+    if doc.deleted_at.is_some() {
+        return Err(ApiError::new(
+            StatusCode::GONE,
+            "document-deleted",
+            "the document is deleted; restore it first",
+        ));
+    }
+    Ok(doc)
+}
+
+/// Sends a command to the document's room (loading it if needed) and waits for the answer.
+async fn ask_room<T>(
+    app: &AppState,
+    name: &str,
+    mut make: impl FnMut(oneshot::Sender<T>) -> RoomCmd,
+) -> ApiResult<T> {
+    let name = DocName::parse(name)
+        .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
+    let unavailable = || {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "document-unavailable",
+            "the document could not be loaded or committed; retry later",
+        )
+    };
+    // A room that is unloading at this moment answers nothing: ask the next one.
+    for _ in 0..4 {
+        let room = app
+            .registry
+            .get_or_start(&name)
+            .map_err(|_| unavailable())?;
+        let (tx, rx) = oneshot::channel();
+        if room.command(make(tx)).await.is_err() {
+            continue;
+        }
+        match tokio::time::timeout(ROOM_TIMEOUT, rx).await {
+            Ok(Ok(answer)) => return Ok(answer),
+            Ok(Err(_)) => continue,
+            Err(_) => return Err(unavailable()),
+        }
+    }
+    Err(unavailable())
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateDoc {
+    /// 1 to 255 bytes of UTF-8, no control characters; the WebSocket path.
+    pub name: String,
+    #[serde(default)]
+    pub title: String,
+}
+
+/// Create a document owned by the caller.
+#[utoipa::path(post, path = "/api/v1/docs", request_body = CreateDoc,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Replays the first response for a repeated request")),
+    responses(
+        (status = 201, body = DocMeta, headers(("ETag" = String))),
+        (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 409, body = Problem, description = "the name is taken"),
+        (status = 422, body = Problem)))]
+async fn create_doc(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Json(body): Json<CreateDoc>,
+) -> ApiResult<Response> {
+    let name = DocName::parse(&body.name)
+        .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
+    if principal.permission_on(name.as_str(), None) < Some(Permission::Write) {
+        return Err(ApiError::forbidden(
+            "write permission on this name is required",
+        ));
+    }
+    let doc = app
+        .api
+        .create_doc(name.as_str(), &body.title, Some(&principal.user))
+        .await?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "document-exists",
+                "a document with this name exists",
+            )
+        })?;
+    let mut resp = with_etag(StatusCode::CREATED, &doc, doc.version);
+    if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/docs/{}", doc.id)) {
+        resp.headers_mut().insert(header::LOCATION, loc);
+    }
+    Ok(resp)
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// Only documents with this owner.
+    owner: Option<String>,
+    /// Only documents whose name starts with this.
+    prefix: Option<String>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+    /// Page size, 1 to 200 (default 50).
+    limit: Option<u32>,
+    /// Include soft-deleted documents.
+    deleted: Option<bool>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DocPage {
+    pub items: Vec<DocMeta>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// List documents the caller can read, in creation order.
+#[utoipa::path(get, path = "/api/v1/docs", params(ListParams),
+    responses((status = 200, body = DocPage), (status = 400, body = Problem), (status = 401, body = Problem)))]
+async fn list_docs(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Query(p): Query<ListParams>,
+) -> ApiResult<Json<DocPage>> {
+    let limit = p.limit.unwrap_or(50).clamp(1, MAX_PAGE);
+    let after_id = match &p.cursor {
+        None => None,
+        Some(c) => Some(decode_cursor(c).ok_or_else(|| {
+            ApiError::bad_request("invalid-cursor", "the cursor is not one this server issued")
+        })?),
+    };
+    let query = DocQuery {
+        owner: p.owner,
+        name_prefix: p.prefix,
+        after_id,
+        limit,
+        include_deleted: p.deleted.unwrap_or(false),
+    };
+    let page = app.api.list_docs(&query).await?;
+    let next_cursor = (page.len() as u32 == limit)
+        .then(|| page.last().map(|d| encode_cursor(d.id)))
+        .flatten();
+    let items = page
+        .into_iter()
+        .filter(|d| principal.covers(&d.name))
+        .collect();
+    Ok(Json(DocPage { items, next_cursor }))
+}
+
+fn encode_cursor(id: i64) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("d:{id}"))
+}
+
+fn decode_cursor(c: &str) -> Option<i64> {
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(c)
+        .ok()?;
+    String::from_utf8(raw)
+        .ok()?
+        .strip_prefix("d:")?
+        .parse()
+        .ok()
+}
+
+/// A document's metadata; the `ETag` carries its version.
+#[utoipa::path(get, path = "/api/v1/docs/{id}", params(("id" = i64, Path)),
+    responses((status = 200, body = DocMeta, headers(("ETag" = String))),
+        (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)))]
+async fn get_doc(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<i64>,
+) -> ApiResult<Response> {
+    let doc = doc_for(&app, &principal, id, Permission::Read).await?;
+    Ok(with_etag(StatusCode::OK, &doc, doc.version))
+}
+
+/// Change a document's title (write) or owner (admin). Requires `If-Match`.
+#[utoipa::path(patch, path = "/api/v1/docs/{id}", request_body = DocPatch,
+    params(("id" = i64, Path), ("If-Match" = String, Header, description = "ETag of the version read"),
+        ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, body = DocMeta, headers(("ETag" = String))),
+        (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 410, body = Problem),
+        (status = 412, body = Problem, description = "stale version; `current` holds the row"),
+        (status = 422, body = Problem), (status = 428, body = Problem)))]
+async fn patch_doc(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+    Json(patch): Json<DocPatch>,
+) -> ApiResult<Response> {
+    let need = if patch.owner.is_some() {
+        Permission::Admin
+    } else {
+        Permission::Write
+    };
+    live(doc_for(&app, &principal, id, need).await?)?;
+    let expected = if_match(&headers)?;
+    match app.api.update_doc(id, expected, &patch).await? {
+        Versioned::Updated(doc) => Ok(with_etag(StatusCode::OK, &doc, doc.version)),
+        Versioned::Stale(doc) => Err(ApiError::stale(&doc, doc.version)),
+        Versioned::NotFound => Err(ApiError::not_found("document")),
+    }
+}
+
+/// Soft-delete a document: its live sockets close with 4404 and it cannot be opened until
+/// restored.
+#[utoipa::path(delete, path = "/api/v1/docs/{id}",
+    params(("id" = i64, Path), ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, body = DocMeta), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 410, body = Problem)))]
+async fn delete_doc(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<i64>,
+) -> ApiResult<Response> {
+    live(doc_for(&app, &principal, id, Permission::Admin).await?)?;
+    match app.api.delete_doc(id).await? {
+        Versioned::Updated(doc) => {
+            if let Ok(name) = DocName::parse(&doc.name) {
+                if let Some(room) = app.registry.get(&name) {
+                    let _ = room
+                        .command(RoomCmd::Close {
+                            filter: PeerFilter::All,
+                            reason: CloseReason::new(close::DELETED, "document deleted"),
+                            unload: true,
+                        })
+                        .await;
+                }
+            }
+            Ok(with_etag(StatusCode::OK, &doc, doc.version))
+        }
+        Versioned::Stale(_) => Err(live_err()),
+        Versioned::NotFound => Err(ApiError::not_found("document")),
+    }
+}
+
+fn live_err() -> ApiError {
+    ApiError::new(
+        StatusCode::GONE,
+        "document-deleted",
+        "the document is deleted",
+    )
+}
+
+/// Undo a soft delete.
+#[utoipa::path(post, path = "/api/v1/docs/{id}/restore",
+    params(("id" = i64, Path), ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, body = DocMeta), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 409, body = Problem, description = "not deleted")))]
+async fn restore_doc(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<i64>,
+) -> ApiResult<Response> {
+    doc_for(&app, &principal, id, Permission::Admin).await?;
+    match app.api.restore_doc(id).await? {
+        Versioned::Updated(doc) => Ok(with_etag(StatusCode::OK, &doc, doc.version)),
+        Versioned::Stale(_) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "document-not-deleted",
+            "the document is not deleted",
+        )),
+        Versioned::NotFound => Err(ApiError::not_found("document")),
+    }
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SvParams {
+    /// Base64 (standard or URL-safe) Yjs v1 state vector: only what it lacks is returned.
+    sv: Option<String>,
+}
+
+/// The document's committed state as a Yjs v1 update (binary).
+#[utoipa::path(get, path = "/api/v1/docs/{id}/update", params(("id" = i64, Path), SvParams),
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 410, body = Problem), (status = 503, body = Problem)))]
+async fn get_update(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<i64>,
+    Query(p): Query<SvParams>,
+) -> ApiResult<Response> {
+    let doc = live(doc_for(&app, &principal, id, Permission::Read).await?)?;
+    let since = match p.sv {
+        None => StateVector::default(),
+        Some(b64) => {
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(&b64)
+                .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&b64))
+                .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(&b64))
+                .map_err(|_| ApiError::bad_request("invalid-state-vector", "sv is not base64"))?;
+            StateVector::decode_v1(&raw).map_err(|_| {
+                ApiError::bad_request("invalid-state-vector", "sv is not a Yjs state vector")
+            })?
+        }
+    };
+    let update = ask_room(&app, &doc.name, |reply| RoomCmd::ReadUpdate {
+        since: since.clone(),
+        reply,
+    })
+    .await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], update).into_response())
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UpdateApplied {
+    /// The log sequence number the document has reached with this update committed.
+    pub seq: i64,
+}
+
+/// Apply a binary Yjs v1 update, like a client's: committed, then broadcast. Answers after
+/// the commit.
+#[utoipa::path(post, path = "/api/v1/docs/{id}/update",
+    params(("id" = i64, Path), ("Idempotency-Key" = Option<String>, Header)),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 200, body = UpdateApplied), (status = 400, body = Problem),
+        (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem),
+        (status = 410, body = Problem), (status = 413, body = Problem), (status = 503, body = Problem)))]
+async fn post_update(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<i64>,
+    body: Bytes,
+) -> ApiResult<Json<UpdateApplied>> {
+    let doc = live(doc_for(&app, &principal, id, Permission::Write).await?)?;
+    let update = Update::decode_v1(&body).map_err(|e| {
+        ApiError::bad_request("invalid-update", format!("not a Yjs v1 update: {e}"))
+    })?;
+    // An Update is consumed by the room; decode a fresh one if a retry is needed.
+    let mut first = Some(update);
+    let result = ask_room(&app, &doc.name, |reply| RoomCmd::Apply {
+        raw: body.clone(),
+        update: first
+            .take()
+            .or_else(|| Update::decode_v1(&body).ok())
+            .unwrap_or_else(Update::new),
+        reply,
+    })
+    .await?;
+    match result {
+        Ok(seq) => Ok(Json(UpdateApplied { seq })),
+        Err(ApplyError::Invalid(e)) => Err(ApiError::bad_request("invalid-update", e)),
+        Err(ApplyError::TooLarge) => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "document-too-large",
+            "the document would exceed max_doc_size",
+        )),
+    }
+}
+
+/// The document's root types as JSON (text as strings, maps as objects, arrays as arrays).
+#[utoipa::path(get, path = "/api/v1/docs/{id}/json", params(("id" = i64, Path)),
+    responses((status = 200, body = Object), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 410, body = Problem), (status = 503, body = Problem)))]
+async fn get_json(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let doc = live(doc_for(&app, &principal, id, Permission::Read).await?)?;
+    let json = ask_room(&app, &doc.name, |reply| RoomCmd::ReadJson { reply }).await?;
+    Ok(Json(json))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AccessEntry {
+    pub user: String,
+    pub role: Role,
+}
+
+/// Who has which role on a document.
+#[utoipa::path(get, path = "/api/v1/docs/{id}/access", params(("id" = i64, Path)),
+    responses((status = 200, body = Vec<AccessEntry>), (status = 401, body = Problem),
+        (status = 403, body = Problem), (status = 404, body = Problem)))]
+async fn list_access(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<i64>,
+) -> ApiResult<Json<Vec<AccessEntry>>> {
+    doc_for(&app, &principal, id, Permission::Read).await?;
+    let rows = app.api.list_access(id).await?;
+    Ok(Json(
+        rows.into_iter()
+            .map(|(user, role)| AccessEntry { user, role })
+            .collect(),
+    ))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetRole {
+    pub role: Role,
+}
+
+/// Give a user a role on a document. Their open sockets on it close with 4403 and reconnect
+/// with the new permissions.
+#[utoipa::path(put, path = "/api/v1/docs/{id}/access/{user}", request_body = SetRole,
+    params(("id" = i64, Path), ("user" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, body = AccessEntry), (status = 400, body = Problem), (status = 401, body = Problem),
+        (status = 403, body = Problem), (status = 404, body = Problem), (status = 422, body = Problem)))]
+async fn put_access(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path((id, user)): Path<(i64, String)>,
+    Json(body): Json<SetRole>,
+) -> ApiResult<Json<AccessEntry>> {
+    let doc = doc_for(&app, &principal, id, Permission::Admin).await?;
+    app.api.set_role(id, &user, Some(body.role)).await?;
+    role_changed(&app, &doc.name, &user).await;
+    Ok(Json(AccessEntry {
+        user,
+        role: body.role,
+    }))
+}
+
+/// Remove a user's role on a document (their token alone then decides).
+#[utoipa::path(delete, path = "/api/v1/docs/{id}/access/{user}",
+    params(("id" = i64, Path), ("user" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 204), (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)))]
+async fn delete_access(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path((id, user)): Path<(i64, String)>,
+) -> ApiResult<StatusCode> {
+    let doc = doc_for(&app, &principal, id, Permission::Admin).await?;
+    app.api.set_role(id, &user, None).await?;
+    role_changed(&app, &doc.name, &user).await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn role_changed(app: &AppState, name: &str, user: &str) {
+    let Ok(name) = DocName::parse(name) else {
+        return;
+    };
+    if let Some(room) = app.registry.get(&name) {
+        let _ = room
+            .command(RoomCmd::Close {
+                filter: PeerFilter::User(user.to_owned()),
+                reason: CloseReason::new(close::FORBIDDEN, "access changed; reconnect"),
+                unload: false,
+            })
+            .await;
+    }
+}
+
+/// A user's profile.
+#[utoipa::path(get, path = "/api/v1/users/{id}", params(("id" = String, Path)),
+    responses((status = 200, body = UserProfile, headers(("ETag" = String))),
+        (status = 401, body = Problem), (status = 404, body = Problem)))]
+async fn get_user(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+    let user = app
+        .api
+        .get_user(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("user"))?;
+    Ok(with_etag(StatusCode::OK, &user, user.version))
+}
+
+/// Change a profile (your own, or anyone's as an administrator). Requires `If-Match`.
+#[utoipa::path(patch, path = "/api/v1/users/{id}", request_body = UserPatch,
+    params(("id" = String, Path), ("If-Match" = String, Header), ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, body = UserProfile, headers(("ETag" = String))),
+        (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 412, body = Problem), (status = 422, body = Problem),
+        (status = 428, body = Problem)))]
+async fn patch_user(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Json(patch): Json<UserPatch>,
+) -> ApiResult<Response> {
+    if principal.user != id && !principal.is_admin() {
+        return Err(ApiError::forbidden(
+            "only the user or an administrator may change a profile",
+        ));
+    }
+    let expected = if_match(&headers)?;
+    match app.api.update_user(&id, expected, &patch).await? {
+        Versioned::Updated(u) => Ok(with_etag(StatusCode::OK, &u, u.version)),
+        Versioned::Stale(u) => Err(ApiError::stale(&u, u.version)),
+        Versioned::NotFound => Err(ApiError::not_found("user")),
+    }
+}
+
+/// The caller's own profile (created empty on first use).
+#[utoipa::path(get, path = "/api/v1/me",
+    responses((status = 200, body = UserProfile, headers(("ETag" = String))), (status = 401, body = Problem)))]
+async fn get_me(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+) -> ApiResult<Response> {
+    let user = app.api.ensure_user(&principal.user).await?;
+    Ok(with_etag(StatusCode::OK, &user, user.version))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IssueToken {
+    pub user: String,
+    /// Document name, or a pattern ending in `*`.
+    pub doc: String,
+    pub permission: Permission,
+    /// Lifetime in seconds (default 3600, at most 30 days).
+    pub ttl_secs: Option<i64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IssuedToken {
+    pub token: String,
+    pub token_id: String,
+    pub expires_at: i64,
+}
+
+/// Issue a token (administrators: the admin key or an admin token for `*`).
+#[utoipa::path(post, path = "/api/v1/tokens", request_body = IssueToken,
+    params(("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 201, body = IssuedToken), (status = 400, body = Problem),
+        (status = 401, body = Problem), (status = 403, body = Problem), (status = 422, body = Problem)))]
+async fn issue_token(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Json(body): Json<IssueToken>,
+) -> ApiResult<Response> {
+    if !principal.is_admin() {
+        return Err(ApiError::forbidden("issuing tokens requires the admin key"));
+    }
+    let ttl = body.ttl_secs.unwrap_or(3600).clamp(1, 30 * 24 * 3600);
+    let (token, claims) = app
+        .auth
+        .issue(
+            &body.user,
+            &body.doc,
+            body.permission,
+            ttl,
+            crate::auth::now_secs(),
+        )
+        .map_err(|e| ApiError::bad_request("no-signing-key", e.to_string()))?;
+    Ok((
+        StatusCode::CREATED,
+        Json(IssuedToken {
+            token,
+            token_id: claims.jti,
+            expires_at: claims.exp,
+        }),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeRequest {
+    pub token_id: Option<String>,
+    pub user: Option<String>,
+}
+
+/// Revoke a token id, or every token of a user issued until now. Their live sockets close with
+/// 4403 within a second.
+#[utoipa::path(post, path = "/api/v1/tokens/revoke", request_body = RevokeRequest,
+    params(("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, body = Revocation), (status = 400, body = Problem),
+        (status = 401, body = Problem), (status = 403, body = Problem), (status = 422, body = Problem)))]
+async fn revoke(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Json(body): Json<RevokeRequest>,
+) -> ApiResult<Json<Revocation>> {
+    if !principal.is_admin() {
+        return Err(ApiError::forbidden("revoking requires the admin key"));
+    }
+    if body.token_id.is_none() && body.user.is_none() {
+        return Err(ApiError::bad_request(
+            "nothing-to-revoke",
+            "give token_id or user",
+        ));
+    }
+    let r = app
+        .api
+        .revoke(
+            body.token_id.as_deref(),
+            body.user.as_deref(),
+            crate::storage::now_ms(),
+        )
+        .await?;
+    crate::revocation::apply(&app, &r).await;
+    Ok(Json(r))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OutboxView {
+    /// Newest first: pending and delivered events.
+    pub events: Vec<OutboxEvent>,
+    /// Events whose attempts ran out, newest first.
+    pub dead: Vec<DeadEvent>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OutboxParams {
+    /// At most this many of each (default 100, at most 1000).
+    limit: Option<u32>,
+}
+
+/// The webhook outbox and dead-letter table (administrators).
+#[utoipa::path(get, path = "/api/v1/admin/outbox", params(OutboxParams),
+    responses((status = 200, body = OutboxView), (status = 401, body = Problem), (status = 403, body = Problem)))]
+async fn admin_outbox(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Query(p): Query<OutboxParams>,
+) -> ApiResult<Json<OutboxView>> {
+    if !principal.is_admin() {
+        return Err(ApiError::forbidden("administrators only"));
+    }
+    let limit = p.limit.unwrap_or(100).clamp(1, 1000);
+    Ok(Json(OutboxView {
+        events: app.api.list_outbox(limit).await?,
+        dead: app.api.list_dead(limit).await?,
+    }))
+}

@@ -1,0 +1,181 @@
+//! `Idempotency-Key` on POST, PATCH and DELETE: the first request with a key runs and its
+//! response is stored; a repeat with the same request gets the stored response; a repeat with a
+//! different request gets 422; a repeat while the first still runs waits for it (then replays)
+//! or, past [`WAIT_FOR_FIRST`], gets 409. Keys are scoped to the caller and expire after
+//! `idempotency_ttl`.
+
+use std::time::Duration;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use sha2::{Digest, Sha256};
+
+use super::error::ApiError;
+use crate::auth::Principal;
+use crate::storage::api::{IdemClaim, StoredResponse};
+use crate::storage::now_ms;
+use crate::AppState;
+
+/// Largest request or response body kept for replay.
+const MAX_BODY: usize = 16 << 20;
+/// Longest accepted key.
+const MAX_KEY_LEN: usize = 255;
+/// How long a repeat waits for the first request with its key to finish.
+const WAIT_FOR_FIRST: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(25);
+
+pub async fn idempotency(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if !matches!(*req.method(), Method::POST | Method::PATCH | Method::DELETE) {
+        return next.run(req).await;
+    }
+    let Some(key) = req
+        .headers()
+        .get("idempotency-key")
+        .map(|v| v.to_str().map(str::to_owned))
+    else {
+        return next.run(req).await;
+    };
+    let key = match key {
+        Ok(k) if !k.is_empty() && k.len() <= MAX_KEY_LEN => k,
+        _ => {
+            return ApiError::bad_request(
+                "invalid-idempotency-key",
+                "Idempotency-Key must be 1 to 255 visible ASCII characters",
+            )
+            .into_response()
+        }
+    };
+    let (parts, body) = req.into_parts();
+    let body = match to_bytes(body, MAX_BODY).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "the request body is too large",
+            )
+            .into_response()
+        }
+    };
+    // The request as the server sees it: method, target, precondition, body.
+    let mut h = Sha256::new();
+    h.update(parts.method.as_str());
+    h.update([0]);
+    h.update(parts.uri.to_string());
+    h.update([0]);
+    if let Some(v) = parts.headers.get(header::IF_MATCH) {
+        h.update(v.as_bytes());
+    }
+    h.update([0]);
+    h.update(&body);
+    let hash = hex(&h.finalize());
+
+    let ttl_ms = app.config.idempotency_ttl.as_millis() as i64;
+    let waited_until = tokio::time::Instant::now() + WAIT_FOR_FIRST;
+    loop {
+        let now = now_ms();
+        let claim = match app
+            .api
+            .idem_claim(&principal.user, &key, &hash, now, now - ttl_ms)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => return ApiError::from(e).into_response(),
+        };
+        match claim {
+            IdemClaim::Started => {
+                let req = Request::from_parts(parts, Body::from(body));
+                return run_and_store(&app, &principal.user, &key, next, req).await;
+            }
+            IdemClaim::Replay(stored) => return replay(stored),
+            IdemClaim::Mismatch => {
+                return ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "idempotency-key-reused",
+                    "this Idempotency-Key was used for a different request",
+                )
+                .into_response()
+            }
+            IdemClaim::InProgress => {
+                if tokio::time::Instant::now() >= waited_until {
+                    return ApiError::new(
+                        StatusCode::CONFLICT,
+                        "idempotency-key-in-progress",
+                        "a request with this Idempotency-Key is still running; retry later",
+                    )
+                    .into_response();
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+}
+
+async fn run_and_store(
+    app: &AppState,
+    principal: &str,
+    key: &str,
+    next: Next,
+    req: Request,
+) -> Response {
+    let resp = next.run(req).await;
+    let (parts, body) = resp.into_parts();
+    let body = match to_bytes(body, MAX_BODY).await {
+        Ok(b) => b,
+        Err(_) => {
+            let _ = app.api.idem_abandon(principal, key).await;
+            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        }
+    };
+    let header = |name| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    if parts.status.is_server_error() {
+        // Not an answer to remember: a retry should run again.
+        let _ = app.api.idem_abandon(principal, key).await;
+    } else {
+        let stored = StoredResponse {
+            status: parts.status.as_u16(),
+            content_type: header(header::CONTENT_TYPE),
+            etag: header(header::ETAG),
+            body: body.to_vec(),
+        };
+        if let Err(e) = app.api.idem_finish(principal, key, &stored).await {
+            tracing::warn!(error = %e, "could not store an idempotent response");
+        }
+    }
+    Response::from_parts(parts, Body::from(body))
+}
+
+fn replay(stored: StoredResponse) -> Response {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let mut resp = (status, stored.body).into_response();
+    let headers = resp.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_TYPE, stored.content_type),
+        (header::ETAG, stored.etag),
+    ] {
+        if let Some(v) = value.and_then(|v| HeaderValue::from_str(&v).ok()) {
+            headers.insert(name, v);
+        }
+    }
+    headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    resp
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

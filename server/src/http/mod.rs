@@ -1,0 +1,181 @@
+//! HTTP routes: health, readiness, metrics, the REST API under `/api/v1`, and the WebSocket
+//! entry point for documents (every other path).
+
+pub mod api;
+mod error;
+mod idempotency;
+
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::{Request, State, WebSocketUpgrade};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+
+pub use error::{problem, ApiError};
+
+use crate::auth::{AuthError, Permission, Principal};
+use crate::room::{DocName, PeerAuth};
+use crate::AppState;
+
+pub fn router(app: AppState) -> Router {
+    let api = api::routes()
+        .layer(middleware::from_fn_with_state(
+            app.clone(),
+            idempotency::idempotency,
+        ))
+        .layer(middleware::from_fn_with_state(app.clone(), authenticate));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/openapi.json", get(api::openapi_json))
+        .nest("/api/v1", api)
+        .fallback(document_socket)
+        .with_state(app)
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(app): State<AppState>) -> Response {
+    match app.store.ping().await {
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness check failed");
+            problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database-unreachable",
+                "The database does not answer",
+            )
+        }
+    }
+}
+
+async fn metrics(State(app): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+/// Checks the bearer credential of an API request and stores the [`Principal`] in the request.
+async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
+    let principal = if app.auth.is_open() {
+        Principal::admin("dev")
+    } else {
+        let token = bearer(req.headers());
+        match token
+            .ok_or(AuthError::Missing)
+            .and_then(|t| app.auth.verify(&t, crate::auth::now_secs()))
+        {
+            Ok(p) => p,
+            Err(e) => return ApiError::unauthorized(e).into_response(),
+        }
+    };
+    req.extensions_mut().insert(principal);
+    next.run(req).await
+}
+
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim().to_owned())
+}
+
+/// A WebSocket client's token: `?token=`, `Authorization: Bearer`, or an entry of the
+/// `Sec-WebSocket-Protocol` list (browsers cannot set headers; offer `["quire", token]`).
+fn socket_token(uri: &Uri, headers: &HeaderMap) -> Option<(String, bool)> {
+    if let Some(query) = uri.query() {
+        for pair in query.split('&') {
+            if let Some(v) = pair.strip_prefix("token=") {
+                let v = percent_encoding::percent_decode_str(v).decode_utf8().ok()?;
+                return Some((v.into_owned(), false));
+            }
+        }
+    }
+    if let Some(t) = bearer(headers) {
+        return Some((t, false));
+    }
+    let protocols = headers.get(header::SEC_WEBSOCKET_PROTOCOL)?.to_str().ok()?;
+    protocols
+        .split(',')
+        .map(str::trim)
+        .find(|p| p.matches('.').count() == 2)
+        .map(|p| (p.to_owned(), true))
+}
+
+/// `GET /<document-name>` with a WebSocket upgrade. The name and the token are checked before
+/// the upgrade, so a bad one gets a plain HTTP error.
+async fn document_socket(
+    State(app): State<AppState>,
+    uri: Uri,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let name = match DocName::from_url_path(uri.path()) {
+        Ok(name) => name,
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "invalid-document-name",
+                &e.to_string(),
+            )
+        }
+    };
+    let (principal, via_protocol) = if app.auth.is_open() {
+        (Principal::admin("dev"), false)
+    } else {
+        let Some((token, via_protocol)) = socket_token(&uri, &headers) else {
+            return ApiError::unauthorized(AuthError::Missing).into_response();
+        };
+        match app.auth.verify(&token, crate::auth::now_secs()) {
+            Ok(p) => (p, via_protocol),
+            Err(e) => return ApiError::unauthorized(e).into_response(),
+        }
+    };
+    let auth = match socket_permission(&app, &principal, &name).await {
+        Ok(auth) => auth,
+        Err(e) => return e.into_response(),
+    };
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let ws = if via_protocol {
+        ws.protocols(["quire"])
+    } else {
+        ws
+    };
+    let limits = &app.config.limits;
+    let tracker = app.connections.clone();
+    ws.max_message_size(limits.max_message_size)
+        .max_frame_size(limits.max_message_size)
+        .write_buffer_size(0)
+        .on_upgrade(move |socket| tracker.track_future(crate::ws::serve(socket, name, auth, app)))
+}
+
+/// What `principal` may do on document `name` over a socket: read at least, or 403.
+async fn socket_permission(
+    app: &AppState,
+    principal: &Principal,
+    name: &DocName,
+) -> Result<PeerAuth, ApiError> {
+    let role = match app.api.get_doc_by_name(name.as_str()).await? {
+        Some(doc) => app.api.get_role(doc.id, &principal.user).await?,
+        None => None,
+    };
+    let perm = principal
+        .permission_on(name.as_str(), role)
+        .ok_or_else(|| ApiError::forbidden("the token does not cover this document"))?;
+    Ok(PeerAuth {
+        user: Some(principal.user.as_str().into()),
+        token_id: principal.token_id.as_deref().map(Into::into),
+        can_write: perm >= Permission::Write,
+    })
+}

@@ -1,0 +1,249 @@
+//! Rows behind the HTTP API: document metadata, profiles, access, idempotency keys,
+//! revocations and the webhook outbox, and the [`ApiStore`] trait that reads and writes them.
+//!
+//! Every versioned write is one conditional statement (`UPDATE ... WHERE id = ? AND version = ?`)
+//! whose row count decides the outcome; events are inserted into the outbox in the same
+//! transaction as the change they describe.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::{DocId, StorageError};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct DocMeta {
+    pub id: DocId,
+    pub name: String,
+    pub title: String,
+    pub owner: Option<String>,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub deleted_at: Option<i64>,
+    /// Row version, also sent as the `ETag`.
+    pub version: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct UserProfile {
+    pub id: String,
+    pub display_name: String,
+    pub color: String,
+    pub avatar_url: String,
+    pub version: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// Fields a `PATCH /docs/{id}` may change.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DocPatch {
+    pub title: Option<String>,
+    pub owner: Option<String>,
+}
+
+/// Fields a `PATCH /users/{id}` may change.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UserPatch {
+    pub display_name: Option<String>,
+    pub color: Option<String>,
+    pub avatar_url: Option<String>,
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Viewer,
+    Editor,
+    Owner,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Editor => "editor",
+            Role::Owner => "owner",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "viewer" => Some(Role::Viewer),
+            "editor" => Some(Role::Editor),
+            "owner" => Some(Role::Owner),
+            _ => None,
+        }
+    }
+}
+
+/// Outcome of a versioned write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Versioned<T> {
+    Updated(T),
+    /// The version did not match; here is the current row.
+    Stale(T),
+    NotFound,
+}
+
+/// Result of claiming an idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdemClaim {
+    /// First use: run the request, then `idem_finish`.
+    Started,
+    /// Already answered: replay this.
+    Replay(StoredResponse),
+    /// Same key, different request.
+    Mismatch,
+    /// The first request with this key is still running.
+    InProgress,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub etag: Option<String>,
+    pub body: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Revocation {
+    pub id: i64,
+    pub token_id: Option<String>,
+    pub user_id: Option<String>,
+    pub revoked_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct OutboxEvent {
+    pub id: i64,
+    pub event_id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The event's JSON payload, as stored.
+    pub payload: String,
+    pub revision: i64,
+    pub status: String,
+    pub attempts: i64,
+    pub available_at: i64,
+    /// Webhook URLs that already accepted this event.
+    pub delivered_urls: Vec<String>,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub delivered_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct DeadEvent {
+    pub id: i64,
+    pub event_id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub payload: String,
+    pub attempts: i64,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub died_at: i64,
+}
+
+/// Filter and page of `GET /docs`.
+#[derive(Debug, Clone, Default)]
+pub struct DocQuery {
+    pub owner: Option<String>,
+    pub name_prefix: Option<String>,
+    pub after_id: Option<DocId>,
+    pub limit: u32,
+    pub include_deleted: bool,
+}
+
+#[async_trait]
+pub trait ApiStore: Send + Sync + 'static {
+    /// Creates a document owned by `owner` (also given the owner role), with a
+    /// `document.created` event. `Ok(None)` if the name is taken.
+    async fn create_doc(
+        &self,
+        name: &str,
+        title: &str,
+        owner: Option<&str>,
+    ) -> Result<Option<DocMeta>, StorageError>;
+    async fn get_doc(&self, id: DocId) -> Result<Option<DocMeta>, StorageError>;
+    async fn get_doc_by_name(&self, name: &str) -> Result<Option<DocMeta>, StorageError>;
+    async fn list_docs(&self, q: &DocQuery) -> Result<Vec<DocMeta>, StorageError>;
+    async fn update_doc(
+        &self,
+        id: DocId,
+        expected_version: i64,
+        patch: &DocPatch,
+    ) -> Result<Versioned<DocMeta>, StorageError>;
+    /// Soft delete (with a `document.deleted` event); `Stale` if already deleted.
+    async fn delete_doc(&self, id: DocId) -> Result<Versioned<DocMeta>, StorageError>;
+    /// Undo a soft delete; `Stale` if it was not deleted.
+    async fn restore_doc(&self, id: DocId) -> Result<Versioned<DocMeta>, StorageError>;
+
+    async fn get_user(&self, id: &str) -> Result<Option<UserProfile>, StorageError>;
+    /// The profile, created empty if it does not exist yet.
+    async fn ensure_user(&self, id: &str) -> Result<UserProfile, StorageError>;
+    /// Versioned profile update, with a `profile.updated` event.
+    async fn update_user(
+        &self,
+        id: &str,
+        expected_version: i64,
+        patch: &UserPatch,
+    ) -> Result<Versioned<UserProfile>, StorageError>;
+
+    async fn get_role(&self, doc: DocId, user: &str) -> Result<Option<Role>, StorageError>;
+    /// Sets (or with `None` removes) a user's role on a document.
+    async fn set_role(
+        &self,
+        doc: DocId,
+        user: &str,
+        role: Option<Role>,
+    ) -> Result<(), StorageError>;
+    async fn list_access(&self, doc: DocId) -> Result<Vec<(String, Role)>, StorageError>;
+
+    async fn idem_claim(
+        &self,
+        principal: &str,
+        key: &str,
+        request_hash: &str,
+        now: i64,
+        expires_before: i64,
+    ) -> Result<IdemClaim, StorageError>;
+    async fn idem_finish(
+        &self,
+        principal: &str,
+        key: &str,
+        response: &StoredResponse,
+    ) -> Result<(), StorageError>;
+    /// Forgets a claim whose request failed, so a retry runs again.
+    async fn idem_abandon(&self, principal: &str, key: &str) -> Result<(), StorageError>;
+    async fn idem_cleanup(&self, expires_before: i64) -> Result<u64, StorageError>;
+
+    async fn revoke(
+        &self,
+        token_id: Option<&str>,
+        user_id: Option<&str>,
+        now: i64,
+    ) -> Result<Revocation, StorageError>;
+    async fn revocations_after(&self, id: i64) -> Result<Vec<Revocation>, StorageError>;
+
+    async fn due_events(&self, now: i64, limit: u32) -> Result<Vec<OutboxEvent>, StorageError>;
+    /// Marks delivered if the row still has `revision` (a fold in between means deliver again).
+    async fn event_delivered(&self, id: i64, revision: i64, now: i64) -> Result<(), StorageError>;
+    async fn event_failed(
+        &self,
+        id: i64,
+        revision: i64,
+        delivered_urls: &[String],
+        next_attempt_at: i64,
+        error: &str,
+    ) -> Result<(), StorageError>;
+    /// Moves an event to the dead-letter table.
+    async fn event_dead(&self, id: i64, error: &str, now: i64) -> Result<(), StorageError>;
+    async fn list_outbox(&self, limit: u32) -> Result<Vec<OutboxEvent>, StorageError>;
+    async fn list_dead(&self, limit: u32) -> Result<Vec<DeadEvent>, StorageError>;
+}
