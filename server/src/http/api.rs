@@ -283,13 +283,17 @@ async fn list_docs(
         owner: p.owner,
         name_prefix: p.prefix,
         after_id,
-        limit,
+        // One more than the page, to know whether there is a next page.
+        limit: limit + 1,
         include_deleted: p.deleted.unwrap_or(false),
     };
-    let page = app.api.list_docs(&query).await?;
-    let next_cursor = (page.len() as u32 == limit)
-        .then(|| page.last().map(|d| encode_cursor(d.id)))
-        .flatten();
+    let mut page = app.api.list_docs(&query).await?;
+    let next_cursor = if page.len() as u32 > limit {
+        page.truncate(limit as usize);
+        page.last().map(|d| encode_cursor(d.id))
+    } else {
+        None
+    };
     let items = page
         .into_iter()
         .filter(|d| principal.covers(&d.name))

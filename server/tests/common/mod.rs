@@ -176,6 +176,8 @@ pub struct Client {
     pub awareness: HashMap<u64, String>,
     pub updates_received: usize,
     pub closed: Option<CloseFrame>,
+    /// The reason of the last Auth permission-denied message.
+    pub permission_denied: Option<String>,
 }
 
 impl Client {
@@ -207,6 +209,7 @@ impl Client {
             awareness: HashMap::new(),
             updates_received: 0,
             closed: None,
+            permission_denied: None,
         };
         let sv = c.doc.transact().state_vector();
         c.send_raw(protocol::encode_step1(&sv)).await;
@@ -325,6 +328,7 @@ impl Client {
                             }
                         }
                         Message::DurableAck { raw } => self.acks_received.push(raw),
+                        Message::Auth(Some(reason)) => self.permission_denied = Some(reason),
                         _ => {}
                     }
                 }

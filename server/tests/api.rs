@@ -1,0 +1,697 @@
+//! The HTTP API: metadata with optimistic versions, idempotency keys, the content API through
+//! the room, tokens and permissions, revocation, deletion.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use common::*;
+use quire_server::auth::{Auth, Permission};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::sync::Barrier;
+use yrs::updates::decoder::Decode;
+use yrs::{GetString, ReadTxn, Text, Transact};
+
+const KEY: &str = "k1:test-secret-0123456789";
+const ADMIN: &str = "admin-key-for-tests";
+
+fn api(server: &TestServer, path: &str) -> String {
+    server.http(&format!("/api/v1{path}"))
+}
+
+fn secured(dir: &std::path::Path) -> quire_server::config::Config {
+    let mut cfg = test_config(dir);
+    cfg.auth_keys = vec![KEY.into()];
+    cfg.admin_key = Some(ADMIN.into());
+    cfg
+}
+
+/// A token signed with the test key, as the server would issue it.
+fn token(user: &str, doc: &str, perm: Permission) -> String {
+    let auth = Auth::new(&[KEY.into()], None).expect("key");
+    auth.issue(user, doc, perm, 3600, quire_server::auth::now_secs())
+        .expect("issue")
+        .0
+}
+
+async fn create(http: &reqwest::Client, server: &TestServer, name: &str) -> Value {
+    let resp = http
+        .post(api(server, "/docs"))
+        .json(&json!({ "name": name, "title": "t" }))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    resp.json().await.expect("json")
+}
+
+async fn problem_type(resp: reqwest::Response) -> String {
+    assert_eq!(
+        resp.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/problem+json")
+    );
+    let body: Value = resp.json().await.expect("json");
+    body["type"].as_str().unwrap_or("").to_owned()
+}
+
+#[tokio::test]
+async fn documents_carry_versions_in_etags_and_patch_requires_if_match() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let http = reqwest::Client::new();
+    let doc = create(&http, &server, "meta").await;
+    let id = doc["id"].as_i64().expect("id");
+    assert_eq!(doc["version"], 1);
+
+    let got = http
+        .get(api(&server, &format!("/docs/{id}")))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(got.headers()["etag"], "\"1\"");
+
+    let url = api(&server, &format!("/docs/{id}"));
+    let missing = http
+        .patch(&url)
+        .json(&json!({"title": "x"}))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(missing.status(), StatusCode::PRECONDITION_REQUIRED);
+    assert!(problem_type(missing).await.ends_with("/if-match-required"));
+
+    let ok = http
+        .patch(&url)
+        .header("if-match", "\"1\"")
+        .json(&json!({"title": "first"}))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(ok.headers()["etag"], "\"2\"");
+
+    let stale = http
+        .patch(&url)
+        .header("if-match", "\"1\"")
+        .json(&json!({"title": "second"}))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(stale.status(), StatusCode::PRECONDITION_FAILED);
+    assert_eq!(stale.headers()["etag"], "\"2\"");
+    let body: Value = stale.json().await.expect("json");
+    assert_eq!(
+        body["current"]["title"], "first",
+        "412 carries the current row"
+    );
+
+    // A taken name is a conflict; a bad one a 400.
+    let dup = http
+        .post(api(&server, "/docs"))
+        .json(&json!({"name": "meta"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(dup.status(), StatusCode::CONFLICT);
+    let bad = http
+        .post(api(&server, "/docs"))
+        .json(&json!({"name": ""}))
+        .send()
+        .await
+        .expect("post");
+    assert!(problem_type(bad).await.ends_with("/invalid-document-name"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn listing_pages_with_a_cursor_and_filters() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let http = reqwest::Client::new();
+    for n in ["a/1", "a/2", "a/3", "b/1", "a/4"] {
+        create(&http, &server, n).await;
+    }
+    let mut names = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut url = api(&server, "/docs?prefix=a/&limit=2");
+        if let Some(c) = &cursor {
+            url.push_str(&format!("&cursor={c}"));
+        }
+        let page: Value = http
+            .get(url)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
+        pages += 1;
+        for d in page["items"].as_array().expect("items") {
+            names.push(d["name"].as_str().expect("name").to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(names, ["a/1", "a/2", "a/3", "a/4"]);
+    assert_eq!(pages, 2, "two full pages, the second ends the listing");
+    let by_owner: Value = http
+        .get(api(&server, "/docs?owner=nobody"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(by_owner["items"].as_array().map(Vec::len), Some(0));
+    let bad = http
+        .get(api(&server, "/docs?cursor=zzz"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    server.stop().await;
+}
+
+/// Two PATCHes with the same If-Match, released together by a barrier: exactly one wins.
+#[tokio::test]
+async fn two_patches_with_one_version_forced_to_interleave_give_one_200_and_one_412() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let http = reqwest::Client::new();
+    let id = create(&http, &server, "race").await["id"]
+        .as_i64()
+        .expect("id");
+    let url = api(&server, &format!("/docs/{id}"));
+    for round in 0..5 {
+        let version = http
+            .get(&url)
+            .send()
+            .await
+            .expect("get")
+            .json::<Value>()
+            .await
+            .expect("json")["version"]
+            .as_i64()
+            .expect("version");
+        let barrier = Arc::new(Barrier::new(2));
+        let mut tasks = Vec::new();
+        for who in ["left", "right"] {
+            let (barrier, http, url) = (barrier.clone(), http.clone(), url.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let resp = http
+                    .patch(&url)
+                    .header("if-match", format!("\"{version}\""))
+                    .json(&json!({ "title": format!("{who}-{round}") }))
+                    .send()
+                    .await
+                    .expect("patch");
+                (who, resp.status())
+            }));
+        }
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.expect("task"));
+        }
+        let winners: Vec<_> = results
+            .iter()
+            .filter(|(_, s)| *s == StatusCode::OK)
+            .collect();
+        let losers: Vec<_> = results
+            .iter()
+            .filter(|(_, s)| *s == StatusCode::PRECONDITION_FAILED)
+            .collect();
+        assert_eq!(
+            (winners.len(), losers.len()),
+            (1, 1),
+            "round {round}: {results:?}"
+        );
+        let row: Value = http
+            .get(&url)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(row["title"], format!("{}-{round}", winners[0].0));
+        assert_eq!(row["version"], version + 1);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn idempotency_keys_replay_refuse_mismatches_and_allow_one_effect() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let http = reqwest::Client::new();
+    let post = |key: &str, name: &str| {
+        http.post(api(&server, "/docs"))
+            .header("idempotency-key", key)
+            .json(&json!({ "name": name }))
+            .send()
+    };
+    let first = post("k-1", "idem").await.expect("post");
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first_body = first.text().await.expect("body");
+    let again = post("k-1", "idem").await.expect("post");
+    assert_eq!(
+        again.status(),
+        StatusCode::CREATED,
+        "replayed, not a 409 conflict"
+    );
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.text().await.expect("body"), first_body);
+    let other = post("k-1", "something-else").await.expect("post");
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+    // Two concurrent requests with one key, released together: one effect, same response.
+    for round in 0..5 {
+        let barrier = Arc::new(Barrier::new(2));
+        let mut tasks = Vec::new();
+        for _ in 0..2 {
+            let (barrier, http) = (barrier.clone(), http.clone());
+            let url = api(&server, "/docs");
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let r = http
+                    .post(url)
+                    .header("idempotency-key", format!("race-{round}"))
+                    .json(&json!({ "name": format!("race-{round}") }))
+                    .send()
+                    .await
+                    .expect("post");
+                (r.status(), r.text().await.expect("body"))
+            }));
+        }
+        let a = tasks.remove(0).await.expect("task");
+        let b = tasks.remove(0).await.expect("task");
+        assert_eq!(a, b, "round {round}: both callers get the same response");
+        assert_eq!(a.0, StatusCode::CREATED);
+    }
+    let all: Value = http
+        .get(api(&server, "/docs?prefix=race-"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        all["items"].as_array().map(Vec::len),
+        Some(5),
+        "one document per key"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn content_goes_through_the_room_and_reaches_live_clients() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let http = reqwest::Client::new();
+    let id = create(&http, &server, "content").await["id"]
+        .as_i64()
+        .expect("id");
+    let mut live = Client::connect(&server.url("content"), 1).await;
+
+    let author = yrs::Doc::with_client_id(77);
+    let text = author.get_or_insert_text("text");
+    let update = {
+        let mut txn = author.transact_mut();
+        text.insert(&mut txn, 0, "over http");
+        txn.encode_update_v1()
+    };
+    let resp = http
+        .post(api(&server, &format!("/docs/{id}/update")))
+        .header("content-type", "application/octet-stream")
+        .body(update.clone())
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(body["seq"], 1, "committed as log row 1");
+    assert!(live.pump_until(PATIENCE, |c| c.text() == "over http").await);
+    assert_eq!(log_rows(&db_path(dir.path()), "content").await, 1);
+
+    // Full state, then only the difference from a state vector.
+    let full = http
+        .get(api(&server, &format!("/docs/{id}/update")))
+        .send()
+        .await
+        .expect("get")
+        .bytes()
+        .await
+        .expect("bytes");
+    let fresh = yrs::Doc::new();
+    fresh
+        .transact_mut()
+        .apply_update(yrs::Update::decode_v1(&full).expect("v1"))
+        .expect("apply");
+    assert_eq!(
+        fresh
+            .get_or_insert_text("text")
+            .get_string(&fresh.transact()),
+        "over http"
+    );
+    let sv = base64::engine::general_purpose::STANDARD
+        .encode(author.transact().state_vector().encode_v1_bytes());
+    let diff = http
+        .get(api(
+            &server,
+            &format!("/docs/{id}/update?sv={}", urlencode(&sv)),
+        ))
+        .send()
+        .await
+        .expect("get")
+        .bytes()
+        .await
+        .expect("bytes");
+    assert_eq!(diff.as_ref(), [0, 0], "nothing the author lacks");
+
+    let json: Value = http
+        .get(api(&server, &format!("/docs/{id}/json")))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(json, json!({ "text": "over http" }));
+
+    let bad = http
+        .post(api(&server, &format!("/docs/{id}/update")))
+        .body(vec![0xff, 0xff, 0xff])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    server.stop().await;
+}
+
+fn urlencode(s: &str) -> String {
+    s.replace('+', "%2B")
+        .replace('/', "%2F")
+        .replace('=', "%3D")
+}
+
+trait SvBytes {
+    fn encode_v1_bytes(&self) -> Vec<u8>;
+}
+impl SvBytes for yrs::StateVector {
+    fn encode_v1_bytes(&self) -> Vec<u8> {
+        use yrs::updates::encoder::Encode;
+        self.encode_v1()
+    }
+}
+
+#[tokio::test]
+async fn deleting_a_document_closes_its_sockets_with_4404_until_restored() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let http = reqwest::Client::new();
+    let id = create(&http, &server, "doomed").await["id"]
+        .as_i64()
+        .expect("id");
+    let url = server.url("doomed");
+    let mut a = Client::connect(&url, 1).await;
+    let mut b = Client::connect(&url, 2).await;
+    a.insert(0, "keep me").await;
+    a.durable_ack(1).await;
+
+    let del = http
+        .delete(api(&server, &format!("/docs/{id}")))
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(del.status(), StatusCode::OK);
+    assert_eq!(a.wait_closed().await, Some(4404));
+    assert_eq!(b.wait_closed().await, Some(4404));
+    let mut again = Client::connect_unsynced(&url, 3).await;
+    assert_eq!(
+        again.wait_closed().await,
+        Some(4404),
+        "cannot reconnect while deleted"
+    );
+    let gone = http
+        .get(api(&server, &format!("/docs/{id}/json")))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(gone.status(), StatusCode::GONE);
+
+    let restored = http
+        .post(api(&server, &format!("/docs/{id}/restore")))
+        .send()
+        .await
+        .expect("restore");
+    assert_eq!(restored.status(), StatusCode::OK);
+    let back = Client::connect(&url, 4).await;
+    assert_eq!(back.text(), "keep me");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn tokens_scope_sockets_and_api_calls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(secured(dir.path())).await;
+    let http = reqwest::Client::new();
+    let ws = |doc: &str, t: &str| format!("{}?token={t}", server.url(doc));
+
+    // No token, a bad token, an expired token: 401 before the upgrade.
+    for url in [
+        server.url("doc-a"),
+        ws("doc-a", "not-a-token"),
+        ws("doc-a", &{
+            let auth = Auth::new(&[KEY.into()], None).expect("key");
+            auth.issue(
+                "ann",
+                "*",
+                Permission::Write,
+                60,
+                quire_server::auth::now_secs() - 3600,
+            )
+            .expect("issue")
+            .0
+        }),
+    ] {
+        let err = tokio_tungstenite::connect_async(&url)
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains("401"), "{url}: {err}");
+    }
+    // A token for document A on document B: refused.
+    let for_a = token("ann", "doc-a", Permission::Write);
+    let err = tokio_tungstenite::connect_async(ws("doc-b", &for_a))
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("403"), "{err}");
+
+    // Read-only: receives, may not write; the refused update is not logged.
+    let mut writer = Client::connect(&ws("doc-a", &for_a), 1).await;
+    writer.insert(0, "from writer").await;
+    writer.durable_ack(1).await;
+    let reader_token = token("bo", "doc-*", Permission::Read);
+    let mut reader = Client::connect(&ws("doc-a", &reader_token), 2).await;
+    assert_eq!(reader.text(), "from writer");
+    reader.insert(0, "sneaky ").await;
+    assert!(
+        reader
+            .pump_until(PATIENCE, |c| c.permission_denied.is_some())
+            .await,
+        "told with an Auth permission-denied message"
+    );
+    reader.durable_ack(2).await;
+    assert_eq!(log_rows(&db_path(dir.path()), "doc-a").await, 1);
+    let check = Client::connect(&ws("doc-a", &for_a), 3).await;
+    assert_eq!(check.text(), "from writer");
+
+    // The token in the Authorization header works too.
+    let req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+        server.url("doc-a"),
+    )
+    .map(|mut r| {
+        r.headers_mut().insert(
+            "authorization",
+            format!("Bearer {for_a}").parse().expect("header"),
+        );
+        r
+    })
+    .expect("request");
+    assert!(tokio_tungstenite::connect_async(req).await.is_ok());
+
+    // API: no token 401, read token can read but not patch, admin key issues tokens.
+    let none = http.get(api(&server, "/docs")).send().await.expect("get");
+    assert_eq!(none.status(), StatusCode::UNAUTHORIZED);
+    let issued: Value = http
+        .post(api(&server, "/tokens"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"user": "cy", "doc": "doc-a", "permission": "read"}))
+        .send()
+        .await
+        .expect("post")
+        .json()
+        .await
+        .expect("json");
+    let cy = issued["token"].as_str().expect("token").to_owned();
+    let mine: Value = http
+        .get(api(&server, "/me"))
+        .bearer_auth(&cy)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(mine["id"], "cy");
+    let forbidden = http
+        .post(api(&server, "/tokens"))
+        .bearer_auth(&cy)
+        .json(&json!({"user": "cy", "doc": "*", "permission": "admin"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(forbidden.status(), StatusCode::FORBIDDEN);
+    // Health and metrics stay open.
+    assert_eq!(http_get(server.addr, "/healthz").await.0, 200);
+    assert_eq!(http_get(server.addr, "/metrics").await.0, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn revoking_a_token_or_a_user_closes_their_sockets_with_4403() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(secured(dir.path())).await;
+    let http = reqwest::Client::new();
+    let issue = |user: &str| {
+        http.post(api(&server, "/tokens"))
+            .bearer_auth(ADMIN)
+            .json(&json!({"user": user, "doc": "*", "permission": "write"}))
+            .send()
+    };
+    let t1: Value = issue("ann")
+        .await
+        .expect("post")
+        .json()
+        .await
+        .expect("json");
+    let t2: Value = issue("bo").await.expect("post").json().await.expect("json");
+    let url = |t: &Value| {
+        format!(
+            "{}?token={}",
+            server.url("shared"),
+            t["token"].as_str().unwrap_or("")
+        )
+    };
+    let mut ann = Client::connect(&url(&t1), 1).await;
+    let mut bo = Client::connect(&url(&t2), 2).await;
+
+    let started = tokio::time::Instant::now();
+    let r = http
+        .post(api(&server, "/tokens/revoke"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"token_id": t1["token_id"]}))
+        .send()
+        .await
+        .expect("revoke");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(ann.wait_closed().await, Some(4403));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "within a second"
+    );
+    let again = tokio_tungstenite::connect_async(url(&t1))
+        .await
+        .expect_err("revoked");
+    assert!(again.to_string().contains("401"));
+
+    // A revocation written by another process (the CLI) is picked up by the watcher.
+    let store = quire_server::storage::sqlite::SqliteStore::connect(
+        &test_config(dir.path()).database_url,
+        quire_server::config::SqliteSync::Full,
+    )
+    .await
+    .expect("store");
+    let started = tokio::time::Instant::now();
+    quire_server::storage::api::ApiStore::revoke(
+        &store,
+        None,
+        Some("bo"),
+        quire_server::storage::now_ms(),
+    )
+    .await
+    .expect("revoke");
+    assert_eq!(bo.wait_closed().await, Some(4403));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "within a second"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn changing_a_role_closes_open_sockets_and_takes_effect_on_reconnect() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(secured(dir.path())).await;
+    let http = reqwest::Client::new();
+    let owner = token("owner", "team/*", Permission::Admin);
+    let doc: Value = http
+        .post(api(&server, "/docs"))
+        .bearer_auth(&owner)
+        .json(&json!({"name": "team/plan"}))
+        .send()
+        .await
+        .expect("post")
+        .json()
+        .await
+        .expect("json");
+    let id = doc["id"].as_i64().expect("id");
+    let dee = token("dee", "team/*", Permission::Write);
+    let url = format!("{}?token={dee}", server.url("team/plan"));
+    let mut c = Client::connect(&url, 5).await;
+    c.insert(0, "draft").await;
+    c.durable_ack(1).await;
+
+    let started = tokio::time::Instant::now();
+    let put = http
+        .put(api(&server, &format!("/docs/{id}/access/dee")))
+        .bearer_auth(&owner)
+        .json(&json!({"role": "viewer"}))
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(put.status(), StatusCode::OK);
+    assert_eq!(c.wait_closed().await, Some(4403));
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // Back with the same token: now read-only.
+    let mut c = Client::connect(&url, 6).await;
+    c.insert(0, "edit ").await;
+    assert!(
+        c.pump_until(PATIENCE, |c| c.permission_denied.is_some())
+            .await
+    );
+    let access: Value = http
+        .get(api(&server, &format!("/docs/{id}/access")))
+        .bearer_auth(&owner)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        access,
+        json!([{"user": "dee", "role": "viewer"}, {"user": "owner", "role": "owner"}])
+    );
+    server.stop().await;
+}
