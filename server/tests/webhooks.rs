@@ -1,0 +1,329 @@
+//! Webhooks through the transactional outbox: at-least-once delivery through failures, the
+//! same id on duplicates, signatures, debouncing, the dead-letter table, and delivery after
+//! the server is killed between the commit and the delivery.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use common::*;
+use serde_json::{json, Value};
+
+const SECRET: &str = "webhook-secret";
+
+#[derive(Clone, Debug)]
+struct Received {
+    id: String,
+    kind: String,
+    body: Value,
+    signature: String,
+    raw: String,
+    accepted: bool,
+}
+
+/// A local webhook receiver that fails the first `fail_first` attempts of every event id
+/// (all of them when `fail_first` is `usize::MAX`).
+#[derive(Clone)]
+struct Receiver {
+    log: Arc<Mutex<Vec<Received>>>,
+    fail_first: usize,
+}
+
+impl Receiver {
+    async fn start(fail_first: usize, listener: tokio::net::TcpListener) -> Receiver {
+        let r = Receiver {
+            log: Arc::new(Mutex::new(Vec::new())),
+            fail_first,
+        };
+        let app = Router::new()
+            .route("/hook", post(hook))
+            .with_state(r.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        r
+    }
+
+    fn accepted(&self) -> Vec<Received> {
+        self.log
+            .lock()
+            .map(|l| l.iter().filter(|r| r.accepted).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn all(&self) -> Vec<Received> {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    async fn wait_for(&self, pred: impl Fn(&[Received]) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while tokio::time::Instant::now() < deadline {
+            if pred(&self.accepted()) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+}
+
+async fn hook(State(r): State<Receiver>, headers: HeaderMap, raw: String) -> StatusCode {
+    let body: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
+    let id = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let mut log = match r.log.lock() {
+        Ok(l) => l,
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let tries = log.iter().filter(|x| x.id == id).count();
+    let accepted = tries >= r.fail_first;
+    log.push(Received {
+        id,
+        kind: body["type"].as_str().unwrap_or("").to_owned(),
+        signature: headers
+            .get("quire-signature")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned(),
+        body,
+        raw,
+        accepted,
+    });
+    if accepted {
+        StatusCode::NO_CONTENT
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    }
+}
+
+async fn listener() -> (tokio::net::TcpListener, SocketAddr) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let a = l.local_addr().expect("addr");
+    (l, a)
+}
+
+fn webhook_config(dir: &std::path::Path, receiver: SocketAddr) -> quire_server::config::Config {
+    let mut cfg = test_config(dir);
+    cfg.webhooks.urls = vec![format!("http://{receiver}/hook")];
+    cfg.webhooks.secret = Some(SECRET.into());
+    cfg.webhooks.backoff = Duration::from_millis(20);
+    cfg.webhooks.debounce = Duration::from_millis(300);
+    cfg.webhooks.max_attempts = 10;
+    cfg
+}
+
+#[tokio::test]
+async fn every_event_arrives_despite_failures_with_one_id_per_event() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (l, addr) = listener().await;
+    let receiver = Receiver::start(2, l).await;
+    let server = TestServer::start(webhook_config(dir.path(), addr)).await;
+    let http = reqwest::Client::new();
+    let api = |p: &str| server.http(&format!("/api/v1{p}"));
+
+    let doc: Value = http
+        .post(api("/docs"))
+        .json(&json!({"name": "hooked"}))
+        .send()
+        .await
+        .expect("post")
+        .json()
+        .await
+        .expect("json");
+    let id = doc["id"].as_i64().expect("id");
+    // Thirty edits well inside one debounce interval: one document.updated, with the last seq.
+    let mut c = Client::connect(&server.url("hooked"), 1).await;
+    for i in 0..30 {
+        c.insert(i, "e").await;
+    }
+    c.durable_ack(1).await;
+    http.get(api("/me")).send().await.expect("me");
+    let patched = http
+        .patch(api("/users/dev"))
+        .header("if-match", "\"1\"")
+        .json(&json!({"display_name": "Dev"}))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(patched.status(), StatusCode::OK);
+
+    let kinds = ["document.created", "document.updated", "profile.updated"];
+    let ok = receiver
+        .wait_for(|got| kinds.iter().all(|k| got.iter().any(|r| r.kind == *k)))
+        .await;
+    assert!(ok, "all events delivered: {:?}", receiver.all());
+    http.delete(api(&format!("/docs/{id}")))
+        .send()
+        .await
+        .expect("delete");
+    assert!(
+        receiver
+            .wait_for(|got| got.iter().any(|r| r.kind == "document.deleted"))
+            .await
+    );
+
+    let accepted = receiver.accepted();
+    let all = receiver.all();
+    for r in &accepted {
+        // Failed attempts and the success carry the same id, in the body too.
+        let attempts: Vec<_> = all.iter().filter(|x| x.id == r.id).collect();
+        assert!(attempts.len() >= 3, "{}: two failures then success", r.kind);
+        assert!(attempts.iter().all(|x| x.body["id"] == r.id.as_str()));
+        // The signature is HMAC-SHA256 over "<t>.<body>".
+        let t: i64 = r
+            .signature
+            .split(',')
+            .find_map(|p| p.strip_prefix("t="))
+            .and_then(|t| t.parse().ok())
+            .expect("t=");
+        assert_eq!(
+            r.signature,
+            quire_server::webhooks::signature(SECRET, t, &r.raw)
+        );
+    }
+    let updated: Vec<_> = accepted
+        .iter()
+        .filter(|r| r.kind == "document.updated")
+        .collect();
+    assert_eq!(updated.len(), 1, "debounced to one event");
+    assert_eq!(
+        updated[0].body["data"]["seq"], 30,
+        "carrying the new log sequence"
+    );
+    assert_eq!(updated[0].body["data"]["name"], "hooked");
+
+    let outbox: Value = http
+        .get(api("/admin/outbox"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    let events = outbox["events"].as_array().expect("events");
+    assert_eq!(events.len(), 4);
+    assert!(events.iter().all(|e| e["status"] == "delivered"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_event_that_exhausts_its_attempts_moves_to_the_dead_letter_table() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (l, addr) = listener().await;
+    let receiver = Receiver::start(usize::MAX, l).await;
+    let mut cfg = webhook_config(dir.path(), addr);
+    cfg.webhooks.max_attempts = 3;
+    let server = TestServer::start(cfg).await;
+    let http = reqwest::Client::new();
+    let api = |p: &str| server.http(&format!("/api/v1{p}"));
+    http.post(api("/docs"))
+        .json(&json!({"name": "undeliverable"}))
+        .send()
+        .await
+        .expect("post");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let dead = loop {
+        let outbox: Value = http
+            .get(api("/admin/outbox"))
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
+        if let Some(d) = outbox["dead"].as_array().filter(|d| !d.is_empty()) {
+            assert!(outbox["events"].as_array().is_some_and(|e| e.is_empty()));
+            break d.clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "event never died");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(dead[0]["type"], "document.created");
+    assert_eq!(dead[0]["attempts"], 3);
+    assert!(dead[0]["last_error"].as_str().unwrap_or("").contains("500"));
+    assert_eq!(receiver.all().len(), 3);
+    server.stop().await;
+}
+
+/// The outbox row is committed with the change; the process dies before delivering it; the
+/// restarted server delivers it.
+#[tokio::test]
+async fn an_event_committed_before_sigkill_is_delivered_after_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = db_path(dir.path());
+    // Reserve a port for the receiver, which is down at first (deliveries fail).
+    let (l, addr) = listener().await;
+    drop(l);
+    let hook = format!("http://{addr}/hook");
+    let args = [
+        "--webhook-url",
+        hook.as_str(),
+        "--webhook-backoff",
+        "100ms",
+        "--webhook-max-attempts",
+        "1000",
+    ];
+    let server = ServerProcess::start(&db, &args).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://{}/api/v1", server.addr);
+    let created = http
+        .post(format!("{base}/docs"))
+        .json(&json!({"name": "survivor"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(created.status(), StatusCode::CREATED);
+    // Wait until a delivery has been tried (and failed), then kill the process.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let event_id = loop {
+        let outbox: Value = http
+            .get(format!("{base}/admin/outbox"))
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
+        let e = &outbox["events"][0];
+        if e["attempts"].as_i64().unwrap_or(0) >= 1 {
+            assert_eq!(e["status"], "pending");
+            break e["event_id"].as_str().expect("id").to_owned();
+        }
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    server.signal("KILL");
+    drop(server);
+
+    let l = tokio::net::TcpListener::bind(addr)
+        .await
+        .expect("rebind the receiver port");
+    let receiver = Receiver::start(0, l).await;
+    let server = ServerProcess::start(&db, &args).await;
+    assert!(
+        receiver
+            .wait_for(|got| got.iter().any(|r| r.id == event_id))
+            .await,
+        "delivered after the restart"
+    );
+    let got: HashMap<_, _> = receiver
+        .accepted()
+        .into_iter()
+        .map(|r| (r.id.clone(), r.kind))
+        .collect();
+    assert_eq!(
+        got.get(&event_id).map(String::as_str),
+        Some("document.created")
+    );
+    server.signal("TERM");
+}
