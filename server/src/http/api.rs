@@ -4,11 +4,13 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
+
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
@@ -207,15 +209,15 @@ pub struct CreateDoc {
 /// Create a document owned by the caller.
 #[utoipa::path(post, path = "/api/v1/docs", request_body = CreateDoc,
     params(("Idempotency-Key" = Option<String>, Header, description = "Replays the first response for a repeated request")),
-    responses(
+    responses((status = 415, body = Problem, content_type = "application/problem+json", description = "not JSON"), 
         (status = 201, body = DocMeta, headers(("ETag" = String))),
-        (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem),
-        (status = 409, body = Problem, description = "the name is taken"),
-        (status = 422, body = Problem)))]
+        (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 409, body = Problem, content_type = "application/problem+json", description = "the name is taken"),
+        (status = 422, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn create_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Json(body): Json<CreateDoc>,
+    ApiJson(body): ApiJson<CreateDoc>,
 ) -> ApiResult<Response> {
     let name = DocName::parse(&body.name)
         .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
@@ -266,11 +268,11 @@ pub struct DocPage {
 
 /// List documents the caller can read, in creation order.
 #[utoipa::path(get, path = "/api/v1/docs", params(ListParams),
-    responses((status = 200, body = DocPage), (status = 400, body = Problem), (status = 401, body = Problem)))]
+    responses((status = 200, body = DocPage), (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn list_docs(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Query(p): Query<ListParams>,
+    ApiQuery(p): ApiQuery<ListParams>,
 ) -> ApiResult<Json<DocPage>> {
     let limit = p.limit.unwrap_or(50).clamp(1, MAX_PAGE);
     let after_id = match &p.cursor {
@@ -318,12 +320,12 @@ fn decode_cursor(c: &str) -> Option<i64> {
 
 /// A document's metadata; the `ETag` carries its version.
 #[utoipa::path(get, path = "/api/v1/docs/{id}", params(("id" = i64, Path)),
-    responses((status = 200, body = DocMeta, headers(("ETag" = String))),
-        (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)))]
+    responses((status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = DocMeta, headers(("ETag" = String))),
+        (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn get_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<Response> {
     let doc = doc_for(&app, &principal, id, Permission::Read).await?;
     Ok(with_etag(StatusCode::OK, &doc, doc.version))
@@ -333,17 +335,17 @@ async fn get_doc(
 #[utoipa::path(patch, path = "/api/v1/docs/{id}", request_body = DocPatch,
     params(("id" = i64, Path), ("If-Match" = String, Header, description = "ETag of the version read"),
         ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 200, body = DocMeta, headers(("ETag" = String))),
-        (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem),
-        (status = 404, body = Problem), (status = 410, body = Problem),
-        (status = 412, body = Problem, description = "stale version; `current` holds the row"),
-        (status = 422, body = Problem), (status = 428, body = Problem)))]
+    responses((status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 415, body = Problem, content_type = "application/problem+json", description = "not JSON"), (status = 200, body = DocMeta, headers(("ETag" = String))),
+        (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 410, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 412, body = Problem, content_type = "application/problem+json", description = "stale version; `current` holds the row"),
+        (status = 422, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 428, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn patch_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
     headers: HeaderMap,
-    Json(patch): Json<DocPatch>,
+    ApiJson(patch): ApiJson<DocPatch>,
 ) -> ApiResult<Response> {
     let need = if patch.owner.is_some() {
         Permission::Admin
@@ -363,12 +365,12 @@ async fn patch_doc(
 /// restored.
 #[utoipa::path(delete, path = "/api/v1/docs/{id}",
     params(("id" = i64, Path), ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 200, body = DocMeta), (status = 401, body = Problem), (status = 403, body = Problem),
-        (status = 404, body = Problem), (status = 410, body = Problem)))]
+    responses((status = 422, body = Problem, content_type = "application/problem+json", description = "Idempotency-Key reused for a different request"), (status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = DocMeta), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 410, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn delete_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<Response> {
     live(doc_for(&app, &principal, id, Permission::Admin).await?)?;
     match app.api.delete_doc(id).await? {
@@ -402,12 +404,12 @@ fn live_err() -> ApiError {
 /// Undo a soft delete.
 #[utoipa::path(post, path = "/api/v1/docs/{id}/restore",
     params(("id" = i64, Path), ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 200, body = DocMeta), (status = 401, body = Problem), (status = 403, body = Problem),
-        (status = 404, body = Problem), (status = 409, body = Problem, description = "not deleted")))]
+    responses((status = 422, body = Problem, content_type = "application/problem+json", description = "Idempotency-Key reused for a different request"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = DocMeta), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json", description = "not deleted")))]
 async fn restore_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<Response> {
     doc_for(&app, &principal, id, Permission::Admin).await?;
     match app.api.restore_doc(id).await? {
@@ -431,13 +433,13 @@ pub struct SvParams {
 /// The document's committed state as a Yjs v1 update (binary).
 #[utoipa::path(get, path = "/api/v1/docs/{id}/update", params(("id" = i64, Path), SvParams),
     responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem),
-        (status = 404, body = Problem), (status = 410, body = Problem), (status = 503, body = Problem)))]
+        (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 410, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn get_update(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(id): Path<i64>,
-    Query(p): Query<SvParams>,
+    ApiPath(id): ApiPath<i64>,
+    ApiQuery(p): ApiQuery<SvParams>,
 ) -> ApiResult<Response> {
     let doc = live(doc_for(&app, &principal, id, Permission::Read).await?)?;
     let since = match p.sv {
@@ -472,13 +474,13 @@ pub struct UpdateApplied {
 #[utoipa::path(post, path = "/api/v1/docs/{id}/update",
     params(("id" = i64, Path), ("Idempotency-Key" = Option<String>, Header)),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 200, body = UpdateApplied), (status = 400, body = Problem),
-        (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem),
-        (status = 410, body = Problem), (status = 413, body = Problem), (status = 503, body = Problem)))]
+    responses((status = 422, body = Problem, content_type = "application/problem+json", description = "Idempotency-Key reused for a different request"), (status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 200, body = UpdateApplied), (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 410, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn post_update(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
     body: Bytes,
 ) -> ApiResult<Json<UpdateApplied>> {
     let doc = live(doc_for(&app, &principal, id, Permission::Write).await?)?;
@@ -509,12 +511,12 @@ async fn post_update(
 
 /// The document's root types as JSON (text as strings, maps as objects, arrays as arrays).
 #[utoipa::path(get, path = "/api/v1/docs/{id}/json", params(("id" = i64, Path)),
-    responses((status = 200, body = Object), (status = 401, body = Problem), (status = 403, body = Problem),
-        (status = 404, body = Problem), (status = 410, body = Problem), (status = 503, body = Problem)))]
+    responses((status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = Object), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 410, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn get_json(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let doc = live(doc_for(&app, &principal, id, Permission::Read).await?)?;
     let json = ask_room(&app, &doc.name, |reply| RoomCmd::ReadJson { reply }).await?;
@@ -529,12 +531,12 @@ pub struct AccessEntry {
 
 /// Who has which role on a document.
 #[utoipa::path(get, path = "/api/v1/docs/{id}/access", params(("id" = i64, Path)),
-    responses((status = 200, body = Vec<AccessEntry>), (status = 401, body = Problem),
-        (status = 403, body = Problem), (status = 404, body = Problem)))]
+    responses((status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = Vec<AccessEntry>), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn list_access(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<Json<Vec<AccessEntry>>> {
     doc_for(&app, &principal, id, Permission::Read).await?;
     let rows = app.api.list_access(id).await?;
@@ -555,13 +557,13 @@ pub struct SetRole {
 /// with the new permissions.
 #[utoipa::path(put, path = "/api/v1/docs/{id}/access/{user}", request_body = SetRole,
     params(("id" = i64, Path), ("user" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 200, body = AccessEntry), (status = 400, body = Problem), (status = 401, body = Problem),
-        (status = 403, body = Problem), (status = 404, body = Problem), (status = 422, body = Problem)))]
+    responses((status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 415, body = Problem, content_type = "application/problem+json", description = "not JSON"), (status = 200, body = AccessEntry), (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 422, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn put_access(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path((id, user)): Path<(i64, String)>,
-    Json(body): Json<SetRole>,
+    ApiPath((id, user)): ApiPath<(i64, String)>,
+    ApiJson(body): ApiJson<SetRole>,
 ) -> ApiResult<Json<AccessEntry>> {
     let doc = doc_for(&app, &principal, id, Permission::Admin).await?;
     app.api.set_role(id, &user, Some(body.role)).await?;
@@ -575,11 +577,11 @@ async fn put_access(
 /// Remove a user's role on a document (their token alone then decides).
 #[utoipa::path(delete, path = "/api/v1/docs/{id}/access/{user}",
     params(("id" = i64, Path), ("user" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 204), (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)))]
+    responses((status = 422, body = Problem, content_type = "application/problem+json", description = "Idempotency-Key reused for a different request"), (status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 204), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn delete_access(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path((id, user)): Path<(i64, String)>,
+    ApiPath((id, user)): ApiPath<(i64, String)>,
 ) -> ApiResult<StatusCode> {
     let doc = doc_for(&app, &principal, id, Permission::Admin).await?;
     app.api.set_role(id, &user, None).await?;
@@ -604,9 +606,12 @@ async fn role_changed(app: &AppState, name: &str, user: &str) {
 
 /// A user's profile.
 #[utoipa::path(get, path = "/api/v1/users/{id}", params(("id" = String, Path)),
-    responses((status = 200, body = UserProfile, headers(("ETag" = String))),
-        (status = 401, body = Problem), (status = 404, body = Problem)))]
-async fn get_user(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+    responses((status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = UserProfile, headers(("ETag" = String))),
+        (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+async fn get_user(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Response> {
     let user = app
         .api
         .get_user(&id)
@@ -618,16 +623,16 @@ async fn get_user(State(app): State<AppState>, Path(id): Path<String>) -> ApiRes
 /// Change a profile (your own, or anyone's as an administrator). Requires `If-Match`.
 #[utoipa::path(patch, path = "/api/v1/users/{id}", request_body = UserPatch,
     params(("id" = String, Path), ("If-Match" = String, Header), ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 200, body = UserProfile, headers(("ETag" = String))),
-        (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem),
-        (status = 404, body = Problem), (status = 412, body = Problem), (status = 422, body = Problem),
-        (status = 428, body = Problem)))]
+    responses((status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 415, body = Problem, content_type = "application/problem+json", description = "not JSON"), (status = 200, body = UserProfile, headers(("ETag" = String))),
+        (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 412, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 422, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 428, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn patch_user(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     headers: HeaderMap,
-    Json(patch): Json<UserPatch>,
+    ApiJson(patch): ApiJson<UserPatch>,
 ) -> ApiResult<Response> {
     if principal.user != id && !principal.is_admin() {
         return Err(ApiError::forbidden(
@@ -644,7 +649,7 @@ async fn patch_user(
 
 /// The caller's own profile (created empty on first use).
 #[utoipa::path(get, path = "/api/v1/me",
-    responses((status = 200, body = UserProfile, headers(("ETag" = String))), (status = 401, body = Problem)))]
+    responses((status = 200, body = UserProfile, headers(("ETag" = String))), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn get_me(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -674,12 +679,12 @@ pub struct IssuedToken {
 /// Issue a token (administrators: the admin key or an admin token for `*`).
 #[utoipa::path(post, path = "/api/v1/tokens", request_body = IssueToken,
     params(("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 201, body = IssuedToken), (status = 400, body = Problem),
-        (status = 401, body = Problem), (status = 403, body = Problem), (status = 422, body = Problem)))]
+    responses((status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 415, body = Problem, content_type = "application/problem+json", description = "not JSON"), (status = 201, body = IssuedToken), (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 422, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn issue_token(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Json(body): Json<IssueToken>,
+    ApiJson(body): ApiJson<IssueToken>,
 ) -> ApiResult<Response> {
     if !principal.is_admin() {
         return Err(ApiError::forbidden("issuing tokens requires the admin key"));
@@ -717,12 +722,12 @@ pub struct RevokeRequest {
 /// 4403 within a second.
 #[utoipa::path(post, path = "/api/v1/tokens/revoke", request_body = RevokeRequest,
     params(("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 200, body = Revocation), (status = 400, body = Problem),
-        (status = 401, body = Problem), (status = 403, body = Problem), (status = 422, body = Problem)))]
+    responses((status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 415, body = Problem, content_type = "application/problem+json", description = "not JSON"), (status = 200, body = Revocation), (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
+        (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 422, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn revoke(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Json(body): Json<RevokeRequest>,
+    ApiJson(body): ApiJson<RevokeRequest>,
 ) -> ApiResult<Json<Revocation>> {
     if !principal.is_admin() {
         return Err(ApiError::forbidden("revoking requires the admin key"));
@@ -762,11 +767,11 @@ pub struct OutboxParams {
 
 /// The webhook outbox and dead-letter table (administrators).
 #[utoipa::path(get, path = "/api/v1/admin/outbox", params(OutboxParams),
-    responses((status = 200, body = OutboxView), (status = 401, body = Problem), (status = 403, body = Problem)))]
+    responses((status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = OutboxView), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
 async fn admin_outbox(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    Query(p): Query<OutboxParams>,
+    ApiQuery(p): ApiQuery<OutboxParams>,
 ) -> ApiResult<Json<OutboxView>> {
     if !principal.is_admin() {
         return Err(ApiError::forbidden("administrators only"));

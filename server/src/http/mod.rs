@@ -3,6 +3,7 @@
 
 pub mod api;
 mod error;
+mod extract;
 mod idempotency;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -21,6 +22,16 @@ use crate::AppState;
 
 pub fn router(app: AppState) -> Router {
     let api = api::routes()
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not-found", "no such API route")
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "this route does not take that method",
+            )
+        })
         .layer(middleware::from_fn_with_state(
             app.clone(),
             idempotency::idempotency,
