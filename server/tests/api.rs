@@ -530,9 +530,28 @@ async fn tokens_scope_sockets_and_api_calls() {
     .expect("request");
     assert!(tokio_tungstenite::connect_async(req).await.is_ok());
 
+    // The token as a WebSocket subprotocol (what browsers can send): "quire" is selected.
+    let req = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+        server.url("doc-a"),
+    )
+    .map(|mut r| {
+        r.headers_mut().insert(
+            "sec-websocket-protocol",
+            format!("quire, {for_a}").parse().expect("header"),
+        );
+        r
+    })
+    .expect("request");
+    let (_, resp) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("subprotocol token");
+    assert_eq!(resp.headers()["sec-websocket-protocol"], "quire");
+
     // API: no token 401, read token can read but not patch, admin key issues tokens.
-    let none = http.get(api(&server, "/docs")).send().await.expect("get");
-    assert_eq!(none.status(), StatusCode::UNAUTHORIZED);
+    for path in ["/docs", "/openapi.json", "/me"] {
+        let none = http.get(api(&server, path)).send().await.expect("get");
+        assert_eq!(none.status(), StatusCode::UNAUTHORIZED, "{path}");
+    }
     let issued: Value = http
         .post(api(&server, "/tokens"))
         .bearer_auth(ADMIN)
@@ -692,6 +711,37 @@ async fn changing_a_role_closes_open_sockets_and_takes_effect_on_reconnect() {
     assert_eq!(
         access,
         json!([{"user": "dee", "role": "viewer"}, {"user": "owner", "role": "owner"}])
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn idempotency_keys_expire() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.idempotency_ttl = Duration::from_millis(200);
+    let server = TestServer::start(cfg).await;
+    let http = reqwest::Client::new();
+    let post = |name: &str| {
+        http.post(api(&server, "/docs"))
+            .header("idempotency-key", "short-lived")
+            .json(&json!({ "name": name }))
+            .send()
+    };
+    assert_eq!(
+        post("one").await.expect("post").status(),
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        post("two").await.expect("post").status(),
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "reused within the TTL"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        post("two").await.expect("post").status(),
+        StatusCode::CREATED,
+        "an expired key is free again"
     );
     server.stop().await;
 }

@@ -161,3 +161,48 @@ async fn sigterm_commits_closes_with_1001_and_exits_cleanly() {
     );
     server.signal("TERM");
 }
+
+#[test]
+fn token_issue_prints_a_token_the_server_accepts_and_revoke_records_it() {
+    let key = "cli:0123456789abcdef0123";
+    let out = quire()
+        .args([
+            "token",
+            "issue",
+            "--auth-key",
+            key,
+            "--user",
+            "ann",
+            "--doc",
+            "notes/*",
+        ])
+        .args(["--permission", "write", "--ttl", "10m"])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let auth = quire_server::auth::Auth::new(&[key.into()], None).expect("key");
+    let p = auth
+        .verify(&token, quire_server::auth::now_secs())
+        .expect("valid token");
+    assert_eq!(p.user, "ann");
+    assert_eq!(p.doc_pattern, "notes/*");
+    assert_eq!(p.perm, quire_server::auth::Permission::Write);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = format!("sqlite://{}", dir.path().join("t.db").display());
+    let out = quire()
+        .args(["token", "revoke", "--user", "ann", "--database", &db])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("revocation 1 recorded"));
+}

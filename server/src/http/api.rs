@@ -55,6 +55,7 @@ pub fn routes() -> Router<AppState> {
         .route("/tokens", post(issue_token))
         .route("/tokens/revoke", post(revoke))
         .route("/admin/outbox", get(admin_outbox))
+        .route("/openapi.json", get(openapi_json))
 }
 
 #[derive(OpenApi)]

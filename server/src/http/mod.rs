@@ -41,7 +41,6 @@ pub fn router(app: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/api/v1/openapi.json", get(api::openapi_json))
         .nest("/api/v1", api)
         .fallback(document_socket)
         .with_state(app)
