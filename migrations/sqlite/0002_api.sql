@@ -34,8 +34,8 @@ CREATE TABLE idempotency_keys (
     request_hash    TEXT    NOT NULL,
     response_status INTEGER,
     response_body   BLOB,
-    response_type   TEXT,
-    response_etag   TEXT,
+    -- JSON list of [name, value] pairs replayed with the body (content-type, etag, location).
+    response_headers TEXT,
     created_at      INTEGER NOT NULL,
     PRIMARY KEY (principal, key)
 ) WITHOUT ROWID;

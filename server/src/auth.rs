@@ -70,6 +70,8 @@ pub struct Claims {
 pub struct Principal {
     pub user: String,
     pub token_id: Option<String>,
+    /// Issue time of the token (seconds); 0 for the admin key and open mode.
+    pub issued_at: i64,
     pub doc_pattern: String,
     pub perm: Permission,
 }
@@ -80,8 +82,18 @@ impl Principal {
         Principal {
             user: user.to_owned(),
             token_id: None,
+            issued_at: 0,
             doc_pattern: "*".to_owned(),
             perm: Permission::Admin,
+        }
+    }
+
+    /// Who owns an idempotency key: token holders by user, the admin key and open mode apart
+    /// from any token whose subject happens to share their name.
+    pub fn scope(&self) -> String {
+        match &self.token_id {
+            Some(_) => format!("user:{}", self.user),
+            None => format!("key:{}", self.user),
         }
     }
 
@@ -230,23 +242,28 @@ impl Auth {
         if c.exp <= now {
             return Err(AuthError::Expired);
         }
-        {
-            let revoked = self.revoked.read().unwrap_or_else(|p| p.into_inner());
-            if revoked.tokens.contains(&c.jti) {
-                return Err(AuthError::Revoked);
-            }
-            if let Some(at) = revoked.users.get(&c.sub) {
-                if c.iat * 1000 <= *at {
-                    return Err(AuthError::Revoked);
-                }
-            }
+        if self.is_revoked(&c.jti, &c.sub, c.iat) {
+            return Err(AuthError::Revoked);
         }
         Ok(Principal {
+            issued_at: c.iat,
             user: c.sub,
             token_id: Some(c.jti),
             doc_pattern: c.doc,
             perm: c.perm,
         })
+    }
+
+    /// Whether a token (by id, or its user's tokens issued up to a user revocation) is revoked.
+    /// A user revocation also voids tokens issued later within the same second (`iat` has
+    /// second precision).
+    pub fn is_revoked(&self, token_id: &str, user: &str, issued_at: i64) -> bool {
+        let revoked = self.revoked.read().unwrap_or_else(|p| p.into_inner());
+        revoked.tokens.contains(token_id)
+            || revoked
+                .users
+                .get(user)
+                .is_some_and(|at| issued_at * 1000 <= *at)
     }
 
     /// Records a revocation read from the database.
@@ -356,6 +373,7 @@ mod tests {
         let p = Principal {
             user: "ann".into(),
             token_id: None,
+            issued_at: 0,
             doc_pattern: "d*".into(),
             perm: Permission::Write,
         };

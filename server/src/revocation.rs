@@ -22,15 +22,16 @@ pub async fn apply(app: &AppState, r: &Revocation) {
         r.token_id.clone().map(PeerFilter::Token),
         r.user_id.clone().map(PeerFilter::User),
     ];
+    // Each room gets its order on its own task: one busy room must not delay the others.
     for room in app.registry.all() {
         for filter in filters.iter().flatten() {
-            let _ = room
-                .command(RoomCmd::Close {
-                    filter: filter.clone(),
-                    reason: CloseReason::new(close::FORBIDDEN, "access revoked"),
-                    unload: false,
-                })
-                .await;
+            let cmd = RoomCmd::Close {
+                filter: filter.clone(),
+                reason: CloseReason::new(close::FORBIDDEN, "access revoked"),
+                unload: false,
+            };
+            let room = room.clone();
+            tokio::spawn(async move { room.command(cmd).await });
         }
     }
 }

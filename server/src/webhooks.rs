@@ -104,7 +104,7 @@ async fn deliver(
         let attempts = event.attempts + 1;
         if attempts >= i64::from(config.max_attempts) {
             tracing::warn!(event = %event.event_id, %error, "event dead after {attempts} attempts");
-            api.event_dead(event.id, &error, now).await
+            api.event_dead(event.id, event.revision, &error, now).await
         } else {
             let wait = backoff(
                 config.backoff,

@@ -108,6 +108,8 @@ async fn serve_inner(
     auth: PeerAuth,
     app: &AppState,
 ) -> CloseReason {
+    let token = auth.token_id.clone().zip(auth.user.clone());
+    let issued_at = auth.issued_at;
     let (room, mut out_rx, mut kill_rx) = match join(
         &app.registry,
         name,
@@ -123,6 +125,16 @@ async fn serve_inner(
             return reason;
         }
     };
+    // A revocation applied between the token check and the join missed this peer in the room
+    // (revocations update the in-memory set before they tell the rooms), so look again.
+    if let Some((token_id, user)) = token {
+        if app.auth.is_revoked(&token_id, &user, issued_at) {
+            room.leave(peer).await;
+            let reason = CloseReason::new(close::FORBIDDEN, "access revoked");
+            send_close(&mut socket, &reason).await;
+            return reason;
+        }
+    }
     let (mut sink, mut stream) = socket.split();
     // Milliseconds since `opened` at which the last frame arrived (shared by both halves).
     let opened = Instant::now();

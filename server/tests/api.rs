@@ -745,3 +745,100 @@ async fn idempotency_keys_expire() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn scopes_hold_at_the_edges() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(secured(dir.path())).await;
+    let http = reqwest::Client::new();
+
+    // A read-only token cannot create a document by opening it.
+    let reader = token("ro", "*", Permission::Read);
+    let err = tokio_tungstenite::connect_async(format!("{}?token={reader}", server.url("fresh")))
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("404"), "{err}");
+
+    // `*` is not allowed in names: a token for "notes*" is a pattern, never one document.
+    let star = http
+        .post(api(&server, "/docs"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"name": "notes*"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(star.status(), StatusCode::BAD_REQUEST);
+
+    // A token whose subject is "admin" does not share the admin key's idempotency keys.
+    let body = json!({"user": "x", "doc": "*", "permission": "admin"});
+    let by_key = http
+        .post(api(&server, "/tokens"))
+        .bearer_auth(ADMIN)
+        .header("idempotency-key", "same")
+        .json(&body)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(by_key.status(), StatusCode::CREATED);
+    let impostor = token("admin", "d", Permission::Read);
+    let by_token = http
+        .post(api(&server, "/tokens"))
+        .bearer_auth(&impostor)
+        .header("idempotency-key", "same")
+        .json(&body)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(
+        by_token.status(),
+        StatusCode::FORBIDDEN,
+        "no replay of the admin's token"
+    );
+
+    // Moving ownership moves the owner role.
+    let ann = token("ann", "*", Permission::Admin);
+    let doc: Value = http
+        .post(api(&server, "/docs"))
+        .bearer_auth(&ann)
+        .json(&json!({"name": "handover"}))
+        .send()
+        .await
+        .expect("post")
+        .json()
+        .await
+        .expect("json");
+    let id = doc["id"].as_i64().expect("id");
+    let moved = http
+        .patch(api(&server, &format!("/docs/{id}")))
+        .bearer_auth(&ann)
+        .header("if-match", "\"1\"")
+        .json(&json!({"owner": "bo"}))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(moved.status(), StatusCode::OK);
+    let access: Value = http
+        .get(api(&server, &format!("/docs/{id}/access")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        access,
+        json!([{"user": "ann", "role": "editor"}, {"user": "bo", "role": "owner"}])
+    );
+    // A weak validator does not satisfy If-Match.
+    let weak = http
+        .patch(api(&server, &format!("/docs/{id}")))
+        .bearer_auth(ADMIN)
+        .header("if-match", "W/\"2\"")
+        .json(&json!({"title": "w"}))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(weak.status(), StatusCode::PRECONDITION_FAILED);
+    server.stop().await;
+}

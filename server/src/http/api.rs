@@ -120,8 +120,12 @@ fn if_match(headers: &HeaderMap) -> ApiResult<i64> {
             "send If-Match with the ETag of the version you read",
         )
     })?;
+    // If-Match compares strongly: a weak validator (W/"3") or `*` names no version.
     let text = value.to_str().unwrap_or("").trim();
-    let text = text.strip_prefix("W/").unwrap_or(text).trim_matches('"');
+    let text = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or("");
     text.parse().map_err(|_| {
         ApiError::new(
             StatusCode::PRECONDITION_FAILED,
@@ -357,6 +361,7 @@ async fn patch_doc(
     let expected = if_match(&headers)?;
     match app.api.update_doc(id, expected, &patch).await? {
         Versioned::Updated(doc) => Ok(with_etag(StatusCode::OK, &doc, doc.version)),
+        Versioned::Stale(doc) if doc.deleted_at.is_some() => Err(live_err()),
         Versioned::Stale(doc) => Err(ApiError::stale(&doc, doc.version)),
         Versioned::NotFound => Err(ApiError::not_found("document")),
     }

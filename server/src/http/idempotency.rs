@@ -27,6 +27,9 @@ const MAX_KEY_LEN: usize = 255;
 /// How long a repeat waits for the first request with its key to finish.
 const WAIT_FOR_FIRST: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(25);
+/// Response headers stored with the body and replayed.
+const REPLAYED_HEADERS: [header::HeaderName; 3] =
+    [header::CONTENT_TYPE, header::ETAG, header::LOCATION];
 
 pub async fn idempotency(
     State(app): State<AppState>,
@@ -85,7 +88,7 @@ pub async fn idempotency(
         let now = now_ms();
         let claim = match app
             .api
-            .idem_claim(&principal.user, &key, &hash, now, now - ttl_ms)
+            .idem_claim(&principal.scope(), &key, &hash, now, now - ttl_ms)
             .await
         {
             Ok(c) => c,
@@ -93,8 +96,16 @@ pub async fn idempotency(
         };
         match claim {
             IdemClaim::Started => {
+                // On its own task: if the client goes away, the request still finishes and its
+                // response is stored, instead of leaving the key "in progress" until it expires.
                 let req = Request::from_parts(parts, Body::from(body));
-                return run_and_store(&app, &principal.user, &key, next, req).await;
+                let scope = principal.scope();
+                let app = app.clone();
+                let task =
+                    tokio::spawn(async move { run_and_store(&app, &scope, &key, next, req).await });
+                return task
+                    .await
+                    .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
             }
             IdemClaim::Replay(stored) => return replay(stored),
             IdemClaim::Mismatch => {
@@ -136,21 +147,20 @@ async fn run_and_store(
             return StatusCode::INTERNAL_SERVER_ERROR.into_response();
         }
     };
-    let header = |name| {
-        parts
-            .headers
-            .get(name)
-            .and_then(|v: &HeaderValue| v.to_str().ok())
-            .map(str::to_owned)
-    };
     if parts.status.is_server_error() {
         // Not an answer to remember: a retry should run again.
         let _ = app.api.idem_abandon(principal, key).await;
     } else {
+        let headers = REPLAYED_HEADERS
+            .iter()
+            .filter_map(|name| {
+                let v = parts.headers.get(name)?.to_str().ok()?;
+                Some((name.as_str().to_owned(), v.to_owned()))
+            })
+            .collect();
         let stored = StoredResponse {
             status: parts.status.as_u16(),
-            content_type: header(header::CONTENT_TYPE),
-            etag: header(header::ETAG),
+            headers,
             body: body.to_vec(),
         };
         if let Err(e) = app.api.idem_finish(principal, key, &stored).await {
@@ -164,12 +174,12 @@ fn replay(stored: StoredResponse) -> Response {
     let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     let mut resp = (status, stored.body).into_response();
     let headers = resp.headers_mut();
-    for (name, value) in [
-        (header::CONTENT_TYPE, stored.content_type),
-        (header::ETAG, stored.etag),
-    ] {
-        if let Some(v) = value.and_then(|v| HeaderValue::from_str(&v).ok()) {
-            headers.insert(name, v);
+    for (name, value) in stored.headers {
+        if let (Ok(n), Ok(v)) = (
+            header::HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            headers.insert(n, v);
         }
     }
     headers.insert("idempotent-replayed", HeaderValue::from_static("true"));

@@ -176,16 +176,22 @@ async fn socket_permission(
     principal: &Principal,
     name: &DocName,
 ) -> Result<PeerAuth, ApiError> {
-    let role = match app.api.get_doc_by_name(name.as_str()).await? {
+    let existing = app.api.get_doc_by_name(name.as_str()).await?;
+    let role = match &existing {
         Some(doc) => app.api.get_role(doc.id, &principal.user).await?,
         None => None,
     };
     let perm = principal
         .permission_on(name.as_str(), role)
         .ok_or_else(|| ApiError::forbidden("the token does not cover this document"))?;
+    // Opening an unknown name creates the document: that takes write permission.
+    if existing.is_none() && perm < Permission::Write {
+        return Err(ApiError::not_found("document"));
+    }
     Ok(PeerAuth {
         user: Some(principal.user.as_str().into()),
         token_id: principal.token_id.as_deref().map(Into::into),
+        issued_at: principal.issued_at,
         can_write: perm >= Permission::Write,
     })
 }

@@ -22,7 +22,8 @@ pub use registry::Registry;
 /// Identifies one WebSocket connection within the process.
 pub type PeerId = u64;
 
-/// A validated document name: 1 to 255 bytes of UTF-8 without control characters.
+/// A validated document name: 1 to 255 bytes of UTF-8 without control characters or `*` (a
+/// token's document claim ending in `*` is a prefix pattern, so names cannot contain it).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DocName(Arc<str>);
 
@@ -39,6 +40,8 @@ pub enum DocNameError {
     Control,
     #[error("document name is not valid UTF-8 once URL-decoded")]
     NotUtf8,
+    #[error("document name contains `*`, which tokens use for patterns")]
+    Star,
 }
 
 impl DocName {
@@ -52,6 +55,9 @@ impl DocName {
         }
         if name.chars().any(char::is_control) {
             return Err(DocNameError::Control);
+        }
+        if name.contains('*') {
+            return Err(DocNameError::Star);
         }
         Ok(DocName(Arc::from(name)))
     }
@@ -97,6 +103,8 @@ impl CloseReason {
 pub struct PeerAuth {
     pub user: Option<Arc<str>>,
     pub token_id: Option<Arc<str>>,
+    /// The token's issue time (seconds), to re-check revocations after joining.
+    pub issued_at: i64,
     /// False for read-only peers: their updates are refused with an Auth message.
     pub can_write: bool,
 }
@@ -250,6 +258,7 @@ mod tests {
         assert_eq!(DocName::from_url_path("/"), Err(DocNameError::Empty));
         assert_eq!(DocName::from_url_path("/a%0Ab"), Err(DocNameError::Control));
         assert_eq!(DocName::from_url_path("/%FF"), Err(DocNameError::NotUtf8));
+        assert_eq!(DocName::from_url_path("/notes*"), Err(DocNameError::Star));
         let long = format!("/{}", "x".repeat(256));
         assert_eq!(DocName::from_url_path(&long), Err(DocNameError::TooLong));
         let ok = "é".repeat(127); // 254 bytes

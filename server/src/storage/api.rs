@@ -105,8 +105,8 @@ pub enum IdemClaim {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     pub status: u16,
-    pub content_type: Option<String>,
-    pub etag: Option<String>,
+    /// Headers replayed with the body, as (name, value).
+    pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
 }
 
@@ -242,8 +242,14 @@ pub trait ApiStore: Send + Sync + 'static {
         next_attempt_at: i64,
         error: &str,
     ) -> Result<(), StorageError>;
-    /// Moves an event to the dead-letter table.
-    async fn event_dead(&self, id: i64, error: &str, now: i64) -> Result<(), StorageError>;
+    /// Moves an event to the dead-letter table, unless a fold gave it a new revision meanwhile.
+    async fn event_dead(
+        &self,
+        id: i64,
+        revision: i64,
+        error: &str,
+        now: i64,
+    ) -> Result<(), StorageError>;
     async fn list_outbox(&self, limit: u32) -> Result<Vec<OutboxEvent>, StorageError>;
     async fn list_dead(&self, limit: u32) -> Result<Vec<DeadEvent>, StorageError>;
 }

@@ -369,7 +369,8 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
                      FROM documents WHERE id = ? \
                      ON CONFLICT (coalesce_key) WHERE status = 'pending' DO UPDATE SET \
                        payload = excluded.payload, event_id = excluded.event_id, \
-                       revision = revision + 1",
+                       revision = revision + 1, delivered_urls = '[]', attempts = 0, \
+                       last_error = NULL",
                 )
                 .bind(uuid::Uuid::new_v4().to_string())
                 .bind(last_seq)

@@ -222,19 +222,46 @@ impl ApiStore for SqliteStore {
         expected_version: i64,
         patch: &DocPatch,
     ) -> Result<Versioned<DocMeta>, StorageError> {
-        let done = sqlx::query(
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&format!(
             "UPDATE documents SET title = COALESCE(?, title), owner = COALESCE(?, owner), \
              version = version + 1, updated_at = ? \
-             WHERE id = ? AND version = ? AND deleted_at IS NULL",
-        )
+             WHERE id = ? AND version = ? AND deleted_at IS NULL RETURNING {DOC_COLUMNS}"
+        ))
         .bind(&patch.title)
         .bind(&patch.owner)
-        .bind(now_ms())
+        .bind(now)
         .bind(id)
         .bind(expected_version)
-        .execute(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
-        self.doc_versioned(id, done.rows_affected() == 1).await
+        let Some(row) = row else {
+            drop(tx);
+            return self.doc_versioned(id, false).await;
+        };
+        let doc = doc_row(&row)?;
+        if let Some(owner) = &patch.owner {
+            // Ownership moves: the new owner gets the role, any other owner becomes an editor.
+            sqlx::query(
+                "UPDATE document_access SET role = 'editor' \
+                 WHERE doc_id = ? AND role = 'owner' AND user_id <> ?",
+            )
+            .bind(id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO document_access (doc_id, user_id, role) VALUES (?, ?, 'owner') \
+                 ON CONFLICT (doc_id, user_id) DO UPDATE SET role = 'owner'",
+            )
+            .bind(id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Versioned::Updated(doc))
     }
 
     async fn delete_doc(&self, id: DocId) -> Result<Versioned<DocMeta>, StorageError> {
@@ -266,15 +293,19 @@ impl ApiStore for SqliteStore {
     }
 
     async fn restore_doc(&self, id: DocId) -> Result<Versioned<DocMeta>, StorageError> {
-        let done = sqlx::query(
+        let now = now_ms();
+        let row = sqlx::query(&format!(
             "UPDATE documents SET deleted_at = NULL, version = version + 1, updated_at = ? \
-             WHERE id = ? AND deleted_at IS NOT NULL",
-        )
-        .bind(now_ms())
+             WHERE id = ? AND deleted_at IS NOT NULL RETURNING {DOC_COLUMNS}"
+        ))
+        .bind(now)
         .bind(id)
-        .execute(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
-        self.doc_versioned(id, done.rows_affected() == 1).await
+        match row {
+            Some(row) => Ok(Versioned::Updated(doc_row(&row)?)),
+            None => self.doc_versioned(id, false).await,
+        }
     }
 
     async fn get_user(&self, id: &str) -> Result<Option<UserProfile>, StorageError> {
@@ -428,7 +459,7 @@ impl ApiStore for SqliteStore {
             IdemClaim::Started
         } else {
             let row = sqlx::query(
-                "SELECT request_hash, response_status, response_body, response_type, response_etag \
+                "SELECT request_hash, response_status, response_body, response_headers \
                  FROM idempotency_keys WHERE principal = ? AND key = ?",
             )
             .bind(principal)
@@ -440,10 +471,12 @@ impl ApiStore for SqliteStore {
             if hash != request_hash {
                 IdemClaim::Mismatch
             } else if let Some(status) = status {
+                let headers: Option<String> = row.try_get("response_headers")?;
                 IdemClaim::Replay(StoredResponse {
                     status: u16::try_from(status).unwrap_or(500),
-                    content_type: row.try_get("response_type")?,
-                    etag: row.try_get("response_etag")?,
+                    headers: headers
+                        .and_then(|h| serde_json::from_str(&h).ok())
+                        .unwrap_or_default(),
                     body: row
                         .try_get::<Option<Vec<u8>>, _>("response_body")?
                         .unwrap_or_default(),
@@ -464,12 +497,11 @@ impl ApiStore for SqliteStore {
     ) -> Result<(), StorageError> {
         sqlx::query(
             "UPDATE idempotency_keys SET response_status = ?, response_body = ?, \
-             response_type = ?, response_etag = ? WHERE principal = ? AND key = ?",
+             response_headers = ? WHERE principal = ? AND key = ?",
         )
         .bind(i64::from(response.status))
         .bind(&response.body)
-        .bind(&response.content_type)
-        .bind(&response.etag)
+        .bind(serde_json::to_string(&response.headers).unwrap_or_else(|_| "[]".into()))
         .bind(principal)
         .bind(key)
         .execute(&self.pool)
@@ -585,21 +617,31 @@ impl ApiStore for SqliteStore {
         Ok(())
     }
 
-    async fn event_dead(&self, id: i64, error: &str, now: i64) -> Result<(), StorageError> {
+    async fn event_dead(
+        &self,
+        id: i64,
+        revision: i64,
+        error: &str,
+        now: i64,
+    ) -> Result<(), StorageError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
+        let moved = sqlx::query(
             "INSERT INTO outbox_dead (id, event_id, type, payload, attempts, last_error, created_at, died_at) \
-             SELECT id, event_id, type, payload, attempts + 1, ?, created_at, ? FROM outbox WHERE id = ?",
+             SELECT id, event_id, type, payload, attempts + 1, ?, created_at, ? FROM outbox \
+             WHERE id = ? AND revision = ?",
         )
         .bind(error)
         .bind(now)
         .bind(id)
+        .bind(revision)
         .execute(&mut *tx)
         .await?;
-        sqlx::query("DELETE FROM outbox WHERE id = ?")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        if moved.rows_affected() == 1 {
+            sqlx::query("DELETE FROM outbox WHERE id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         Ok(())
     }
