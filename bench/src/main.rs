@@ -1,13 +1,25 @@
-//! `quire-bench`: drives any y-websocket-compatible server and measures what clients see.
+//! `quire-bench`: drives y-websocket-compatible servers (and Hocuspocus) and measures what
+//! clients see. Every result is printed as a line of JSON (for `bench/report.py`) after a
+//! human-readable summary, with the generator's own CPU use beside it.
 //!
-//! Scenario `typing`: R rooms × C clients, each client sending small text updates at a fixed
-//! rate; every other client of the room measures delivery latency (send to receipt). With
-//! `--ack`, each update is followed by a durable-ack request (tag 102) and the echo latency is
-//! measured too (only servers that implement it answer). The generator is cheap by design:
-//! clients never apply what they receive; they decode only the update's state vector to find
-//! which send it was. Its own CPU use is printed beside the results.
+//! Scenarios:
+//! - `typing`: R rooms × C clients, W of them typing at a fixed rate; every other client of the
+//!   room records delivery latency. `--ack` adds a durable-ack request (tag 102) per update.
+//!   Fan-out is `typing --rooms 1 --clients N+1 --writers 1`.
+//! - `search`: repeated `typing` runs at rising rates; the highest with p99 under a bound and
+//!   every update delivered.
+//! - `idle`: N connections over R rooms, connected and synced, then idle: time to connect and
+//!   server RSS per connection.
+//! - `coldload`: replays the editing trace through one client (ingest rate), or (with
+//!   `--verify`) times a new client's sync to the stored document and checks its text.
+//!
+//! The generator is cheap by design: clients never apply what they receive; they decode only
+//! the update's block ids to find which send it was.
+
+mod wire;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,10 +29,10 @@ use bytes::Bytes;
 use clap::{Parser, Subcommand};
 use futures_util::{SinkExt, StreamExt};
 use hdrhistogram::Histogram;
-use quire_server::protocol::{self, Message};
+use quire_server::protocol;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
-use yrs::updates::decoder::Decode;
-use yrs::{Doc, ReadTxn, Text, Transact, Update};
+use wire::{Flavor, Incoming};
+use yrs::{Doc, GetString, ReadTxn, StateVector, Text, Transact};
 
 #[derive(Parser)]
 #[command(name = "quire-bench", about = "Load generator for y-websocket servers")]
@@ -31,40 +43,121 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Scenario {
-    /// R rooms × C clients typing at a fixed rate; delivery latency between clients.
+    /// Rooms × clients typing at a fixed rate; delivery latency between clients.
     Typing(TypingArgs),
+    /// The highest rate whose p99 delivery latency stays under a bound.
+    Search(SearchArgs),
+    /// Many idle connections: connect time and server RSS per connection.
+    Idle(IdleArgs),
+    /// The real editing trace through one client, or a new client's sync to it.
+    Coldload(ColdArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// Server URL (y-websocket: the room name is appended as a path segment)
+    #[arg(long, default_value = "ws://127.0.0.1:1234")]
+    url: String,
+    #[arg(long, value_enum, default_value = "y-websocket")]
+    flavor: Flavor,
+    /// PID of the server, to report its CPU time and RSS
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// Label printed with the results (the server's name)
+    #[arg(long, default_value = "server")]
+    label: String,
+    /// Prefix of room names (use a fresh one per run)
+    #[arg(long, default_value = "bench")]
+    prefix: String,
 }
 
 #[derive(clap::Args, Clone)]
 struct TypingArgs {
-    /// Server URL; the room name is appended as a path segment
-    #[arg(long, default_value = "ws://127.0.0.1:1234")]
-    url: String,
+    #[command(flatten)]
+    common: Common,
     #[arg(long, default_value_t = 200)]
     rooms: usize,
     #[arg(long, default_value_t = 4)]
     clients: usize,
-    /// Updates per second per client
+    /// Clients per room that type (the others only read); default all
+    #[arg(long)]
+    writers: Option<usize>,
+    /// Updates per second per typing client
     #[arg(long, default_value_t = 5.0)]
     rate: f64,
-    /// Measured duration
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     duration: Duration,
     /// Unmeasured time after connecting, before measuring
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     warmup: Duration,
-    /// Also request a durable acknowledgement (tag 102) after each update
+    /// Also request a durable acknowledgement (tag 102) after each update (Quire only)
     #[arg(long)]
     ack: bool,
-    /// PID of the server, to report its CPU time over the measured period
+}
+
+#[derive(clap::Args, Clone)]
+struct SearchArgs {
+    #[command(flatten)]
+    typing: TypingArgs,
+    /// p99 delivery latency bound, milliseconds
+    #[arg(long, default_value_t = 50.0)]
+    p99_ms: f64,
+    /// Rate multiplier between steps
+    #[arg(long, default_value_t = 1.5)]
+    step: f64,
+    /// Most steps
+    #[arg(long, default_value_t = 12)]
+    steps: usize,
+}
+
+#[derive(clap::Args, Clone)]
+struct IdleArgs {
+    #[command(flatten)]
+    common: Common,
+    #[arg(long, default_value_t = 2000)]
+    conns: usize,
+    #[arg(long, default_value_t = 500)]
+    rooms: usize,
+    /// Connections opened at once
+    #[arg(long, default_value_t = 64)]
+    parallel: usize,
+    /// How long to hold the connections before measuring
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    settle: Duration,
+}
+
+#[derive(clap::Args, Clone)]
+struct ColdArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The editing trace (gzipped JSON: edits and finalText)
+    #[arg(long, default_value = "../shared/data/editing-trace.json.gz")]
+    trace: PathBuf,
+    /// Instead of ingesting: time a new client's sync and check its text
     #[arg(long)]
-    server_pid: Option<u32>,
-    /// Prefix of room names (use a fresh one per run)
-    #[arg(long, default_value = "bench")]
-    prefix: String,
-    /// Label printed with the results (e.g. the server's name)
-    #[arg(long, default_value = "server")]
-    label: String,
+    verify: bool,
+    /// Edits per frame... one update per message, this many messages per write batch
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().scenario {
+        Scenario::Typing(args) => {
+            let r = typing(&args).await?;
+            r.print();
+        }
+        Scenario::Search(args) => search(args).await?,
+        Scenario::Idle(args) => idle(args).await?,
+        Scenario::Coldload(args) => coldload(args).await?,
+    }
+    Ok(())
+}
+
+fn histogram() -> Histogram<u64> {
+    // Microseconds, up to 60 s, 3 significant digits.
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("static histogram bounds are valid")
 }
 
 /// Send times of updates, keyed by (client id, start clock of the insert).
@@ -87,36 +180,110 @@ impl Shared {
     }
 }
 
-fn histogram() -> Histogram<u64> {
-    // Microseconds, up to 60 s, 3 significant digits.
-    Histogram::new_with_bounds(1, 60_000_000, 3)
-        .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!()))
+struct TypingResult {
+    label: String,
+    rooms: usize,
+    clients: usize,
+    writers: usize,
+    rate: f64,
+    secs: f64,
+    sent: u64,
+    delivered: u64,
+    expected: u64,
+    errors: u64,
+    connect: Duration,
+    lat: Histogram<u64>,
+    ack: Option<(u64, Histogram<u64>)>,
+    bench_cpu: f64,
+    server_cpu: Option<f64>,
+    server_rss_kib: Option<u64>,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    match Cli::parse().scenario {
-        Scenario::Typing(args) => typing(args).await,
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+impl TypingResult {
+    fn p99(&self) -> f64 {
+        ms(self.lat.value_at_quantile(0.99))
+    }
+
+    fn complete(&self) -> bool {
+        self.expected > 0 && self.delivered >= self.expected && self.errors == 0
+    }
+
+    fn print(&self) {
+        println!(
+            "{} typing: {} rooms x {} clients ({} typing) at {}/s for {:.0}s",
+            self.label, self.rooms, self.clients, self.writers, self.rate, self.secs
+        );
+        println!("  connected in {:.2?}", self.connect);
+        println!(
+            "  updates sent {} ({:.0}/s), deliveries {}/{} ({:.0}/s), errors {}",
+            self.sent,
+            self.sent as f64 / self.secs,
+            self.delivered,
+            self.expected,
+            self.delivered as f64 / self.secs,
+            self.errors
+        );
+        println!(
+            "  delivery latency ms: p50 {:.2}  p99 {:.2}  p99.9 {:.2}  max {:.2}",
+            ms(self.lat.value_at_quantile(0.5)),
+            self.p99(),
+            ms(self.lat.value_at_quantile(0.999)),
+            ms(self.lat.max())
+        );
+        if let Some((n, h)) = &self.ack {
+            println!(
+                "  durable ack ms ({n} acks): p50 {:.2}  p99 {:.2}  max {:.2}",
+                ms(h.value_at_quantile(0.5)),
+                ms(h.value_at_quantile(0.99)),
+                ms(h.max())
+            );
+        }
+        println!("  load generator CPU: {:.2} s", self.bench_cpu);
+        if let Some(cpu) = self.server_cpu {
+            println!(
+                "  server CPU: {cpu:.2} s, {:.3} s per 1,000 updates; RSS {} KiB",
+                cpu / (self.sent.max(1) as f64 / 1000.0),
+                self.server_rss_kib.unwrap_or(0)
+            );
+        }
+        let json = serde_json::json!({
+            "scenario": "typing", "label": self.label, "rooms": self.rooms,
+            "clients": self.clients, "writers": self.writers, "rate": self.rate,
+            "offered_per_s": self.rate * (self.rooms * self.writers) as f64,
+            "sent": self.sent, "delivered": self.delivered, "expected": self.expected,
+            "errors": self.errors, "complete": self.complete(),
+            "p50_ms": ms(self.lat.value_at_quantile(0.5)), "p99_ms": self.p99(),
+            "max_ms": ms(self.lat.max()),
+            "ack_p50_ms": self.ack.as_ref().map(|(_, h)| ms(h.value_at_quantile(0.5))),
+            "ack_p99_ms": self.ack.as_ref().map(|(_, h)| ms(h.value_at_quantile(0.99))),
+            "bench_cpu_s": self.bench_cpu, "server_cpu_s": self.server_cpu,
+            "server_cpu_per_1k": self.server_cpu.map(|c| c / (self.sent.max(1) as f64 / 1000.0)),
+            "server_rss_kib": self.server_rss_kib,
+        });
+        println!("{json}");
     }
 }
 
-async fn typing(args: TypingArgs) -> anyhow::Result<()> {
+async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
+    let c = &args.common;
+    let writers = args.writers.unwrap_or(args.clients).min(args.clients);
     let cpu_start = own_cpu_seconds();
     let connect_started = Instant::now();
-    let total = args.rooms * args.clients;
-    let mut sockets = Vec::with_capacity(total);
-    // Connect in small waves so the accept queue does not overflow.
+    let mut sockets = Vec::with_capacity(args.rooms * args.clients);
     for room in 0..args.rooms {
+        let doc = format!("{}-{room}", c.prefix);
         for client in 0..args.clients {
-            let url = format!("{}/{}-{room}", args.url.trim_end_matches('/'), args.prefix);
-            // TCP_NODELAY, as browsers do for WebSockets.
-            let (ws, _) = tokio_tungstenite::connect_async_with_config(&url, None, true)
+            let ws = wire::connect(&c.url, &doc, c.flavor)
                 .await
-                .with_context(|| format!("connect {url}"))?;
-            sockets.push((room, client, ws));
+                .with_context(|| format!("connect {} {doc}", c.url))?;
+            sockets.push((room, client, doc.clone(), ws));
         }
     }
-    let connect_time = connect_started.elapsed();
+    let connect = connect_started.elapsed();
     let start = Instant::now() + args.warmup;
     let shared = Arc::new(Shared {
         measuring_from: start,
@@ -132,90 +299,124 @@ async fn typing(args: TypingArgs) -> anyhow::Result<()> {
         .map(|_| Arc::new(Mutex::new(HashMap::new())))
         .collect();
     let stop_at = start + args.duration + Duration::from_secs(2);
-    let server_cpu_start = args.server_pid.and_then(process_cpu_seconds);
-    let mut tasks = Vec::with_capacity(total);
-    for (i, (room, client, ws)) in sockets.into_iter().enumerate() {
+    let server_cpu_start = c.server_pid.and_then(process_cpu_seconds);
+    let mut tasks = Vec::with_capacity(sockets.len());
+    for (i, (room, client, doc, ws)) in sockets.into_iter().enumerate() {
         let shared = shared.clone();
         let times = room_maps[room].clone();
-        let args = args.clone();
-        let client_id = 1_000_000 + i as u64;
+        let plan = ClientPlan {
+            client_id: 1_000_000 + i as u64,
+            index: i,
+            writes: client < writers,
+            rate: args.rate,
+            ack: args.ack,
+            flavor: c.flavor,
+            doc,
+            stop_at,
+        };
         tasks.push(tokio::spawn(async move {
-            if let Err(e) =
-                run_client(ws, client_id, client, args, times, shared.clone(), stop_at).await
-            {
+            let id = plan.client_id;
+            if let Err(e) = run_client(ws, plan, times, shared.clone()).await {
                 shared.errors.fetch_add(1, Ordering::Relaxed);
-                eprintln!("client {client_id}: {e}");
+                eprintln!("client {id}: {e}");
             }
         }));
     }
     for t in tasks {
         let _ = t.await;
     }
-    let server_cpu = match (
-        args.server_pid.and_then(process_cpu_seconds),
-        server_cpu_start,
-    ) {
+    let server_cpu = match (c.server_pid.and_then(process_cpu_seconds), server_cpu_start) {
         (Some(end), Some(start)) => Some(end - start),
         _ => None,
     };
-    let own_cpu = own_cpu_seconds() - cpu_start;
-    report(&args, &shared, connect_time, own_cpu, server_cpu);
-    Ok(())
+    let sent = shared.sent.load(Ordering::Relaxed);
+    let ack = args.ack.then(|| {
+        (
+            shared.acks.load(Ordering::Relaxed),
+            shared
+                .ack_latency
+                .lock()
+                .map(|h| h.clone())
+                .unwrap_or_else(|_| histogram()),
+        )
+    });
+    Ok(TypingResult {
+        label: c.label.clone(),
+        rooms: args.rooms,
+        clients: args.clients,
+        writers,
+        rate: args.rate,
+        secs: args.duration.as_secs_f64(),
+        sent,
+        delivered: shared.delivered.load(Ordering::Relaxed),
+        expected: sent * (args.clients as u64 - 1),
+        errors: shared.errors.load(Ordering::Relaxed),
+        connect,
+        lat: shared
+            .latency
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_else(|_| histogram()),
+        ack,
+        bench_cpu: own_cpu_seconds() - cpu_start,
+        server_cpu,
+        server_rss_kib: c.server_pid.and_then(process_rss_kib),
+    })
+}
+
+struct ClientPlan {
+    client_id: u64,
+    index: usize,
+    writes: bool,
+    rate: f64,
+    ack: bool,
+    flavor: Flavor,
+    doc: String,
+    stop_at: Instant,
 }
 
 async fn run_client(
-    ws: tokio_tungstenite::WebSocketStream<
-        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
-    >,
-    client_id: u64,
-    index: usize,
-    args: TypingArgs,
+    ws: wire::Ws,
+    plan: ClientPlan,
     times: Arc<SendTimes>,
     shared: Arc<Shared>,
-    stop_at: Instant,
 ) -> anyhow::Result<()> {
     let (mut sink, mut stream) = ws.split();
-    let doc = Doc::with_client_id(client_id);
+    let doc = Doc::with_client_id(plan.client_id);
     let text = doc.get_or_insert_text("text");
-    sink.send(WsMessage::Binary(protocol::encode_step1(
-        &Default::default(),
-    )))
-    .await?;
-    let period = Duration::from_secs_f64(1.0 / args.rate);
+    let period = Duration::from_secs_f64(1.0 / plan.rate);
     // Spread the clients' phases over one period.
-    let phase = period.mul_f64((index as f64 * 0.618_034) % 1.0);
+    let phase = period.mul_f64((plan.index as f64 * 0.618_034) % 1.0);
     let mut tick = tokio::time::interval_at((Instant::now() + phase).into(), period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let receivers = (args.clients - 1) as u64;
     let mut pending_acks: HashMap<u64, Instant> = HashMap::new();
     let mut ack_seq = 0u64;
     let mut n = 0u32;
+    let send_until = plan.stop_at - Duration::from_secs(2);
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 let now = Instant::now();
-                if now >= stop_at - Duration::from_secs(2) {
-                    if now >= stop_at { break; }
-                    continue;
-                }
+                if now >= plan.stop_at { break; }
+                if !plan.writes || now >= send_until { continue; }
                 let update = {
                     let mut txn = doc.transact_mut();
                     text.insert(&mut txn, 0, "x");
                     txn.encode_update_v1()
                 };
                 // Keyed by the insert's start clock, which receivers read back from the update.
-                if receivers > 0 {
-                    times.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.insert((client_id, n), now);
-                }
+                times.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.insert((plan.client_id, n), now);
                 n += 1;
-                sink.send(WsMessage::Binary(protocol::encode_update(&update))).await?;
+                let frame = wire::wrap(plan.flavor, &plan.doc, protocol::encode_update(&update));
+                sink.send(WsMessage::Binary(frame)).await?;
                 if shared.measuring(now) {
                     shared.sent.fetch_add(1, Ordering::Relaxed);
                 }
-                if args.ack {
+                if plan.ack {
                     ack_seq += 1;
                     pending_acks.insert(ack_seq, now);
-                    sink.send(WsMessage::Binary(protocol::encode_durable_ack(ack_seq))).await?;
+                    let frame = wire::wrap(plan.flavor, &plan.doc, protocol::encode_durable_ack(ack_seq));
+                    sink.send(WsMessage::Binary(frame)).await?;
                 }
             }
             frame = stream.next() => {
@@ -226,27 +427,30 @@ async fn run_client(
                     _ => continue,
                 };
                 let now = Instant::now();
-                for msg in protocol::decode_frame(&data).map_err(|e| anyhow::anyhow!("{e}"))? {
+                for msg in wire::parse(plan.flavor, &data) {
                     match msg {
-                        Message::SyncStep1(_) => {
+                        Incoming::Step1 => {
                             // Answer with what we have (only our own edits).
-                            let diff = doc.transact().encode_diff_v1(&Default::default());
-                            sink.send(WsMessage::Binary(protocol::encode_step2(&diff))).await?;
+                            let diff = doc.transact().encode_diff_v1(&StateVector::default());
+                            let frame = wire::wrap(plan.flavor, &plan.doc, protocol::encode_step2(&diff));
+                            sink.send(WsMessage::Binary(frame)).await?;
                         }
-                        Message::Update(u) => record_delivery(&u, &times, &shared, now),
-                        Message::DurableAck { raw } => {
-                            let mut cur = yrs::encoding::read::Cursor::new(&raw[2..]);
+                        Incoming::Update(u) | Incoming::Step2(u) => {
+                            record_delivery(&u, plan.client_id, &times, &shared, now)
+                        }
+                        Incoming::Ack(raw) => {
+                            let mut cur = yrs::encoding::read::Cursor::new(raw.get(2..).unwrap_or(&[]));
                             let seq: u64 = yrs::encoding::read::Read::read_var(&mut cur).unwrap_or(0);
                             if let Some(sent) = pending_acks.remove(&seq) {
                                 if shared.measuring(sent) {
                                     shared.acks.fetch_add(1, Ordering::Relaxed);
                                     if let Ok(mut h) = shared.ack_latency.lock() {
-                                        let _ = h.record(now.duration_since(sent).as_micros() as u64);
+                                        let _ = h.record(now.duration_since(sent).as_micros().max(1) as u64);
                                     }
                                 }
                             }
                         }
-                        _ => {}
+                        Incoming::Other => {}
                     }
                 }
             }
@@ -256,15 +460,15 @@ async fn run_client(
     Ok(())
 }
 
-/// Looks the update up by its (client, start clock) and records the latency for this receiver.
-fn record_delivery(update: &[u8], times: &SendTimes, shared: &Shared, now: Instant) {
-    let Ok(u) = Update::decode_v1(update) else {
-        return;
-    };
-    let sv = u.state_vector_lower();
-    let Ok(mut map) = times.lock() else { return };
-    for (client, clock) in sv.iter() {
-        let key = (client.get(), *clock);
+/// Records the latency of every send in `update` made by another client. Servers that echo
+/// updates to their sender (the reference server does) are not credited for the echo.
+fn record_delivery(update: &[u8], me: u64, times: &SendTimes, shared: &Shared, now: Instant) {
+    let ids = wire::update_ids(update);
+    let Ok(map) = times.lock() else { return };
+    for key in ids {
+        if key.0 == me {
+            continue;
+        }
         if let Some(sent) = map.get(&key).copied() {
             if shared.measuring(sent) {
                 shared.delivered.fetch_add(1, Ordering::Relaxed);
@@ -272,81 +476,247 @@ fn record_delivery(update: &[u8], times: &SendTimes, shared: &Shared, now: Insta
                     let _ = h.record(now.duration_since(sent).as_micros().max(1) as u64);
                 }
             }
-            // Entries are small; drop those older than a minute to bound memory.
-            if now.duration_since(sent) > Duration::from_secs(60) {
-                map.remove(&key);
-            }
         }
     }
 }
 
-fn report(args: &TypingArgs, s: &Shared, connect: Duration, own_cpu: f64, server_cpu: Option<f64>) {
-    let sent = s.sent.load(Ordering::Relaxed);
-    let expected = sent * (args.clients as u64 - 1);
-    let delivered = s.delivered.load(Ordering::Relaxed);
-    let secs = args.duration.as_secs_f64();
-    let lat = s
-        .latency
-        .lock()
-        .map(|h| h.clone())
-        .unwrap_or_else(|_| histogram());
-    let ack = s
-        .ack_latency
-        .lock()
-        .map(|h| h.clone())
-        .unwrap_or_else(|_| histogram());
-    let ms = |us: u64| us as f64 / 1000.0;
-    println!(
-        "{} typing: {} rooms x {} clients at {}/s for {:?}",
-        args.label, args.rooms, args.clients, args.rate, args.duration
-    );
-    println!(
-        "  connected {} clients in {:.2?}",
-        args.rooms * args.clients,
-        connect
-    );
-    println!(
-        "  updates sent {sent} ({:.0}/s), deliveries {delivered}/{expected} ({:.0}/s), errors {}",
-        sent as f64 / secs,
-        delivered as f64 / secs,
-        s.errors.load(Ordering::Relaxed)
-    );
-    println!(
-        "  delivery latency ms: p50 {:.2}  p99 {:.2}  p99.9 {:.2}  max {:.2}",
-        ms(lat.value_at_quantile(0.5)),
-        ms(lat.value_at_quantile(0.99)),
-        ms(lat.value_at_quantile(0.999)),
-        ms(lat.max())
-    );
-    if args.ack {
+async fn search(args: SearchArgs) -> anyhow::Result<()> {
+    let mut rate = args.typing.rate;
+    let mut best: Option<(f64, f64)> = None;
+    for step in 0..args.steps {
+        let mut t = args.typing.clone();
+        t.rate = rate;
+        t.common.prefix = format!("{}-s{step}", args.typing.common.prefix);
+        let r = typing(&t).await?;
+        r.print();
+        let total = rate * (t.rooms * r.writers) as f64;
+        let ok = r.complete() && r.p99() <= args.p99_ms;
         println!(
-            "  durable ack ms ({} acks): p50 {:.2}  p99 {:.2}  max {:.2}",
-            s.acks.load(Ordering::Relaxed),
-            ms(ack.value_at_quantile(0.5)),
-            ms(ack.value_at_quantile(0.99)),
-            ms(ack.max())
+            "{}",
+            serde_json::json!({
+                "scenario": "search-step", "label": r.label, "offered_per_s": total,
+                "p99_ms": r.p99(), "complete": r.complete(), "ok": ok,
+                "server_cpu_s": r.server_cpu, "bench_cpu_s": r.bench_cpu,
+            })
         );
+        if !ok {
+            break;
+        }
+        best = Some((total, r.p99()));
+        rate *= args.step;
     }
     println!(
-        "  load generator CPU: {own_cpu:.2} s ({:.0}% of one core)",
-        100.0 * own_cpu / (secs + args.warmup.as_secs_f64() + 2.0)
+        "{}",
+        serde_json::json!({
+            "scenario": "search", "label": args.typing.common.label,
+            "best_rate_per_s": best.map(|b| b.0), "p99_ms_at_best": best.map(|b| b.1),
+            "bound_ms": args.p99_ms,
+        })
     );
-    if let Some(cpu) = server_cpu {
-        println!(
-            "  server CPU: {cpu:.2} s, {:.3} s per 1,000 updates",
-            cpu / (sent.max(1) as f64 / 1000.0)
-        );
+    Ok(())
+}
+
+async fn idle(args: IdleArgs) -> anyhow::Result<()> {
+    let c = &args.common;
+    let rss_before = c.server_pid.and_then(process_rss_kib);
+    let started = Instant::now();
+    let mut conns = Vec::with_capacity(args.conns);
+    let mut i = 0;
+    while i < args.conns {
+        let wave: Vec<_> = (i..(i + args.parallel).min(args.conns))
+            .map(|k| {
+                let doc = format!("{}-{}", c.prefix, k % args.rooms);
+                let (url, flavor) = (c.url.clone(), c.flavor);
+                tokio::spawn(async move {
+                    let mut ws = wire::connect(&url, &doc, flavor).await?;
+                    wire::wait_synced(&mut ws, flavor, &doc, &[0, 0]).await?;
+                    anyhow::Ok(ws)
+                })
+            })
+            .collect();
+        for t in wave {
+            conns.push(t.await??);
+        }
+        i += args.parallel;
     }
-    let json = serde_json::json!({
-        "label": args.label, "rooms": args.rooms, "clients": args.clients, "rate": args.rate,
-        "sent": sent, "delivered": delivered, "expected": expected,
-        "p50_ms": ms(lat.value_at_quantile(0.5)), "p99_ms": ms(lat.value_at_quantile(0.99)),
-        "max_ms": ms(lat.max()),
-        "ack_p50_ms": args.ack.then(|| ms(ack.value_at_quantile(0.5))),
-        "ack_p99_ms": args.ack.then(|| ms(ack.value_at_quantile(0.99))),
-        "bench_cpu_s": own_cpu, "server_cpu_s": server_cpu,
-    });
-    println!("{json}");
+    let connect = started.elapsed();
+    tokio::time::sleep(args.settle).await;
+    let rss_after = c.server_pid.and_then(process_rss_kib);
+    let per_conn = match (rss_before, rss_after) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / args.conns as f64),
+        _ => None,
+    };
+    println!(
+        "{} idle: {} connections over {} rooms in {connect:.2?}; server RSS {} -> {} KiB ({:.2} KiB per connection)",
+        c.label,
+        args.conns,
+        args.rooms,
+        rss_before.unwrap_or(0),
+        rss_after.unwrap_or(0),
+        per_conn.unwrap_or(0.0)
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "scenario": "idle", "label": c.label, "conns": args.conns, "rooms": args.rooms,
+            "connect_s": connect.as_secs_f64(), "rss_before_kib": rss_before,
+            "rss_after_kib": rss_after, "kib_per_conn": per_conn,
+        })
+    );
+    drop(conns);
+    Ok(())
+}
+
+struct Trace {
+    edits: Vec<(u32, u32, String)>,
+    final_text: String,
+}
+
+fn read_trace(path: &PathBuf) -> anyhow::Result<Trace> {
+    let file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+    let json: serde_json::Value = serde_json::from_reader(flate2::read::GzDecoder::new(file))?;
+    let edits = json["edits"]
+        .as_array()
+        .context("edits")?
+        .iter()
+        .filter_map(|e| {
+            let e = e.as_array()?;
+            Some((
+                e.first()?.as_u64()? as u32,
+                e.get(1)?.as_u64()? as u32,
+                e.get(2)?.as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    let final_text = json["finalText"].as_str().context("finalText")?.to_owned();
+    Ok(Trace { edits, final_text })
+}
+
+async fn coldload(args: ColdArgs) -> anyhow::Result<()> {
+    let c = &args.common;
+    let trace = read_trace(&args.trace)?;
+    let doc_name = format!("{}-trace", c.prefix);
+    if args.verify {
+        let started = Instant::now();
+        let mut ws = wire::connect(&c.url, &doc_name, c.flavor).await?;
+        let state = wire::wait_synced(&mut ws, c.flavor, &doc_name, &[0, 0]).await?;
+        let synced = started.elapsed();
+        let doc = Doc::new();
+        let text = doc.get_or_insert_text("text");
+        {
+            let mut txn = doc.transact_mut();
+            if let Ok(u) = <yrs::Update as yrs::updates::decoder::Decode>::decode_v1(&state) {
+                let _ = txn.apply_update(u);
+            }
+        }
+        let got = text.get_string(&doc.transact());
+        let ok = got == trace.final_text;
+        println!(
+            "{} cold sync: {synced:.2?} to a synced client, {} chars, text {}",
+            c.label,
+            got.len(),
+            if ok { "matches" } else { "DIFFERS" }
+        );
+        println!(
+            "{}",
+            serde_json::json!({
+                "scenario": "coldload-verify", "label": c.label, "sync_ms": synced.as_secs_f64() * 1000.0,
+                "chars": got.len(), "text_ok": ok, "server_rss_kib": c.server_pid.and_then(process_rss_kib),
+            })
+        );
+        return Ok(());
+    }
+    // Ingest: every edit is one update message, as an editor sends them; a second client
+    // watches, and the ingest is done when it has received every edit.
+    let cpu_start = own_cpu_seconds();
+    let mut ws = wire::connect(&c.url, &doc_name, c.flavor).await?;
+    wire::wait_synced(&mut ws, c.flavor, &doc_name, &[0, 0]).await?;
+    let mut watcher = wire::connect(&c.url, &doc_name, c.flavor).await?;
+    wire::wait_synced(&mut watcher, c.flavor, &doc_name, &[0, 0]).await?;
+    let total_edits = trace.edits.len();
+    // Encode every edit's update before the clock starts: the generator must not be what is
+    // measured.
+    let doc = Doc::with_client_id(424_242);
+    let text = doc.get_or_insert_text("text");
+    let frames: Vec<Bytes> = trace
+        .edits
+        .iter()
+        .map(|(pos, del, ins)| {
+            let mut txn = doc.transact_mut();
+            if *del > 0 {
+                text.remove_range(&mut txn, *pos, *del);
+            }
+            if !ins.is_empty() {
+                text.insert(&mut txn, *pos, ins);
+            }
+            wire::wrap(
+                c.flavor,
+                &doc_name,
+                protocol::encode_update(&txn.encode_update_v1()),
+            )
+        })
+        .collect();
+    let started = Instant::now();
+    let (mut sink, mut stream) = ws.split();
+    // Drain whatever the server sends the writer (echoes), so its socket never stalls.
+    let drain = tokio::spawn(async move { while let Some(Ok(_)) = stream.next().await {} });
+    let writer = async {
+        for chunk in frames.chunks(args.batch) {
+            let mut msgs =
+                futures_util::stream::iter(chunk.iter().map(|f| Ok(WsMessage::Binary(f.clone()))));
+            sink.send_all(&mut msgs).await?;
+        }
+        anyhow::Ok(sink)
+    };
+    // The watcher applies what it receives (servers may merge several updates into one
+    // message) and is done when its text is the trace's final text.
+    let final_len = trace.final_text.chars().count() as u32;
+    let watch = async {
+        let seen = Doc::new();
+        let seen_text = seen.get_or_insert_text("text");
+        loop {
+            let Some(frame) = watcher.next().await else {
+                anyhow::bail!("watcher closed before the end of the trace");
+            };
+            if let WsMessage::Binary(data) = frame? {
+                for m in wire::parse(c.flavor, &data) {
+                    if let Incoming::Update(u) = m {
+                        if let Ok(u) = <yrs::Update as yrs::updates::decoder::Decode>::decode_v1(&u)
+                        {
+                            let _ = seen.transact_mut().apply_update(u);
+                        }
+                    }
+                }
+            }
+            if seen_text.len(&seen.transact()) == final_len
+                && seen_text.get_string(&seen.transact()) == trace.final_text
+            {
+                return anyhow::Ok(());
+            }
+        }
+    };
+    let (sink, watched) = tokio::join!(writer, watch);
+    let mut sink = sink?;
+    watched?;
+    let elapsed = started.elapsed();
+    let _ = sink.close().await;
+    drain.abort();
+    let rate = total_edits as f64 / elapsed.as_secs_f64();
+    println!(
+        "{} ingest: {total_edits} edits in {elapsed:.2?} ({rate:.0} updates/s), generator CPU {:.2} s",
+        c.label,
+        own_cpu_seconds() - cpu_start
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "scenario": "coldload-ingest", "label": c.label, "edits": total_edits,
+            "secs": elapsed.as_secs_f64(), "updates_per_s": rate,
+            "bench_cpu_s": own_cpu_seconds() - cpu_start,
+            "server_rss_kib": c.server_pid.and_then(process_rss_kib),
+        })
+    );
+    Ok(())
 }
 
 /// CPU seconds (user + system) used by this process so far.
@@ -362,4 +732,14 @@ fn process_cpu_seconds(pid: u32) -> Option<f64> {
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
     Some((utime + stime) / 100.0) // USER_HZ is 100 on Linux
+}
+
+/// Resident set size of a process in KiB, from /proc (Linux).
+fn process_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
 }

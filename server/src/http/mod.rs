@@ -20,6 +20,9 @@ use crate::auth::{AuthError, Permission, Principal};
 use crate::room::{DocName, PeerAuth};
 use crate::AppState;
 
+/// Bytes a WebSocket connection reads at a time (the buffer grows for larger messages).
+const READ_BUFFER: usize = 4 * 1024;
+
 pub fn router(app: AppState) -> Router {
     let api = api::routes()
         .fallback(|| async {
@@ -166,6 +169,9 @@ async fn document_socket(
     let tracker = app.connections.clone();
     ws.max_message_size(limits.max_message_size)
         .max_frame_size(limits.max_message_size)
+        // tungstenite reads in 128 KiB chunks by default: per idle connection that is most of
+        // its memory. Small reads cost a few more syscalls on large messages only.
+        .read_buffer_size(READ_BUFFER)
         .write_buffer_size(0)
         .on_upgrade(move |socket| tracker.track_future(crate::ws::serve(socket, name, auth, app)))
 }

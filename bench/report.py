@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Reads quire-bench's JSON lines, prints the comparison table (each figure as a ratio to the
+best peer) and draws p99 delivery latency against offered load as an SVG.
+Usage: report.py results.jsonl plot.svg"""
+import json
+import sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+servers = ["quire", "y-websocket", "hocuspocus"]
+peers = servers[1:]
+
+
+def pick(label, scenario, **match):
+    for r in rows:
+        if r.get("label") == label and r.get("scenario") == scenario and all(
+            r.get(k) == v for k, v in match.items()
+        ):
+            return r
+    return None
+
+
+def fig(name, better, getter):
+    vals = {s: getter(s) for s in servers}
+    peer_vals = [v for p, v in vals.items() if p in peers and isinstance(v, (int, float))]
+    q = vals["quire"]
+    ratio = ""
+    if peer_vals and isinstance(q, (int, float)):
+        best = min(peer_vals) if better == "lower" else max(peer_vals)
+        if best:
+            ratio = f"{q / best:.2f}x"
+    return name, vals, ratio, better
+
+
+def fmt(v):
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return f"{v:.3g}" if v < 100 else f"{v:,.0f}"
+    return str(v)
+
+
+table = []
+table.append(fig("server CPU s per 1,000 updates (200 rooms x 4 clients x 5/s)", "lower",
+                 lambda s: (pick(s, "typing", rooms=200) or {}).get("server_cpu_per_1k")))
+table.append(fig("delivery p99 ms (200 x 4 x 5/s)", "lower",
+                 lambda s: (pick(s, "typing", rooms=200) or {}).get("p99_ms")))
+table.append(fig("all delivered (200 x 4 x 5/s)", "higher",
+                 lambda s: (pick(s, "typing", rooms=200) or {}).get("complete")))
+table.append(fig("durable ack p99 ms at 4,000 updates/s", "lower",
+                 lambda s: (pick(s, "typing", rooms=200) or {}).get("ack_p99_ms")))
+for n in (10, 50, 200):
+    table.append(fig(f"fan-out to {n} readers, p99 ms", "lower",
+                     lambda s, n=n: (pick(s, "typing", rooms=1, clients=n + 1) or {}).get("p99_ms")))
+table.append(fig("highest rate with p99 < 50 ms (updates/s in)", "higher",
+                 lambda s: (pick(s, "search") or {}).get("best_rate_per_s")))
+for n in (2000, 5000, 10000):
+    table.append(fig(f"RSS KiB per idle connection at {n}", "lower",
+                     lambda s, n=n: (pick(s, "idle", conns=n) or {}).get("kib_per_conn")))
+    table.append(fig(f"time to connect {n} (s)", "lower",
+                     lambda s, n=n: (pick(s, "idle", conns=n) or {}).get("connect_s")))
+table.append(fig("editing-trace ingest, updates/s", "higher",
+                 lambda s: (pick(s, "coldload-ingest") or {}).get("updates_per_s")))
+table.append(fig("new client synced to the trace after restart, ms", "lower",
+                 lambda s: (pick(s, "coldload-verify") or {}).get("sync_ms")))
+table.append(fig("... with the right text", "higher",
+                 lambda s: (pick(s, "coldload-verify") or {}).get("text_ok")))
+table.append(fig("server RSS MiB with the trace document loaded", "lower",
+                 lambda s: ((pick(s, "coldload-verify") or {}).get("server_rss_kib") or 0) / 1024 or None))
+
+print("| figure | " + " | ".join(servers) + " | Quire vs best peer |")
+print("|---|" + "---|" * len(servers) + "---|")
+for name, vals, ratio, better in table:
+    note = f"{ratio} ({better} is better)" if ratio else ""
+    print(f"| {name} | " + " | ".join(fmt(vals[s]) for s in servers) + f" | {note} |")
+
+# Plot: p99 against offered load, from the search steps.
+W, H, L, B = 640, 400, 60, 50
+colors = {"quire": "#1f77b4", "y-websocket": "#ff7f0e", "hocuspocus": "#2ca02c"}
+pts = {s: [(r["offered_per_s"], r["p99_ms"]) for r in rows
+           if r.get("label") == s and r.get("scenario") == "search-step"] for s in servers}
+xmax = max([x for p in pts.values() for x, _ in p] + [1])
+ymax = min(max([y for p in pts.values() for _, y in p] + [1]), 500)
+sx = lambda x: L + (W - L - 20) * x / xmax
+sy = lambda y: H - B - (H - B - 20) * min(y, ymax) / ymax
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+       f'<rect width="{W}" height="{H}" fill="white"/>',
+       f'<line x1="{L}" y1="{H-B}" x2="{W-20}" y2="{H-B}" stroke="black"/>',
+       f'<line x1="{L}" y1="20" x2="{L}" y2="{H-B}" stroke="black"/>',
+       f'<text x="{(W+L)/2}" y="{H-12}" text-anchor="middle">offered load (updates/s in, 50 rooms x 4 clients)</text>',
+       f'<text x="16" y="{(H-B)/2}" transform="rotate(-90 16 {(H-B)/2})" text-anchor="middle">p99 delivery latency (ms)</text>',
+       f'<line x1="{L}" y1="{sy(50)}" x2="{W-20}" y2="{sy(50)}" stroke="#999" stroke-dasharray="4"/>',
+       f'<text x="{W-22}" y="{sy(50)-4}" text-anchor="end" fill="#666">50 ms</text>']
+for i in range(5):
+    x = xmax * i / 4
+    y = ymax * i / 4
+    svg.append(f'<text x="{sx(x)}" y="{H-B+16}" text-anchor="middle">{x:,.0f}</text>')
+    svg.append(f'<text x="{L-6}" y="{sy(y)+4}" text-anchor="end">{y:.0f}</text>')
+for k, (s, p) in enumerate(pts.items()):
+    if not p:
+        continue
+    path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in sorted(p))
+    svg.append(f'<polyline fill="none" stroke="{colors[s]}" stroke-width="2" points="{path}"/>')
+    for x, y in p:
+        svg.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colors[s]}"/>')
+    svg.append(f'<text x="{L+10}" y="{30+16*k}" fill="{colors[s]}">{s}</text>')
+svg.append("</svg>")
+open(sys.argv[2], "w").write("\n".join(svg) + "\n")
+print(f"\nplot written to {sys.argv[2]}")

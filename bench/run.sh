@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Runs quire-bench against Quire and the peer servers side by side, on loopback, in one run,
+# and writes target/bench/results.jsonl, then prints the comparison table and draws the plot
+# (bench/report.py). Bounded: every scenario stops by itself. Usage: bench/run.sh [quick]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODE="${1:-full}"
+OUT=target/bench
+mkdir -p "$OUT"
+RESULTS="$OUT/results.jsonl"
+: > "$RESULTS"
+TRACE="${QUIRE_TRACE:-../shared/data/editing-trace.json.gz}"
+
+cargo build --release -p quire-server -p quire-bench
+(cd bench/peers && npm ci --no-audit --no-fund >/dev/null)
+BENCH=target/release/quire-bench
+
+if [ "$MODE" = quick ]; then
+  DUR=5s; FAN="10 50"; IDLE="2000"; SEARCH_STEPS=4
+else
+  DUR=20s; FAN="10 50 200"; IDLE="2000 5000 10000"; SEARCH_STEPS=10
+fi
+
+start_server() { # name port dir -> sets PID
+  case "$1" in
+    quire) target/release/quire serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
+             --log warn >"$3/log" 2>&1 & ;;
+    y-websocket) node bench/peers/y-websocket.mjs "$2" >"$3/log" 2>&1 & ;;
+    hocuspocus) node bench/peers/hocuspocus.mjs "$2" "$3/hocuspocus.db" >"$3/log" 2>&1 & ;;
+  esac
+  PID=$!
+  for _ in $(seq 50); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "$1 did not start" >&2; return 1
+}
+
+stop_server() { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; }
+
+run() { # label flavor port dir args...
+  local label=$1 flavor=$2 port=$3; shift 3
+  "$BENCH" "$@" --url "ws://127.0.0.1:$port" --flavor "$flavor" --server-pid "$PID" \
+    --label "$label" | tee /dev/stderr | grep '^{' >> "$RESULTS" || true
+}
+
+port=4600
+for server in quire y-websocket hocuspocus; do
+  flavor=y-websocket; [ "$server" = hocuspocus ] && flavor=hocuspocus
+  ack=""; [ "$server" = quire ] && ack="--ack"
+  port=$((port + 1)); dir=$(mktemp -d)
+  start_server "$server" "$port" "$dir"
+  echo "=== $server (pid $PID) ===" >&2
+  run "$server" "$flavor" "$port" typing --rooms 200 --clients 4 --rate 5 --duration "$DUR" $ack --prefix typing
+  for n in $FAN; do
+    run "$server" "$flavor" "$port" typing --rooms 1 --clients $((n + 1)) --writers 1 --rate 20 \
+      --duration "$DUR" --prefix "fan$n"
+  done
+  run "$server" "$flavor" "$port" search --rooms 50 --clients 4 --rate 5 --step 1.6 \
+    --steps "$SEARCH_STEPS" --duration 8s --warmup 2s --prefix search
+  stop_server; start_server "$server" "$port" "$dir"
+  for n in $IDLE; do
+    run "$server" "$flavor" "$port" idle --conns "$n" --rooms 500 --prefix "idle$n"
+  done
+  stop_server; start_server "$server" "$port" "$dir"
+  run "$server" "$flavor" "$port" coldload --trace "$TRACE" --prefix cold
+  stop_server; start_server "$server" "$port" "$dir"
+  run "$server" "$flavor" "$port" coldload --verify --trace "$TRACE" --prefix cold
+  stop_server
+  rm -rf "$dir"
+done
+
+python3 bench/report.py "$RESULTS" docs/bench-latency.svg

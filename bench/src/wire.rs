@@ -1,0 +1,150 @@
+//! The two wire flavours the load generator speaks: the y-websocket protocol (Quire, the
+//! reference server) and Hocuspocus' (every message prefixed with the document name, and an
+//! Auth message first).
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::{SinkExt, StreamExt};
+use quire_server::protocol::{self, Message};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use yrs::encoding::read::{Cursor, Read};
+use yrs::updates::decoder::Decode;
+use yrs::StateVector;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Flavor {
+    /// y-websocket: one socket per document, named by the URL path.
+    YWebsocket,
+    /// Hocuspocus: the document name prefixes every message; Auth comes first.
+    Hocuspocus,
+}
+
+pub type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// What the generator cares about in a server message.
+pub enum Incoming {
+    Step1,
+    Step2(Bytes),
+    Update(Bytes),
+    Ack(Bytes),
+    Other,
+}
+
+fn put_var(buf: &mut BytesMut, mut n: u64) {
+    while n >= 0x80 {
+        buf.put_u8((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    buf.put_u8(n as u8);
+}
+
+fn put_str(buf: &mut BytesMut, s: &str) {
+    put_var(buf, s.len() as u64);
+    buf.extend_from_slice(s.as_bytes());
+}
+
+/// Opens a socket to `doc` and sends the opening messages (Auth for Hocuspocus, Sync step 1).
+pub async fn connect(base: &str, doc: &str, flavor: Flavor) -> anyhow::Result<Ws> {
+    let base = base.trim_end_matches('/');
+    let url = match flavor {
+        Flavor::YWebsocket => format!("{base}/{doc}"),
+        Flavor::Hocuspocus => base.to_owned(),
+    };
+    // TCP_NODELAY, as browsers do for WebSockets.
+    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(&url, None, true).await?;
+    if flavor == Flavor::Hocuspocus {
+        let mut auth = BytesMut::new();
+        put_str(&mut auth, doc);
+        put_var(&mut auth, 2); // Auth
+        put_var(&mut auth, 0); // Token
+        put_str(&mut auth, "");
+        ws.send(WsMessage::Binary(auth.freeze())).await?;
+    }
+    let step1 = protocol::encode_step1(&StateVector::default());
+    ws.send(WsMessage::Binary(wrap(flavor, doc, step1))).await?;
+    Ok(ws)
+}
+
+/// A y-websocket message as the flavour sends it.
+pub fn wrap(flavor: Flavor, doc: &str, msg: Bytes) -> Bytes {
+    match flavor {
+        Flavor::YWebsocket => msg,
+        Flavor::Hocuspocus => {
+            let mut buf = BytesMut::with_capacity(msg.len() + doc.len() + 2);
+            put_str(&mut buf, doc);
+            buf.extend_from_slice(&msg);
+            buf.freeze()
+        }
+    }
+}
+
+/// The messages of one server frame.
+pub fn parse(flavor: Flavor, frame: &Bytes) -> Vec<Incoming> {
+    match flavor {
+        Flavor::YWebsocket => protocol::decode_frame(frame)
+            .map(|msgs| msgs.into_iter().map(incoming).collect())
+            .unwrap_or_default(),
+        Flavor::Hocuspocus => {
+            // varString(doc), varUint(type), body; one message per frame.
+            let mut cur = Cursor::new(frame);
+            let Ok(_doc) = cur.read_string() else {
+                return Vec::new();
+            };
+            let rest = frame.slice(cur.next..);
+            match rest.first() {
+                Some(0) => protocol::decode_frame(&rest)
+                    .map(|msgs| msgs.into_iter().map(incoming).collect())
+                    .unwrap_or_default(),
+                _ => vec![Incoming::Other],
+            }
+        }
+    }
+}
+
+fn incoming(m: Message) -> Incoming {
+    match m {
+        Message::SyncStep1(_) => Incoming::Step1,
+        Message::SyncStep2(u) => Incoming::Step2(u),
+        Message::Update(u) => Incoming::Update(u),
+        Message::DurableAck { raw } => Incoming::Ack(raw),
+        _ => Incoming::Other,
+    }
+}
+
+/// Reads frames until the initial Step 2 arrives (answering the server's Step 1 with `answer`).
+/// Returns the Step 2 payload.
+pub async fn wait_synced(
+    ws: &mut Ws,
+    flavor: Flavor,
+    doc: &str,
+    answer: &[u8],
+) -> anyhow::Result<Bytes> {
+    while let Some(frame) = ws.next().await {
+        let WsMessage::Binary(data) = frame? else {
+            continue;
+        };
+        for m in parse(flavor, &data) {
+            match m {
+                Incoming::Step1 => {
+                    let reply = wrap(flavor, doc, protocol::encode_step2(answer));
+                    ws.send(WsMessage::Binary(reply)).await?;
+                }
+                Incoming::Step2(u) => return Ok(u),
+                _ => {}
+            }
+        }
+    }
+    anyhow::bail!("closed before sync")
+}
+
+/// The (client, start clock) pairs of the structs in an update.
+pub fn update_ids(update: &[u8]) -> Vec<(u64, u32)> {
+    match yrs::Update::decode_v1(update) {
+        Ok(u) => u
+            .state_vector_lower()
+            .iter()
+            .map(|(c, clock)| (c.get(), *clock))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
