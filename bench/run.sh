@@ -9,6 +9,7 @@ OUT=target/bench
 mkdir -p "$OUT"
 RESULTS="$OUT/results.jsonl"
 : > "$RESULTS"
+: > "$OUT/log.txt"
 TRACE="${QUIRE_TRACE:-../shared/data/editing-trace.json.gz}"
 
 cargo build --release -p quire-server -p quire-bench
@@ -41,7 +42,7 @@ stop_server() { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null |
 run() { # label flavor port dir args...
   local label=$1 flavor=$2 port=$3; shift 3
   "$BENCH" "$@" --url "ws://127.0.0.1:$port" --flavor "$flavor" --server-pid "$PID" \
-    --label "$label" | tee /dev/stderr | grep '^{' >> "$RESULTS" || true
+    --label "$label" 2>&1 | tee -a "$OUT/log.txt" | grep '^{' >> "$RESULTS" || true
 }
 
 port=4600
