@@ -30,6 +30,8 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// gone, and should learn why it was closed once it reads again; the bound frees the task of
 /// one that never does.
 const BACKPRESSURE_CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most queued frames written with one flush.
+const MAX_FRAMES_PER_FLUSH: usize = 64;
 /// Attempts at joining when the room was unloading at that very moment.
 const JOIN_ATTEMPTS: usize = 8;
 
@@ -197,10 +199,22 @@ async fn serve_inner(
                     Some(frame) => {
                         // A peer that stops reading blocks this send; the room's close order
                         // (1013 when its queue overflows) must still get through.
+                        // Everything already queued goes out with the same flush: one write
+                        // for a burst of frames instead of one per frame.
+                        let burst = async {
+                            sink.feed(WsMessage::Binary(frame)).await?;
+                            for _ in 1..MAX_FRAMES_PER_FLUSH {
+                                match out_rx.try_recv() {
+                                    Ok(next) => sink.feed(WsMessage::Binary(next)).await?,
+                                    Err(_) => break,
+                                }
+                            }
+                            sink.flush().await
+                        };
                         tokio::select! {
                             biased;
                             reason = &mut kill_rx => return Some(killed(reason)),
-                            sent = sink.send(WsMessage::Binary(frame)) => {
+                            sent = burst => {
                                 if sent.is_err() {
                                     return None;
                                 }

@@ -22,6 +22,8 @@ use crate::AppState;
 
 /// Bytes a WebSocket connection reads at a time (the buffer grows for larger messages).
 const READ_BUFFER: usize = 4 * 1024;
+/// Bytes of frames collected before a write, if the burst does not end first.
+const WRITE_BUFFER: usize = 64 * 1024;
 
 pub fn router(app: AppState) -> Router {
     let api = api::routes()
@@ -172,7 +174,9 @@ async fn document_socket(
         // tungstenite reads in 128 KiB chunks by default: per idle connection that is most of
         // its memory. Small reads cost a few more syscalls on large messages only.
         .read_buffer_size(READ_BUFFER)
-        .write_buffer_size(0)
+        // Frames collect in the write buffer until the connection flushes its burst (or the
+        // buffer reaches this size), so a burst leaves in one write.
+        .write_buffer_size(WRITE_BUFFER)
         .on_upgrade(move |socket| tracker.track_future(crate::ws::serve(socket, name, auth, app)))
 }
 

@@ -296,19 +296,12 @@ async fn commit_batch(
     batch: &mut [WriteRequest],
 ) -> Result<Vec<Result<WriteOutcome, StorageError>>, sqlx::Error> {
     let mut tx = conn.begin().await?;
-    let mut results = Vec::with_capacity(batch.len());
-    for req in batch.iter() {
-        match apply(&mut tx, &req.op).await {
-            Ok(outcome) => results.push(Ok(outcome)),
-            Err(_) => break,
-        }
-    }
-    if results.len() == batch.len() {
+    if let Ok(results) = fast_path(&mut tx, batch).await {
         tx.commit().await?;
         return Ok(results);
     }
     tx.rollback().await?;
-    results.clear();
+    let mut results = Vec::with_capacity(batch.len());
     let mut tx = conn.begin().await?;
     for req in batch.iter() {
         let mut sp = tx.begin().await?;
@@ -322,6 +315,122 @@ async fn commit_batch(
     }
     tx.commit().await?;
     Ok(results)
+}
+
+/// Most rows in one multi-row INSERT (4 bound values each, well under SQLite's limit).
+const ROWS_PER_INSERT: usize = 500;
+
+/// Every request of the batch with as few statements as possible: one check of the covered
+/// log positions, multi-row INSERTs for all appended rows, then the per-request statements
+/// (snapshots, outbox events). Any failure (a taken position above all) fails the whole
+/// batch, which then runs again request by request.
+async fn fast_path(
+    conn: &mut SqliteConnection,
+    batch: &[WriteRequest],
+) -> Result<Vec<Result<WriteOutcome, StorageError>>, StorageError> {
+    let now = now_ms();
+    let appends: Vec<(DocId, i64, &Vec<Bytes>)> = batch
+        .iter()
+        .filter_map(|r| match &r.op {
+            WriteOp::Append {
+                doc,
+                first_seq,
+                updates,
+                ..
+            } => Some((*doc, *first_seq, updates)),
+            _ => None,
+        })
+        .collect();
+    if !appends.is_empty() {
+        // A snapshot may cover (and have deleted) the rows at a requested position: the
+        // primary key alone would not notice.
+        let mut q =
+            sqlx::QueryBuilder::<sqlx::Sqlite>::new("SELECT COUNT(*) FROM documents d JOIN (");
+        q.push_values(appends.iter(), |mut b, (doc, first, _)| {
+            b.push_bind(*doc).push_bind(*first);
+        });
+        q.push(") AS r ON d.id = r.column1 WHERE d.snapshot_seq >= r.column2");
+        let covered: i64 = q.build_query_scalar().fetch_one(&mut *conn).await?;
+        if covered > 0 {
+            return Err(StorageError::Conflict);
+        }
+        let rows: Vec<(DocId, i64, &Bytes)> = appends
+            .iter()
+            .flat_map(|(doc, first, updates)| {
+                updates
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, data)| (*doc, first + i as i64, data))
+            })
+            .collect();
+        for chunk in rows.chunks(ROWS_PER_INSERT) {
+            let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+                "INSERT INTO doc_updates (doc_id, seq, data, created_at) ",
+            );
+            q.push_values(chunk, |mut b, (doc, seq, data)| {
+                b.push_bind(*doc)
+                    .push_bind(*seq)
+                    .push_bind(data.as_ref())
+                    .push_bind(now);
+            });
+            q.build().execute(&mut *conn).await?;
+        }
+    }
+    let mut results = Vec::with_capacity(batch.len());
+    for req in batch {
+        let outcome = match &req.op {
+            WriteOp::Append {
+                doc,
+                first_seq,
+                updates,
+                event_debounce_ms: Some(debounce),
+            } => {
+                fold_updated_event(
+                    conn,
+                    *doc,
+                    first_seq + updates.len() as i64 - 1,
+                    now,
+                    *debounce,
+                )
+                .await?;
+                WriteOutcome::Appended
+            }
+            WriteOp::Append { .. } => WriteOutcome::Appended,
+            op @ WriteOp::Snapshot { .. } => apply(conn, op).await?,
+        };
+        results.push(Ok(outcome));
+    }
+    Ok(results)
+}
+
+/// One pending `document.updated` per document: a fold updates its sequence number, gives it
+/// a new event id (receivers dedupe by id) and resets its delivery state.
+async fn fold_updated_event(
+    conn: &mut SqliteConnection,
+    doc: DocId,
+    last_seq: i64,
+    now: i64,
+    debounce: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO outbox (event_id, type, payload, coalesce_key, available_at, created_at) \
+         SELECT ?, 'document.updated', \
+                json_object('id', id, 'name', name, 'seq', ?), \
+                'document.updated:' || id, ?, ? \
+         FROM documents WHERE id = ? \
+         ON CONFLICT (coalesce_key) WHERE status = 'pending' DO UPDATE SET \
+           payload = excluded.payload, event_id = excluded.event_id, \
+           revision = revision + 1, delivered_urls = '[]', attempts = 0, \
+           last_error = NULL",
+    )
+    .bind(uuid::Uuid::new_v4().to_string())
+    .bind(last_seq)
+    .bind(now + debounce)
+    .bind(now)
+    .bind(doc)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome, StorageError> {
@@ -358,27 +467,8 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
                 }
             }
             if let Some(debounce) = event_debounce_ms {
-                // One pending `document.updated` per document: a fold updates its sequence
-                // number and gives it a new event id (receivers dedupe by id).
                 let last_seq = first_seq + updates.len() as i64 - 1;
-                sqlx::query(
-                    "INSERT INTO outbox (event_id, type, payload, coalesce_key, available_at, created_at) \
-                     SELECT ?, 'document.updated', \
-                            json_object('id', id, 'name', name, 'seq', ?), \
-                            'document.updated:' || id, ?, ? \
-                     FROM documents WHERE id = ? \
-                     ON CONFLICT (coalesce_key) WHERE status = 'pending' DO UPDATE SET \
-                       payload = excluded.payload, event_id = excluded.event_id, \
-                       revision = revision + 1, delivered_urls = '[]', attempts = 0, \
-                       last_error = NULL",
-                )
-                .bind(uuid::Uuid::new_v4().to_string())
-                .bind(last_seq)
-                .bind(now + debounce)
-                .bind(now)
-                .bind(doc)
-                .execute(&mut *conn)
-                .await?;
+                fold_updated_event(conn, *doc, last_seq, now, *debounce).await?;
             }
             Ok(WriteOutcome::Appended)
         }
