@@ -59,8 +59,10 @@ for server in quire y-websocket hocuspocus; do
   done
   run "$server" "$flavor" "$port" search --rooms 50 --clients 4 --rate 5 --step 1.6 \
     --steps "$SEARCH_STEPS" --duration 8s --warmup 2s --prefix search
-  stop_server; start_server "$server" "$port" "$dir"
+  # Each size on a fresh process: memory freed by earlier connections is rarely returned to
+  # the system, so a reused process would understate the growth.
   for n in $IDLE; do
+    stop_server; start_server "$server" "$port" "$dir"
     run "$server" "$flavor" "$port" idle --conns "$n" --rooms 500 --prefix "idle$n"
   done
   stop_server; start_server "$server" "$port" "$dir"
