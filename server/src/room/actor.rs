@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Duration, Instant};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 use yrs::updates::decoder::Decode;
@@ -219,12 +218,12 @@ enum Inflight {
         committed_sv: StateVector,
         started: Instant,
         attempt: u32,
-        task: JoinHandle<Result<(), StorageError>>,
+        task: StorageOp<()>,
     },
     Snapshot {
         upto_seq: i64,
         size: u64,
-        task: JoinHandle<Result<SnapshotOutcome, StorageError>>,
+        task: StorageOp<SnapshotOutcome>,
     },
 }
 
@@ -668,7 +667,7 @@ impl Room {
         let doc = self.doc_id;
         let first_seq = self.last_seq + 1;
         let rows: Vec<Bytes> = batch.iter().map(|a| a.raw.clone()).collect();
-        let task = tokio::spawn(async move {
+        let task: StorageOp<()> = Box::pin(async move {
             if attempt > 0 {
                 sleep(COMMIT_RETRY_BASE * 2u32.pow(attempt - 1)).await;
             }
@@ -820,7 +819,7 @@ impl Room {
         let store = self.registry.store.clone();
         let (doc, version, upto_seq) = (self.doc_id, self.snapshot_version, self.last_seq);
         let task =
-            tokio::spawn(async move { store.write_snapshot(doc, version, data, upto_seq).await });
+            Box::pin(async move { store.write_snapshot(doc, version, data, upto_seq).await });
         Inflight::Snapshot {
             upto_seq,
             size,
@@ -970,17 +969,15 @@ impl Room {
     }
 }
 
+/// A storage operation in flight. It is polled by the room itself (not spawned): the room's
+/// `select!` keeps it and resumes it, so a commit costs no task of its own.
+type StorageOp<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, StorageError>> + Send>>;
+
 async fn wait_inflight(inflight: &mut Option<Inflight>) -> OpResult {
-    let join_err = |e: tokio::task::JoinError| {
-        StorageError::Database(sqlx::Error::Protocol(format!("storage task failed: {e}")))
-    };
     match inflight {
-        Some(Inflight::Append { task, .. }) => {
-            OpResult::Append(task.await.unwrap_or_else(|e| Err(join_err(e))))
-        }
-        Some(Inflight::Snapshot { task, .. }) => {
-            OpResult::Snapshot(task.await.unwrap_or_else(|e| Err(join_err(e))))
-        }
+        Some(Inflight::Append { task, .. }) => OpResult::Append(task.as_mut().await),
+        Some(Inflight::Snapshot { task, .. }) => OpResult::Snapshot(task.as_mut().await),
         None => std::future::pending().await,
     }
 }
