@@ -426,3 +426,54 @@ async fn silent_connections_are_closed_and_live_ones_are_kept() {
     );
     server.stop().await;
 }
+
+/// Appends from many documents committed together: one stale request (its position is
+/// covered by a snapshot) fails alone; the others are committed.
+#[tokio::test]
+async fn a_conflicting_append_fails_alone_in_a_group_commit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", db_path(dir.path()).display());
+    let store = Arc::new(
+        SqliteStore::connect(&url, SqliteSync::Full)
+            .await
+            .expect("store"),
+    );
+    let base = Doc::with_client_id(1);
+    let stale_doc = store.load("stale").await.expect("load");
+    let u = text_update(1, &base, "x");
+    store
+        .append(stale_doc.id, 1, vec![u.clone().into()])
+        .await
+        .expect("append");
+    let snap = doc_of(&store.load("stale").await.expect("load"))
+        .transact()
+        .encode_state_as_update_v2(&StateVector::default());
+    store
+        .write_snapshot(stale_doc.id, stale_doc.snapshot_version, snap, 1)
+        .await
+        .expect("snapshot");
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(store.load(&format!("d{i}")).await.expect("load").id);
+    }
+    let mut tasks = Vec::new();
+    for id in ids.iter().copied() {
+        let (store, u) = (store.clone(), u.clone());
+        tasks.push(tokio::spawn(async move {
+            store.append(id, 1, vec![u.into()]).await
+        }));
+    }
+    let (s, u2) = (store.clone(), u.clone());
+    let stale = tokio::spawn(async move { s.append(stale_doc.id, 1, vec![u2.into()]).await });
+    for t in tasks {
+        t.await.expect("join").expect("the other appends commit");
+    }
+    assert!(matches!(
+        stale.await.expect("join"),
+        Err(StorageError::Conflict)
+    ));
+    for i in 0..20 {
+        let d = store.load(&format!("d{i}")).await.expect("load");
+        assert_eq!(d.updates.len(), 1, "d{i}");
+    }
+}

@@ -320,9 +320,9 @@ async fn commit_batch(
 /// Most rows in one multi-row INSERT (4 bound values each, well under SQLite's limit).
 const ROWS_PER_INSERT: usize = 500;
 
-/// Every request of the batch with as few statements as possible: one check of the covered
-/// log positions, multi-row INSERTs for all appended rows, then the per-request statements
-/// (snapshots, outbox events). Any failure (a taken position above all) fails the whole
+/// Every request of the batch with as few statements as possible: multi-row INSERTs (which
+/// also check the covered log positions) for all appended rows, then the per-request
+/// statements (snapshots, outbox events). Any failure (a taken position above all) fails the whole
 /// batch, which then runs again request by request.
 async fn fast_path(
     conn: &mut SqliteConnection,
@@ -342,18 +342,6 @@ async fn fast_path(
         })
         .collect();
     if !appends.is_empty() {
-        // A snapshot may cover (and have deleted) the rows at a requested position: the
-        // primary key alone would not notice.
-        let mut q =
-            sqlx::QueryBuilder::<sqlx::Sqlite>::new("SELECT COUNT(*) FROM documents d JOIN (");
-        q.push_values(appends.iter(), |mut b, (doc, first, _)| {
-            b.push_bind(*doc).push_bind(*first);
-        });
-        q.push(") AS r ON d.id = r.column1 WHERE d.snapshot_seq >= r.column2");
-        let covered: i64 = q.build_query_scalar().fetch_one(&mut *conn).await?;
-        if covered > 0 {
-            return Err(StorageError::Conflict);
-        }
         let rows: Vec<(DocId, i64, &Bytes)> = appends
             .iter()
             .flat_map(|(doc, first, updates)| {
@@ -363,9 +351,14 @@ async fn fast_path(
                     .map(move |(i, data)| (*doc, first + i as i64, data))
             })
             .collect();
+        // One statement inserts the rows and checks them: a snapshot may cover (and have
+        // deleted) the rows at a requested position, which the primary key alone would not
+        // notice, so only rows above their document's `snapshot_seq` are inserted, and a
+        // short count means a conflict.
         for chunk in rows.chunks(ROWS_PER_INSERT) {
             let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                "INSERT INTO doc_updates (doc_id, seq, data, created_at) ",
+                "INSERT INTO doc_updates (doc_id, seq, data, created_at) \
+                 SELECT v.column1, v.column2, v.column3, v.column4 FROM (",
             );
             q.push_values(chunk, |mut b, (doc, seq, data)| {
                 b.push_bind(*doc)
@@ -373,7 +366,11 @@ async fn fast_path(
                     .push_bind(data.as_ref())
                     .push_bind(now);
             });
-            q.build().execute(&mut *conn).await?;
+            q.push(") AS v JOIN documents d ON d.id = v.column1 WHERE d.snapshot_seq < v.column2");
+            let done = q.build().execute(&mut *conn).await?;
+            if done.rows_affected() != chunk.len() as u64 {
+                return Err(StorageError::Conflict);
+            }
         }
     }
     let mut results = Vec::with_capacity(batch.len());
