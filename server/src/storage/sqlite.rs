@@ -288,9 +288,10 @@ fn clone_err(e: &sqlx::Error) -> sqlx::Error {
 /// Commits every request of `batch` in one transaction and returns one result per request,
 /// or the error that made the whole transaction fail.
 ///
-/// The fast path runs the requests back to back. If one of them fails (a log position taken,
-/// say), the transaction is rolled back and the batch runs again with a savepoint per request,
-/// so only the failing request fails.
+/// The fast path writes all appended rows with multi-row INSERTs, then the other requests. If
+/// anything fails (a log position taken, say), or the batch mixes a snapshot and an append of
+/// one document (whose order then matters), the transaction is rolled back and the batch runs
+/// again in order with a savepoint per request, so only the failing request fails.
 async fn commit_batch(
     conn: &mut SqliteConnection,
     batch: &mut [WriteRequest],
@@ -341,6 +342,17 @@ async fn fast_path(
             _ => None,
         })
         .collect();
+    // Appends are written before snapshots here; that is only the same as the requests' order
+    // when no snapshot in the batch concerns a document that is also appended to.
+    let snapshotted = batch.iter().filter_map(|r| match &r.op {
+        WriteOp::Snapshot { doc, .. } => Some(*doc),
+        _ => None,
+    });
+    for doc in snapshotted {
+        if appends.iter().any(|(d, _, _)| *d == doc) {
+            return Err(StorageError::Conflict);
+        }
+    }
     if !appends.is_empty() {
         let rows: Vec<(DocId, i64, &Bytes)> = appends
             .iter()
