@@ -144,14 +144,7 @@ async fn listing_pages_with_a_cursor_and_filters() {
         if let Some(c) = &cursor {
             url.push_str(&format!("&cursor={c}"));
         }
-        let page: Value = http
-            .get(url)
-            .send()
-            .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json");
+        let page: Value = http.get(url).json_body().await;
         pages += 1;
         for d in page["items"].as_array().expect("items") {
             names.push(d["name"].as_str().expect("name").to_owned());
@@ -165,12 +158,8 @@ async fn listing_pages_with_a_cursor_and_filters() {
     assert_eq!(pages, 2, "two full pages, the second ends the listing");
     let by_owner: Value = http
         .get(api(&server, "/docs?owner=nobody"))
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+        .json_body()
+        .await;
     assert_eq!(by_owner["items"].as_array().map(Vec::len), Some(0));
     let bad = http
         .get(api(&server, "/docs?cursor=zzz"))
@@ -235,14 +224,7 @@ async fn two_patches_with_one_version_forced_to_interleave_give_one_200_and_one_
             (1, 1),
             "round {round}: {results:?}"
         );
-        let row: Value = http
-            .get(&url)
-            .send()
-            .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json");
+        let row: Value = http.get(&url).json_body().await;
         assert_eq!(row["title"], format!("{}-{round}", winners[0].0));
         assert_eq!(row["version"], version + 1);
     }
@@ -300,12 +282,8 @@ async fn idempotency_keys_replay_refuse_mismatches_and_allow_one_effect() {
     }
     let all: Value = http
         .get(api(&server, "/docs?prefix=race-"))
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+        .json_body()
+        .await;
     assert_eq!(
         all["items"].as_array().map(Vec::len),
         Some(5),
@@ -381,12 +359,8 @@ async fn content_goes_through_the_room_and_reaches_live_clients() {
 
     let json: Value = http
         .get(api(&server, &format!("/docs/{id}/json")))
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+        .json_body()
+        .await;
     assert_eq!(json, json!({ "text": "over http" }));
 
     let bad = http
@@ -556,22 +530,14 @@ async fn tokens_scope_sockets_and_api_calls() {
         .post(api(&server, "/tokens"))
         .bearer_auth(ADMIN)
         .json(&json!({"user": "cy", "doc": "doc-a", "permission": "read"}))
-        .send()
-        .await
-        .expect("post")
-        .json()
-        .await
-        .expect("json");
+        .json_body()
+        .await;
     let cy = issued["token"].as_str().expect("token").to_owned();
     let mine: Value = http
         .get(api(&server, "/me"))
         .bearer_auth(&cy)
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+        .json_body()
+        .await;
     assert_eq!(mine["id"], "cy");
     let forbidden = http
         .post(api(&server, "/tokens"))
@@ -668,12 +634,8 @@ async fn changing_a_role_closes_open_sockets_and_takes_effect_on_reconnect() {
         .post(api(&server, "/docs"))
         .bearer_auth(&owner)
         .json(&json!({"name": "team/plan"}))
-        .send()
-        .await
-        .expect("post")
-        .json()
-        .await
-        .expect("json");
+        .json_body()
+        .await;
     let id = doc["id"].as_i64().expect("id");
     let dee = token("dee", "team/*", Permission::Write);
     let url = format!("{}?token={dee}", server.url("team/plan"));
@@ -702,12 +664,8 @@ async fn changing_a_role_closes_open_sockets_and_takes_effect_on_reconnect() {
     let access: Value = http
         .get(api(&server, &format!("/docs/{id}/access")))
         .bearer_auth(&owner)
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+        .json_body()
+        .await;
     assert_eq!(
         access,
         json!([{"user": "dee", "role": "viewer"}, {"user": "owner", "role": "owner"}])
@@ -801,12 +759,8 @@ async fn scopes_hold_at_the_edges() {
         .post(api(&server, "/docs"))
         .bearer_auth(&ann)
         .json(&json!({"name": "handover"}))
-        .send()
-        .await
-        .expect("post")
-        .json()
-        .await
-        .expect("json");
+        .json_body()
+        .await;
     let id = doc["id"].as_i64().expect("id");
     let moved = http
         .patch(api(&server, &format!("/docs/{id}")))
@@ -820,12 +774,8 @@ async fn scopes_hold_at_the_edges() {
     let access: Value = http
         .get(api(&server, &format!("/docs/{id}/access")))
         .bearer_auth(ADMIN)
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+        .json_body()
+        .await;
     assert_eq!(
         access,
         json!([{"user": "ann", "role": "editor"}, {"user": "bo", "role": "owner"}])

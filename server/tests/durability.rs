@@ -26,13 +26,8 @@ async fn a_restart_keeps_every_document() {
         c.close().await;
     }
     // Let the rooms unload (final snapshot), then keep editing one of them.
-    let ok = tokio::time::timeout(PATIENCE, async {
-        while server.metric("quire_rooms_loaded").await > 0.0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    assert!(ok.is_ok(), "idle rooms unload");
+    // Idle rooms unload.
+    server.wait_metric("quire_rooms_loaded", |v| v == 0.0).await;
     let mut c = Client::connect(&server.url("doc-0"), 50).await;
     assert_eq!(c.text(), "0".repeat(10));
     c.insert(0, "after-unload ").await;
@@ -111,13 +106,9 @@ async fn compaction_keeps_the_content_and_shrinks_the_log() {
     }
     let expected = c.text();
     // 35 updates, snapshot every 10: 3 snapshots and 5 rows left in the log.
-    let ok = tokio::time::timeout(PATIENCE, async {
-        while server.metric("quire_snapshots_total").await < 3.0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(ok.is_ok(), "three snapshots written");
+    server
+        .wait_metric("quire_snapshots_total", |v| v >= 3.0)
+        .await;
     assert_eq!(log_rows(&db, "compact").await, 5);
     let pool = open_db(&db).await;
     let (seq, size): (i64, i64) = sqlx::query_as(
@@ -320,13 +311,10 @@ async fn a_room_answers_a_snapshot_conflict_by_reloading() {
         c.insert(i, "b").await;
     }
     c.durable_ack(2).await;
-    let ok = tokio::time::timeout(PATIENCE, async {
-        while server.metric("quire_snapshot_conflicts_total").await < 1.0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(ok.is_ok(), "the conflict is counted");
+    // The conflict is counted.
+    server
+        .wait_metric("quire_snapshot_conflicts_total", |v| v >= 1.0)
+        .await;
     // The room reloaded and keeps working; the next snapshot succeeds with the new version.
     for i in 6..12u32 {
         c.insert(i, "c").await;

@@ -134,12 +134,8 @@ async fn every_event_arrives_despite_failures_with_one_id_per_event() {
     let doc: Value = http
         .post(api("/docs"))
         .json(&json!({"name": "hooked"}))
-        .send()
-        .await
-        .expect("post")
-        .json()
-        .await
-        .expect("json");
+        .json_body()
+        .await;
     let id = doc["id"].as_i64().expect("id");
     // Thirty edits well inside one debounce interval: one document.updated, with the last seq.
     let mut c = Client::connect(&server.url("hooked"), 1).await;
@@ -202,14 +198,7 @@ async fn every_event_arrives_despite_failures_with_one_id_per_event() {
     );
     assert_eq!(updated[0].body["data"]["name"], "hooked");
 
-    let outbox: Value = http
-        .get(api("/admin/outbox"))
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let outbox: Value = http.get(api("/admin/outbox")).json_body().await;
     let events = outbox["events"].as_array().expect("events");
     assert_eq!(events.len(), 4);
     assert!(events.iter().all(|e| e["status"] == "delivered"));
@@ -233,14 +222,7 @@ async fn an_event_that_exhausts_its_attempts_moves_to_the_dead_letter_table() {
         .expect("post");
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let dead = loop {
-        let outbox: Value = http
-            .get(api("/admin/outbox"))
-            .send()
-            .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json");
+        let outbox: Value = http.get(api("/admin/outbox")).json_body().await;
         if let Some(d) = outbox["dead"].as_array().filter(|d| !d.is_empty()) {
             assert!(outbox["events"].as_array().is_some_and(|e| e.is_empty()));
             break d.clone();
@@ -286,14 +268,7 @@ async fn an_event_committed_before_sigkill_is_delivered_after_restart() {
     // Wait until a delivery has been tried (and failed), then kill the process.
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let event_id = loop {
-        let outbox: Value = http
-            .get(format!("{base}/admin/outbox"))
-            .send()
-            .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json");
+        let outbox: Value = http.get(format!("{base}/admin/outbox")).json_body().await;
         let e = &outbox["events"][0];
         if e["attempts"].as_i64().unwrap_or(0) >= 1 {
             assert_eq!(e["status"], "pending");

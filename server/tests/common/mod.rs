@@ -395,3 +395,33 @@ pub fn seed() -> u64 {
 pub fn shared<T>(t: T) -> Arc<T> {
     Arc::new(t)
 }
+
+/// Sends a request and decodes its JSON body (tests only: failures panic).
+#[allow(async_fn_in_trait)]
+pub trait JsonBody {
+    async fn json_body(self) -> serde_json::Value;
+}
+
+impl JsonBody for reqwest::RequestBuilder {
+    async fn json_body(self) -> serde_json::Value {
+        self.send()
+            .await
+            .expect("send")
+            .json()
+            .await
+            .expect("json body")
+    }
+}
+
+impl TestServer {
+    /// Waits until a metric satisfies `done` (a test fails if it never does).
+    pub async fn wait_metric(&self, name: &str, done: impl Fn(f64) -> bool) {
+        let ok = tokio::time::timeout(PATIENCE, async {
+            while !done(self.metric(name).await) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(ok.is_ok(), "metric {name} never reached the expected value");
+    }
+}
