@@ -78,6 +78,9 @@ pub struct Settings {
     /// Outbound queue length per connection, in messages; overflow closes with 1013 [default: 1024]
     #[arg(long, env = "QUIRE_PEER_QUEUE")]
     pub peer_queue: Option<usize>,
+    /// Bytes a WebSocket connection reads per system call; small keeps idle connections cheap [default: 128]
+    #[arg(long, env = "QUIRE_WS_READ_BUFFER")]
+    pub ws_read_buffer: Option<usize>,
     /// Inbound queue length per room, in messages [default: 1024]
     #[arg(long, env = "QUIRE_ROOM_QUEUE")]
     pub room_queue: Option<usize>,
@@ -173,6 +176,7 @@ pub struct WebhookConfig {
 pub struct Limits {
     pub max_message_size: usize,
     pub peer_queue: usize,
+    pub ws_read_buffer: usize,
     pub room_queue: usize,
 }
 
@@ -187,6 +191,9 @@ pub struct RoomConfig {
     pub load_retry_delay: Duration,
     pub snapshot_updates: u64,
     pub snapshot_bytes: u64,
+    /// How often the room asks its connections to ping their clients (the connection-level
+    /// `ping_interval`; the room drives it so idle connections need no timer of their own).
+    pub ping_interval: Duration,
 }
 
 impl Default for Config {
@@ -219,6 +226,7 @@ impl Settings {
             max_doc_size,
             max_connections_per_doc,
             peer_queue,
+            ws_read_buffer,
             room_queue,
             commit_batch,
             ping_interval,
@@ -257,12 +265,14 @@ impl Settings {
                 max_message_size: self.max_message_size.unwrap_or(16 << 20),
                 // The room pushes at least two messages (step 1, awareness) on join.
                 peer_queue: self.peer_queue.unwrap_or(1024).max(4),
+                ws_read_buffer: self.ws_read_buffer.unwrap_or(128).max(16),
                 room_queue: self.room_queue.unwrap_or(1024).max(1),
             },
             ping_interval: d(self.ping_interval, Duration::from_secs(30)),
             idle_timeout: d(self.idle_timeout, Duration::from_secs(90)),
             shutdown_grace: d(self.shutdown_grace, Duration::from_secs(10)),
             room: RoomConfig {
+                ping_interval: d(self.ping_interval, Duration::from_secs(30)),
                 max_doc_size: self.max_doc_size.unwrap_or(256 << 20),
                 max_connections: self.max_connections_per_doc.unwrap_or(1000).max(1),
                 commit_batch: self.commit_batch.unwrap_or(1024).max(1),

@@ -114,7 +114,10 @@ pub async fn run_with_stores(
     let registry = Registry::new(
         stores.docs.clone(),
         metrics.clone(),
-        config.room.clone(),
+        config::RoomConfig {
+            ping_interval: config.ping_interval,
+            ..config.room.clone()
+        },
         config.limits.room_queue,
         shutdown.clone(),
     );

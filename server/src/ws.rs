@@ -5,13 +5,14 @@
 //! queue the room fills; if the socket stops draining, the queue fills, and the room closes the
 //! peer with 1013 instead of waiting for it.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket};
 use bytes::Bytes;
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Duration, Instant};
 use tracing::{debug, info_span, Instrument};
 use yrs::updates::decoder::Decode;
@@ -19,6 +20,7 @@ use yrs::Update;
 
 use crate::close;
 use crate::protocol::{self, Message};
+use crate::room::queue::{self, Next, QueueRx};
 use crate::room::{
     CloseReason, DocName, JoinError, PeerAuth, PeerLink, PeerMsg, Registry, RoomHandle,
 };
@@ -37,19 +39,31 @@ const JOIN_ATTEMPTS: usize = 8;
 
 static NEXT_PEER: AtomicU64 = AtomicU64::new(1);
 
+type Sink = SplitSink<WebSocket, WsMessage>;
+type Stream = SplitStream<WebSocket>;
+
 /// Serves one upgraded connection to document `name` until it closes.
-pub async fn serve(socket: WebSocket, name: DocName, auth: PeerAuth, app: AppState) {
+///
+/// The socket is split before the connection's future exists: it then lives once, in the
+/// halves' shared cell, instead of being copied into every layer of the future (which is
+/// most of an idle connection's memory).
+pub fn serve(
+    socket: WebSocket,
+    name: DocName,
+    auth: PeerAuth,
+    app: AppState,
+) -> impl Future<Output = ()> + Send {
     let peer = NEXT_PEER.fetch_add(1, Ordering::Relaxed);
     let user = auth.user.as_deref().unwrap_or("-").to_owned();
     let span = info_span!("conn", doc = %name, peer, user = %user);
+    let (sink, stream) = socket.split();
     async move {
         app.metrics.connections.inc();
-        let reason = serve_inner(socket, &name, peer, auth, &app).await;
+        let reason = serve_inner(sink, stream, &name, peer, auth, &app).await;
         debug!(code = reason.code, reason = %reason.reason, "closed");
         app.metrics.connections.dec();
     }
     .instrument(span)
-    .await
 }
 
 async fn join(
@@ -58,26 +72,17 @@ async fn join(
     peer: u64,
     auth: PeerAuth,
     queue: usize,
-) -> Result<
-    (
-        RoomHandle,
-        mpsc::Receiver<Bytes>,
-        oneshot::Receiver<CloseReason>,
-    ),
-    CloseReason,
-> {
+) -> Result<(RoomHandle, QueueRx), CloseReason> {
     for _ in 0..JOIN_ATTEMPTS {
         let room = registry.get_or_start(name).map_err(join_close)?;
-        let (tx, rx) = mpsc::channel(queue);
-        let (kill, kill_rx) = oneshot::channel();
+        let (tx, rx) = queue::queue(queue);
         let link = PeerLink {
             id: peer,
             auth: auth.clone(),
             tx,
-            kill,
         };
         match room.join(link).await {
-            Ok(()) => return Ok((room, rx, kill_rx)),
+            Ok(()) => return Ok((room, rx)),
             Err(JoinError::Gone) => continue,
             Err(e) => return Err(join_close(e)),
         }
@@ -103,117 +108,121 @@ fn join_close(e: JoinError) -> CloseReason {
     }
 }
 
-async fn serve_inner(
-    mut socket: WebSocket,
-    name: &DocName,
+/// (A plain function returning an `async move` block: an `async fn` would keep its
+/// arguments twice in the future, once as arguments and once as locals.)
+#[allow(clippy::manual_async_fn)] // deliberately not `async fn`: see above
+fn serve_inner<'a>(
+    mut sink: Sink,
+    mut stream: Stream,
+    name: &'a DocName,
     peer: u64,
     auth: PeerAuth,
-    app: &AppState,
-) -> CloseReason {
-    let token = auth.token_id.clone().zip(auth.user.clone());
-    let issued_at = auth.issued_at;
-    let (room, mut out_rx, mut kill_rx) = match join(
-        &app.registry,
-        name,
-        peer,
-        auth,
-        app.config.limits.peer_queue,
-    )
-    .await
-    {
-        Ok(joined) => joined,
-        Err(reason) => {
-            send_close(&mut socket, &reason).await;
-            return reason;
-        }
-    };
-    // A revocation applied between the token check and the join missed this peer in the room
-    // (revocations update the in-memory set before they tell the rooms), so look again.
-    if let Some((token_id, user)) = token {
-        if app.auth.is_revoked(&token_id, &user, issued_at) {
-            room.leave(peer).await;
-            let reason = CloseReason::new(close::FORBIDDEN, "access revoked");
-            send_close(&mut socket, &reason).await;
-            return reason;
-        }
-    }
-    let (mut sink, mut stream) = socket.split();
-    // Milliseconds since `opened` at which the last frame arrived (shared by both halves).
-    let opened = Instant::now();
-    let last_seen = AtomicU64::new(0);
-    let mark_seen = || last_seen.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);
-    let ping_every = app.config.ping_interval;
-    let idle_timeout = app.config.idle_timeout;
-
-    let reader = async {
-        while let Some(frame) = stream.next().await {
-            mark_seen();
-            match frame {
-                Ok(WsMessage::Binary(data)) => {
-                    let msgs = match to_peer_msgs(&data) {
-                        Ok(msgs) => msgs,
-                        Err(detail) => {
-                            app.metrics.malformed_messages.inc();
-                            debug!(%detail, "malformed message");
-                            return Some(CloseReason::new(close::MALFORMED, truncate(detail)));
-                        }
-                    };
-                    if !msgs.is_empty() && room.send(peer, msgs).await.is_err() {
-                        return Some(CloseReason::new(
-                            close::INTERNAL,
-                            "document closed, reconnect",
-                        ));
-                    }
-                }
-                Ok(WsMessage::Text(_)) => {
-                    return Some(CloseReason::new(
-                        close::UNSUPPORTED_DATA,
-                        "text frames are not part of the protocol",
-                    ))
-                }
-                Ok(WsMessage::Ping(_)) | Ok(WsMessage::Pong(_)) => {}
-                Ok(WsMessage::Close(_)) => return None,
-                Err(e) => {
-                    let text = e.to_string();
-                    if text.contains("Space limit exceeded")
-                        || text.contains("too big")
-                        || text.contains("too long")
-                    {
-                        return Some(CloseReason::new(close::MESSAGE_TOO_BIG, "message too big"));
-                    }
-                    debug!(error = %text, "read error");
-                    return None;
-                }
+    app: &'a AppState,
+) -> impl Future<Output = CloseReason> + Send + 'a {
+    async move {
+        let token = auth.token_id.clone().zip(auth.user.clone());
+        let issued_at = auth.issued_at;
+        // Boxed: joining happens once, and its future is larger than the rest of the connection's.
+        let (room, out_rx) = match Box::pin(join(
+            &app.registry,
+            name,
+            peer,
+            auth,
+            app.config.limits.peer_queue,
+        ))
+        .await
+        {
+            Ok(joined) => joined,
+            Err(reason) => {
+                send_close(&mut sink, &reason).await;
+                return reason;
+            }
+        };
+        // A revocation applied between the token check and the join missed this peer in the room
+        // (revocations update the in-memory set before they tell the rooms), so look again.
+        if let Some((token_id, user)) = token {
+            if app.auth.is_revoked(&token_id, &user, issued_at) {
+                room.leave(peer).await;
+                let reason = CloseReason::new(close::FORBIDDEN, "access revoked");
+                send_close(&mut sink, &reason).await;
+                return reason;
             }
         }
-        None
-    };
+        // Milliseconds since `opened` at which the last frame arrived (shared by both halves).
+        let opened = Instant::now();
+        let last_seen = AtomicU64::new(0);
+        let mark_seen = || last_seen.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);
+        let idle_timeout = app.config.idle_timeout;
 
-    let writer = async {
-        let mut ping = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
-        loop {
-            tokio::select! {
-                biased;
-                reason = &mut kill_rx => return Some(killed(reason)),
-                frame = out_rx.recv() => match frame {
-                    Some(frame) => {
+        let reader = async {
+            while let Some(frame) = stream.next().await {
+                mark_seen();
+                match frame {
+                    Ok(WsMessage::Binary(data)) => {
+                        let msgs = match to_peer_msgs(&data) {
+                            Ok(msgs) => msgs,
+                            Err(detail) => {
+                                app.metrics.malformed_messages.inc();
+                                debug!(%detail, "malformed message");
+                                return Some(CloseReason::new(close::MALFORMED, truncate(detail)));
+                            }
+                        };
+                        if !msgs.is_empty() && room.send(peer, msgs).await.is_err() {
+                            return Some(CloseReason::new(
+                                close::INTERNAL,
+                                "document closed, reconnect",
+                            ));
+                        }
+                    }
+                    Ok(WsMessage::Text(_)) => {
+                        return Some(CloseReason::new(
+                            close::UNSUPPORTED_DATA,
+                            "text frames are not part of the protocol",
+                        ))
+                    }
+                    Ok(WsMessage::Ping(_)) | Ok(WsMessage::Pong(_)) => {}
+                    Ok(WsMessage::Close(_)) => return None,
+                    Err(e) => {
+                        let text = e.to_string();
+                        if text.contains("Space limit exceeded")
+                            || text.contains("too big")
+                            || text.contains("too long")
+                        {
+                            return Some(CloseReason::new(
+                                close::MESSAGE_TOO_BIG,
+                                "message too big",
+                            ));
+                        }
+                        debug!(error = %text, "read error");
+                        return None;
+                    }
+                }
+            }
+            None
+        };
+
+        let writer = async {
+            loop {
+                match out_rx.recv().await {
+                    Next::Frame(frame) => {
                         // A peer that stops reading blocks this send; the room's close order
                         // (1013 when its queue overflows) must still get through.
                         // Everything already queued goes out with the same flush: one write
                         // for a burst of frames instead of one per frame.
-                        let burst = async {
+                        // Boxed: an idle connection's future then has no room for it.
+                        let burst = Box::pin(async {
                             sink.feed(WsMessage::Binary(frame)).await?;
                             for _ in 1..MAX_FRAMES_PER_FLUSH {
                                 match out_rx.try_recv() {
-                                    Ok(next) => sink.feed(WsMessage::Binary(next)).await?,
-                                    Err(_) => break,
+                                    Some(next) => sink.feed(WsMessage::Binary(next)).await?,
+                                    None => break,
                                 }
                             }
                             sink.flush().await
-                        };
+                        });
                         tokio::select! {
                             biased;
-                            reason = &mut kill_rx => return Some(killed(reason)),
+                            reason = out_rx.killed() => return Some(reason),
                             sent = burst => {
                                 if sent.is_err() {
                                     return None;
@@ -221,67 +230,73 @@ async fn serve_inner(
                             }
                         }
                     }
-                    None => return Some(CloseReason::new(close::INTERNAL, "document closed, reconnect")),
-                },
-                _ = ping.tick() => {
-                    let seen = opened + Duration::from_millis(last_seen.load(Ordering::Relaxed));
-                    if seen.elapsed() >= idle_timeout {
-                        return Some(CloseReason::new(close::GOING_AWAY, "idle timeout"));
-                    }
-                    if sink.send(WsMessage::Ping(Bytes::new())).await.is_err() {
-                        return None;
-                    }
-                }
-            }
-        }
-    };
-
-    let outcome = tokio::select! {
-        r = reader => r,
-        w = writer => w,
-    };
-    room.leave(peer).await;
-    match outcome {
-        Some(reason) => {
-            let frame = WsMessage::Close(Some(CloseFrame {
-                code: reason.code,
-                reason: reason.reason.to_string().into(),
-            }));
-            // The close handshake: send ours, then read until the client's Close (or the
-            // timeout) so the client sees our code instead of a reset connection.
-            let patience = if reason.code == close::TRY_AGAIN_LATER {
-                BACKPRESSURE_CLOSE_TIMEOUT
-            } else {
-                CLOSE_TIMEOUT
-            };
-            let _ = tokio::time::timeout(patience, async {
-                if sink.send(frame).await.is_ok() {
-                    while let Some(Ok(msg)) = stream.next().await {
-                        if matches!(msg, WsMessage::Close(_)) {
-                            break;
+                    // The room's keep-alive tick: close a client silent for too long, ping
+                    // the others.
+                    Next::Ping => {
+                        let seen =
+                            opened + Duration::from_millis(last_seen.load(Ordering::Relaxed));
+                        if seen.elapsed() >= idle_timeout {
+                            return Some(CloseReason::new(close::GOING_AWAY, "idle timeout"));
+                        }
+                        let ping = Box::pin(sink.send(WsMessage::Ping(Bytes::new())));
+                        tokio::select! {
+                            biased;
+                            reason = out_rx.killed() => return Some(reason),
+                            sent = ping => {
+                                if sent.is_err() {
+                                    return None;
+                                }
+                            }
                         }
                     }
+                    Next::Kill(reason) => return Some(reason),
+                    Next::Closed => return Some(queue::closed_reason()),
                 }
-                let _ = sink.close().await;
-            })
-            .await;
-            reason
+            }
+        };
+
+        let outcome = tokio::select! {
+            r = reader => r,
+            w = writer => w,
+        };
+        room.leave(peer).await;
+        match outcome {
+            Some(reason) => {
+                let frame = WsMessage::Close(Some(CloseFrame {
+                    code: reason.code,
+                    reason: reason.reason.to_string().into(),
+                }));
+                // The close handshake: send ours, then read until the client's Close (or the
+                // timeout) so the client sees our code instead of a reset connection.
+                let patience = if reason.code == close::TRY_AGAIN_LATER {
+                    BACKPRESSURE_CLOSE_TIMEOUT
+                } else {
+                    CLOSE_TIMEOUT
+                };
+                let _ = tokio::time::timeout(patience, async {
+                    if sink.send(frame).await.is_ok() {
+                        while let Some(Ok(msg)) = stream.next().await {
+                            if matches!(msg, WsMessage::Close(_)) {
+                                break;
+                            }
+                        }
+                    }
+                    let _ = sink.close().await;
+                })
+                .await;
+                reason
+            }
+            None => CloseReason::new(1000, "closed by peer"),
         }
-        None => CloseReason::new(1000, "closed by peer"),
     }
 }
 
-/// The room's close order; a room that vanished without one (it panicked) means 1011.
-fn killed(reason: Result<CloseReason, oneshot::error::RecvError>) -> CloseReason {
-    reason.unwrap_or_else(|_| CloseReason::new(close::INTERNAL, "document closed, reconnect"))
-}
-
-async fn send_close(socket: &mut WebSocket, reason: &CloseReason) {
+async fn send_close(sink: &mut Sink, reason: &CloseReason) {
     let frame = WsMessage::Close(Some(CloseFrame {
         code: reason.code,
         reason: reason.reason.to_string().into(),
     }));
-    let _ = tokio::time::timeout(CLOSE_TIMEOUT, socket.send(frame)).await;
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.send(frame)).await;
 }
 
 /// Close reasons must fit a control frame (123 bytes).

@@ -21,6 +21,7 @@ use yrs::updates::decoder::Decode;
 use yrs::{Doc, ReadTxn, StateVector, Transact, Update};
 
 use super::awareness::AwarenessTable;
+use super::queue::{QueueTx, SendError};
 use super::{
     ApplyError, CloseReason, DocName, JoinError, PeerAuth, PeerFilter, PeerId, PeerLink, PeerMsg,
     Registry, RoomCmd,
@@ -162,8 +163,7 @@ fn build_doc(stored: &StoredDoc) -> Result<Doc, LoadError> {
 }
 
 struct Peer {
-    tx: mpsc::Sender<Bytes>,
-    kill: Option<tokio::sync::oneshot::Sender<CloseReason>>,
+    tx: QueueTx,
     auth: PeerAuth,
 }
 
@@ -314,6 +314,11 @@ impl Room {
             (self.registry.config.awareness_timeout / 6).max(Duration::from_millis(100));
         let mut sweep = tokio::time::interval(sweep_every);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // One keep-alive timer per room instead of one per connection: each tick asks every
+        // connection to check its client is alive and ping it.
+        let ping_every = self.registry.config.ping_interval;
+        let mut keepalive = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
+        keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let shutdown = self.registry.shutdown.clone();
         let exit = loop {
             if let Some(seen) = self.reload_needed.take() {
@@ -351,6 +356,11 @@ impl Room {
                     let now = Instant::now();
                     if let Some(gone) = self.awareness.expire(now, self.registry.config.awareness_timeout) {
                         self.broadcast(&protocol::encode_awareness(&gone), None);
+                    }
+                }
+                _ = keepalive.tick(), if !self.peers.is_empty() => {
+                    for peer in self.peers.values() {
+                        peer.tx.ping();
                     }
                 }
                 _ = shutdown.cancelled() => break Exit::Shutdown,
@@ -460,21 +470,14 @@ impl Room {
         if self.peers.len() >= self.registry.config.max_connections {
             return Err(JoinError::Full);
         }
-        let PeerLink { id, auth, tx, kill } = link;
+        let PeerLink { id, auth, tx } = link;
         // The queue is empty and at least 4 long (config), so these cannot overflow.
         let sv = self.doc.transact().state_vector();
         let _ = tx.try_send(protocol::encode_step1(&sv));
         if let Some(all) = self.awareness.full_state() {
             let _ = tx.try_send(protocol::encode_awareness(&all));
         }
-        self.peers.insert(
-            id,
-            Peer {
-                tx,
-                kill: Some(kill),
-                auth,
-            },
-        );
+        self.peers.insert(id, Peer { tx, auth });
         self.unload_at = None;
         Ok(())
     }
@@ -903,7 +906,7 @@ impl Room {
             if Some(*id) == except {
                 continue;
             }
-            if let Err(mpsc::error::TrySendError::Full(_)) = peer.tx.try_send(frame.clone()) {
+            if let Err(SendError::Full) = peer.tx.try_send(frame.clone()) {
                 overflowed.push(*id);
             }
         }
@@ -914,10 +917,7 @@ impl Room {
 
     fn send_to(&mut self, peer: PeerId, frame: Bytes) {
         let full = match self.peers.get(&peer) {
-            Some(p) => matches!(
-                p.tx.try_send(frame),
-                Err(mpsc::error::TrySendError::Full(_))
-            ),
+            Some(p) => matches!(p.tx.try_send(frame), Err(SendError::Full)),
             None => false,
         };
         if full {
@@ -939,10 +939,8 @@ impl Room {
 
     /// Tells a peer's connection to close and forgets the peer.
     fn close_peer(&mut self, peer: PeerId, reason: CloseReason) {
-        if let Some(p) = self.peers.get_mut(&peer) {
-            if let Some(kill) = p.kill.take() {
-                let _ = kill.send(reason);
-            }
+        if let Some(p) = self.peers.get(&peer) {
+            p.tx.kill(reason);
         }
         self.remove_peer(peer);
     }
@@ -961,10 +959,8 @@ impl Room {
     }
 
     fn close_all(&mut self, reason: CloseReason) {
-        for (_, mut peer) in self.peers.drain() {
-            if let Some(kill) = peer.kill.take() {
-                let _ = kill.send(reason.clone());
-            }
+        for (_, peer) in self.peers.drain() {
+            peer.tx.kill(reason.clone());
         }
     }
 }

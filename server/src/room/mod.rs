@@ -6,10 +6,12 @@
 
 mod actor;
 pub mod awareness;
+pub mod queue;
 mod registry;
 
 use std::borrow::Cow;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -82,7 +84,7 @@ impl fmt::Display for DocName {
     }
 }
 
-/// Why the room asks a connection to close: sent on the peer's kill channel.
+/// Why the room asks a connection to close: sent through the peer's queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CloseReason {
     pub code: u16,
@@ -121,10 +123,9 @@ pub enum PeerFilter {
 pub struct PeerLink {
     pub id: PeerId,
     pub auth: PeerAuth,
-    /// Outbound frames, already encoded. Bounded: a full queue closes the peer with 1013.
-    pub tx: mpsc::Sender<Bytes>,
-    /// Tells the connection to close with a code and reason.
-    pub kill: oneshot::Sender<CloseReason>,
+    /// Outbound frames, already encoded, and the order to close. Bounded: a full queue
+    /// closes the peer with 1013.
+    pub tx: queue::QueueTx,
 }
 
 /// One decoded message from a peer, as the room consumes it.
@@ -224,15 +225,33 @@ impl RoomHandle {
 
     /// Sends a peer's messages. Waits while the room's queue is full (backpressure on that
     /// peer's socket). Fails only if the room has stopped.
-    pub async fn send(&self, peer: PeerId, msgs: Vec<PeerMsg>) -> Result<(), ()> {
-        self.tx
-            .send(RoomCmd::Messages { peer, msgs })
-            .await
-            .map_err(|_| ())
+    pub fn send(
+        &self,
+        peer: PeerId,
+        msgs: Vec<PeerMsg>,
+    ) -> impl Future<Output = Result<(), ()>> + Send + '_ {
+        self.send_cmd(RoomCmd::Messages { peer, msgs })
     }
 
     pub async fn leave(&self, peer: PeerId) {
-        let _ = self.tx.send(RoomCmd::Leave { peer }).await;
+        let _ = self.send_cmd(RoomCmd::Leave { peer }).await;
+    }
+
+    /// Queues `cmd` at once if there is room (the usual case); otherwise the returned future
+    /// waits for room. The waiting path is boxed: it is rare, and keeping it out of line keeps
+    /// small the future every connection holds (a queue-send future is about 300 bytes).
+    fn send_cmd(&self, cmd: RoomCmd) -> impl Future<Output = Result<(), ()>> + Send + '_ {
+        let waiting = match self.tx.try_send(cmd) {
+            Ok(()) => Ok(None),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
+            Err(mpsc::error::TrySendError::Full(cmd)) => Ok(Some(Box::pin(self.tx.send(cmd)))),
+        };
+        async move {
+            match waiting? {
+                None => Ok(()),
+                Some(send) => send.await.map_err(|_| ()),
+            }
+        }
     }
 
     /// Sends any other command; fails if the room has stopped.
