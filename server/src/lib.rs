@@ -3,7 +3,7 @@
 //! Map of the crate, from the bytes up:
 //! - [`protocol`]: y-websocket messages as pure functions over bytes.
 //! - [`storage`]: the [`storage::DocStore`] trait (append-only log, snapshots with an
-//!   optimistic version check) and its SQLite implementation.
+//!   optimistic version check) and its SQLite and PostgreSQL implementations.
 //! - [`room`]: one task per loaded document, the only writer of its `Doc` and log; the
 //!   [`room::Registry`] that starts rooms on demand.
 //! - [`ws`]: one WebSocket connection, between a socket and a room.
@@ -37,6 +37,7 @@ use config::Config;
 use metrics::Metrics;
 use room::Registry;
 use storage::api::ApiStore;
+use storage::postgres::{is_postgres_url, PgStore};
 use storage::sqlite::{EventSettings, SqliteStore};
 use storage::{DocStore, StorageError};
 
@@ -62,16 +63,29 @@ pub struct Stores {
     pub events_written: Arc<Notify>,
 }
 
-/// Opens the configured database and applies migrations.
+/// Opens the configured database and applies migrations. The URL scheme picks the backend:
+/// `sqlite:` or `postgres:` / `postgresql:`.
 pub async fn open_stores(config: &Config) -> Result<Stores, StorageError> {
     let events = EventSettings {
         enabled: !config.webhooks.urls.is_empty(),
         debounce: config.webhooks.debounce,
     };
-    let store = Arc::new(
-        SqliteStore::connect_with_events(&config.database_url, config.sqlite_synchronous, events)
-            .await?,
-    );
+    let url = config.database_url.as_str();
+    if is_postgres_url(url) {
+        let store = Arc::new(PgStore::connect_with_events(url, events).await?);
+        return Ok(Stores {
+            events_written: store.events_notify(),
+            docs: store.clone(),
+            api: store,
+        });
+    }
+    if !url.starts_with("sqlite:") {
+        return Err(StorageError::UnsupportedUrl(crate::storage::redact_url(
+            url,
+        )));
+    }
+    let store =
+        Arc::new(SqliteStore::connect_with_events(url, config.sqlite_synchronous, events).await?);
     Ok(Stores {
         events_written: store.events_notify(),
         docs: store.clone(),

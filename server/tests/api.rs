@@ -320,7 +320,7 @@ async fn content_goes_through_the_room_and_reaches_live_clients() {
     let body: Value = resp.json().await.expect("json");
     assert_eq!(body["seq"], 1, "committed as log row 1");
     assert!(live.pump_until(PATIENCE, |c| c.text() == "over http").await);
-    assert_eq!(log_rows(&db_path(dir.path()), "content").await, 1);
+    assert_eq!(log_rows(dir.path(), "content").await, 1);
 
     // Full state, then only the difference from a state vector.
     let full = http
@@ -486,7 +486,7 @@ async fn tokens_scope_sockets_and_api_calls() {
         "told with an Auth permission-denied message"
     );
     reader.durable_ack(2).await;
-    assert_eq!(log_rows(&db_path(dir.path()), "doc-a").await, 1);
+    assert_eq!(log_rows(dir.path(), "doc-a").await, 1);
     let check = Client::connect(&ws("doc-a", &for_a), 3).await;
     assert_eq!(check.text(), "from writer");
 
@@ -601,15 +601,10 @@ async fn revoking_a_token_or_a_user_closes_their_sockets_with_4403() {
     assert!(again.to_string().contains("401"));
 
     // A revocation written by another process (the CLI) is picked up by the watcher.
-    let store = quire_server::storage::sqlite::SqliteStore::connect(
-        &test_config(dir.path()).database_url,
-        quire_server::config::SqliteSync::Full,
-    )
-    .await
-    .expect("store");
+    let store = open_test_stores(dir.path()).await.api;
     let started = tokio::time::Instant::now();
     quire_server::storage::api::ApiStore::revoke(
-        &store,
+        &*store,
         None,
         Some("bo"),
         quire_server::storage::now_ms(),

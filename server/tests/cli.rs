@@ -53,13 +53,8 @@ fn help_documents_every_setting() {
 #[test]
 fn migrate_creates_the_schema_and_exits() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("m.db");
     let out = quire()
-        .args([
-            "migrate",
-            "--database",
-            &format!("sqlite://{}", db.display()),
-        ])
+        .args(["migrate", "--database", &database_url(dir.path())])
         .output()
         .expect("run");
     assert!(
@@ -69,12 +64,14 @@ fn migrate_creates_the_schema_and_exits() {
     );
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
-        let pool = open_db(&db).await;
-        let tables: Vec<(String,)> =
-            sqlx::query_as("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-                .fetch_all(&pool)
-                .await
-                .expect("tables");
+        let pool = open_db(dir.path()).await;
+        let sql = if on_postgres() {
+            "SELECT CAST(table_name AS TEXT) FROM information_schema.tables \
+             WHERE table_schema = 'public' ORDER BY table_name"
+        } else {
+            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+        };
+        let tables: Vec<(String,)> = sqlx::query_as(sql).fetch_all(&pool).await.expect("tables");
         let names: Vec<_> = tables.into_iter().map(|t| t.0).collect();
         assert!(names.contains(&"documents".to_string()), "{names:?}");
         assert!(names.contains(&"doc_updates".to_string()), "{names:?}");
@@ -90,7 +87,7 @@ fn flags_beat_environment_which_beats_the_config_file() {
     let taken = taken.local_addr().expect("addr").to_string();
     let file = dir.path().join("quire.toml");
     std::fs::write(&file, format!("bind = \"{taken}\"\nlog = \"warn\"\n")).expect("write");
-    let db = format!("sqlite://{}", dir.path().join("c.db").display());
+    let db = database_url(dir.path());
 
     let start = |env_bind: Option<&str>, flag_bind: Option<&str>| {
         let mut cmd = quire();
@@ -137,8 +134,8 @@ fn flags_beat_environment_which_beats_the_config_file() {
 #[tokio::test]
 async fn sigterm_commits_closes_with_1001_and_exits_cleanly() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let db = db_path(dir.path());
-    let mut server = ServerProcess::start(&db, &["--log-format", "json"]).await;
+    let db = dir.path();
+    let mut server = ServerProcess::start(db, &["--log-format", "json"]).await;
     let mut c = Client::connect(&server.url("term"), 1).await;
     for i in 0..30 {
         c.insert(i, "t").await;
@@ -151,11 +148,11 @@ async fn sigterm_commits_closes_with_1001_and_exits_cleanly() {
         .expect("exits in time")
         .expect("status");
     assert!(status.success(), "{status:?}");
-    let server = ServerProcess::start(&db, &[]).await;
+    let server = ServerProcess::start(db, &[]).await;
     let again = Client::connect(&server.url("term"), 2).await;
     assert_eq!(again.text(), "t".repeat(30));
     assert_eq!(
-        log_rows(&db, "term").await,
+        log_rows(db, "term").await,
         0,
         "the shutdown snapshot covers the log"
     );
@@ -194,7 +191,7 @@ fn token_issue_prints_a_token_the_server_accepts_and_revoke_records_it() {
     assert_eq!(p.perm, quire_server::auth::Permission::Write);
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let db = format!("sqlite://{}", dir.path().join("t.db").display());
+    let db = database_url(dir.path());
     let out = quire()
         .args(["token", "revoke", "--user", "ann", "--database", &db])
         .output()

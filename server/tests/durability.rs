@@ -6,9 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use quire_server::config::SqliteSync;
-use quire_server::storage::sqlite::SqliteStore;
-use quire_server::storage::{DocStore, SnapshotOutcome, StorageError};
+use quire_server::storage::{SnapshotOutcome, StorageError};
 use tokio::sync::Barrier;
 use yrs::updates::decoder::Decode;
 use yrs::{Doc, GetString, ReadTxn, StateVector, Text, Transact, Update};
@@ -52,10 +50,10 @@ async fn a_restart_keeps_every_document() {
 #[tokio::test]
 async fn sigkill_right_after_clients_received_updates_loses_none_of_them() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let db = db_path(dir.path());
+    let db = dir.path();
     let seed = seed();
     for round in 0..3u64 {
-        let server = ServerProcess::start(&db, &[]).await;
+        let server = ServerProcess::start(db, &[]).await;
         let url = server.url("crash");
         let mut writer = Client::connect(&url, 10 + round).await;
         let mut watcher = Client::connect(&url, 20 + round).await;
@@ -77,7 +75,7 @@ async fn sigkill_right_after_clients_received_updates_loses_none_of_them() {
         let _ = writing.await;
         drop(server);
 
-        let server = ServerProcess::start(&db, &[]).await;
+        let server = ServerProcess::start(db, &[]).await;
         let fresh = Client::connect(&server.url("crash"), 30 + round).await;
         let have = fresh.state_vector();
         for (client, clock) in seen.iter() {
@@ -95,7 +93,7 @@ async fn sigkill_right_after_clients_received_updates_loses_none_of_them() {
 #[tokio::test]
 async fn compaction_keeps_the_content_and_shrinks_the_log() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let db = db_path(dir.path());
+    let db = dir.path();
     let mut cfg = test_config(dir.path());
     cfg.room.snapshot_updates = 10;
     let server = TestServer::start(cfg.clone()).await;
@@ -109,10 +107,10 @@ async fn compaction_keeps_the_content_and_shrinks_the_log() {
     server
         .wait_metric("quire_snapshots_total", |v| v >= 3.0)
         .await;
-    assert_eq!(log_rows(&db, "compact").await, 5);
-    let pool = open_db(&db).await;
+    assert_eq!(log_rows(db, "compact").await, 5);
+    let pool = open_db(db).await;
     let (seq, size): (i64, i64) = sqlx::query_as(
-        "SELECT snapshot_seq, length(snapshot) FROM documents WHERE name = 'compact'",
+        "SELECT snapshot_seq, CAST(length(snapshot) AS BIGINT) FROM documents WHERE name = 'compact'",
     )
     .fetch_one(&pool)
     .await
@@ -129,7 +127,7 @@ async fn compaction_keeps_the_content_and_shrinks_the_log() {
     assert_eq!(again.text(), expected);
     server.stop().await;
     assert_eq!(
-        log_rows(&db, "compact").await,
+        log_rows(db, "compact").await,
         0,
         "the final snapshot covers the log"
     );
@@ -179,17 +177,8 @@ fn text_of(doc: &Doc) -> String {
 async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
     for order in ["a-first", "b-first", "together"] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let url = format!("sqlite://{}", db_path(dir.path()).display());
-        let a = Arc::new(
-            SqliteStore::connect(&url, SqliteSync::Full)
-                .await
-                .expect("a"),
-        );
-        let b = Arc::new(
-            SqliteStore::connect(&url, SqliteSync::Full)
-                .await
-                .expect("b"),
-        );
+        let a = open_test_stores(dir.path()).await.docs;
+        let b = open_test_stores(dir.path()).await.docs;
 
         // Three client updates in the log.
         let base = Doc::with_client_id(1);
@@ -289,7 +278,7 @@ async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
 #[tokio::test]
 async fn a_room_answers_a_snapshot_conflict_by_reloading() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let db = db_path(dir.path());
+    let db = dir.path();
     let mut cfg = test_config(dir.path());
     cfg.room.snapshot_updates = 5;
     let server = TestServer::start(cfg.clone()).await;
@@ -299,7 +288,7 @@ async fn a_room_answers_a_snapshot_conflict_by_reloading() {
     }
     c.durable_ack(1).await;
     // Another writer bumps the row's version behind the room's back.
-    let pool = open_db(&db).await;
+    let pool = open_db(db).await;
     sqlx::query(
         "UPDATE documents SET snapshot_version = snapshot_version + 1 WHERE name = 'conflict'",
     )
@@ -334,7 +323,7 @@ async fn a_room_answers_a_snapshot_conflict_by_reloading() {
 #[tokio::test]
 async fn a_failed_load_refuses_with_1011_and_never_overwrites_stored_data() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let db = db_path(dir.path());
+    let db = dir.path();
     let mut cfg = test_config(dir.path());
     cfg.room.load_retry_delay = Duration::from_millis(300);
     let server = TestServer::start(cfg.clone()).await;
@@ -344,13 +333,14 @@ async fn a_failed_load_refuses_with_1011_and_never_overwrites_stored_data() {
     c.close().await;
     server.stop().await; // final snapshot written
 
-    let pool = open_db(&db).await;
+    let pool = open_db(db).await;
     let (good,): (Vec<u8>,) =
         sqlx::query_as("SELECT snapshot FROM documents WHERE name = 'fragile'")
             .fetch_one(&pool)
             .await
             .expect("snapshot");
-    sqlx::query("UPDATE documents SET snapshot = x'ffffffff' WHERE name = 'fragile'")
+    sqlx::query("UPDATE documents SET snapshot = $1 WHERE name = 'fragile'")
+        .bind(vec![0xffu8; 4])
         .execute(&pool)
         .await
         .expect("corrupt");
@@ -372,7 +362,7 @@ async fn a_failed_load_refuses_with_1011_and_never_overwrites_stored_data() {
     assert_eq!(still, vec![0xff; 4], "the stored row was not touched");
 
     // Repair, wait out the retry delay, and the document loads.
-    sqlx::query("UPDATE documents SET snapshot = ? WHERE name = 'fragile'")
+    sqlx::query("UPDATE documents SET snapshot = $1 WHERE name = 'fragile'")
         .bind(&good)
         .execute(&pool)
         .await
@@ -420,12 +410,7 @@ async fn silent_connections_are_closed_and_live_ones_are_kept() {
 #[tokio::test]
 async fn a_conflicting_append_fails_alone_in_a_group_commit() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}", db_path(dir.path()).display());
-    let store = Arc::new(
-        SqliteStore::connect(&url, SqliteSync::Full)
-            .await
-            .expect("store"),
-    );
+    let store = open_test_stores(dir.path()).await.docs;
     let base = Doc::with_client_id(1);
     let stale_doc = store.load("stale").await.expect("load");
     let u = text_update(1, &base, "x");
@@ -472,12 +457,7 @@ async fn a_conflicting_append_fails_alone_in_a_group_commit() {
 #[tokio::test]
 async fn a_stale_append_racing_a_snapshot_is_refused_or_kept_never_lost() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}", db_path(dir.path()).display());
-    let store = Arc::new(
-        SqliteStore::connect(&url, SqliteSync::Full)
-            .await
-            .expect("store"),
-    );
+    let store = open_test_stores(dir.path()).await.docs;
     for round in 0..20 {
         let name = format!("mixed-{round}");
         let d = store.load(&name).await.expect("load");

@@ -1,4 +1,4 @@
-//! Storage faults, injected around the real SQLite store: a failed commit is retried, and
+//! Storage faults, injected around the real store (SQLite or PostgreSQL): a failed commit is retried, and
 //! nothing is broadcast or acknowledged before it succeeds; a commit that keeps failing closes
 //! the document's connections with 1011, and the clients' resync brings their edits back.
 
@@ -10,15 +10,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use common::*;
-use quire_server::config::SqliteSync;
-use quire_server::storage::sqlite::SqliteStore;
 use quire_server::storage::{DocId, DocStore, SnapshotOutcome, StorageError, StoredDoc};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// The real store, with the next `fail_appends` appends failing as a disk error would.
 struct FaultyStore {
-    inner: Arc<SqliteStore>,
+    inner: Arc<dyn DocStore>,
     fail_appends: AtomicU32,
     appends_tried: AtomicU32,
 }
@@ -60,20 +58,16 @@ async fn start(
 ) -> (std::net::SocketAddr, Arc<FaultyStore>, CancellationToken) {
     init_tracing();
     let cfg = test_config(dir);
-    let inner = Arc::new(
-        SqliteStore::connect(&cfg.database_url, SqliteSync::Full)
-            .await
-            .expect("store"),
-    );
+    let real = open_test_stores(dir).await;
     let store = Arc::new(FaultyStore {
-        inner: inner.clone(),
+        inner: real.docs.clone(),
         fail_appends: AtomicU32::new(0),
         appends_tried: AtomicU32::new(0),
     });
     let stores = quire_server::Stores {
         docs: store.clone(),
-        api: inner.clone(),
-        events_written: inner.events_notify(),
+        api: real.api,
+        events_written: real.events_written,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -104,7 +98,7 @@ async fn a_failed_commit_is_retried_and_nothing_is_sent_before_it_succeeds() {
     );
     assert!(b.pump_until(PATIENCE, |c| c.text() == "survives").await);
     assert_eq!(b.updates_received, 1, "broadcast once, after the commit");
-    assert_eq!(log_rows(&db_path(dir.path()), "flaky").await, 1);
+    assert_eq!(log_rows(dir.path(), "flaky").await, 1);
     token.cancel();
 }
 
@@ -124,7 +118,7 @@ async fn a_commit_that_keeps_failing_closes_the_room_with_1011_and_clients_resyn
     assert!(a.acks_received.is_empty(), "never acknowledged");
     assert_eq!(b.updates_received, 0, "never broadcast");
     assert_eq!(b.text(), "");
-    assert_eq!(log_rows(&db_path(dir.path()), "broken").await, 0);
+    assert_eq!(log_rows(dir.path(), "broken").await, 0);
 
     // Storage recovers; the client reconnects with its document and the handshake re-sends it.
     store.fail_appends.store(0, Ordering::SeqCst);

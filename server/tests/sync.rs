@@ -79,7 +79,7 @@ async fn a_duplicate_update_is_neither_logged_nor_broadcast() {
     );
     assert_eq!(server.metric("quire_updates_duplicate_total").await, 2.0);
     assert_eq!(server.metric("quire_updates_logged_total").await, 2.0);
-    assert_eq!(log_rows(&db_path(dir.path()), "dup").await, 2);
+    assert_eq!(log_rows(dir.path(), "dup").await, 2);
     server.stop().await;
 }
 
@@ -99,7 +99,7 @@ async fn an_update_is_acknowledged_only_once_committed() {
         vec![quire_server::protocol::encode_durable_ack(7)]
     );
     // Everything before the ack is in the log at the moment the echo arrives.
-    assert_eq!(log_rows(&db_path(dir.path()), "ack").await, 50);
+    assert_eq!(log_rows(dir.path(), "ack").await, 50);
     server.stop().await;
 }
 
@@ -369,7 +369,7 @@ async fn several_messages_in_one_frame_are_all_handled() {
             && c.awareness.contains_key(&5))
             .await
     );
-    assert_eq!(log_rows(&db_path(dir.path()), "batched").await, 2);
+    assert_eq!(log_rows(dir.path(), "batched").await, 2);
     server.stop().await;
 }
 
@@ -386,6 +386,6 @@ async fn a_message_over_the_size_limit_closes_only_its_sender_with_1009() {
     assert_eq!(big.wait_closed().await, Some(1009));
     other.insert(0, "fine").await;
     other.durable_ack(1).await;
-    assert_eq!(log_rows(&db_path(dir.path()), "big").await, 1);
+    assert_eq!(log_rows(dir.path(), "big").await, 1);
     server.stop().await;
 }

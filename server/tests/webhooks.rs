@@ -242,7 +242,7 @@ async fn an_event_that_exhausts_its_attempts_moves_to_the_dead_letter_table() {
 #[tokio::test]
 async fn an_event_committed_before_sigkill_is_delivered_after_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let db = db_path(dir.path());
+    let db = dir.path();
     // Reserve a port for the receiver, which is down at first (deliveries fail).
     let (l, addr) = listener().await;
     drop(l);
@@ -255,7 +255,7 @@ async fn an_event_committed_before_sigkill_is_delivered_after_restart() {
         "--webhook-max-attempts",
         "1000",
     ];
-    let server = ServerProcess::start(&db, &args).await;
+    let server = ServerProcess::start(db, &args).await;
     let http = reqwest::Client::new();
     let base = format!("http://{}/api/v1", server.addr);
     let created = http
@@ -284,7 +284,7 @@ async fn an_event_committed_before_sigkill_is_delivered_after_restart() {
         .await
         .expect("rebind the receiver port");
     let receiver = Receiver::start(0, l).await;
-    let server = ServerProcess::start(&db, &args).await;
+    let server = ServerProcess::start(db, &args).await;
     assert!(
         receiver
             .wait_for(|got| got.iter().any(|r| r.id == event_id))

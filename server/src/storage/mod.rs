@@ -1,4 +1,6 @@
-//! Durable storage of documents: the [`DocStore`] trait and its SQLite implementation.
+//! Durable storage of documents: the [`DocStore`] trait and its implementations, SQLite
+//! ([`sqlite`], the embedded default) and PostgreSQL ([`postgres`]), which share one schema
+//! (`migrations/sqlite` and `migrations/postgres`, version for version).
 //!
 //! The contract every backend keeps:
 //! - `append` writes a batch of log rows in one transaction; a sequence number that already
@@ -10,6 +12,8 @@
 //! - `load` reads the snapshot and the log after it from one consistent read snapshot.
 
 pub mod api;
+pub mod postgres;
+mod postgres_api;
 pub mod sqlite;
 mod sqlite_api;
 
@@ -68,7 +72,7 @@ pub enum StorageError {
     Database(#[from] sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("unsupported database URL {0:?} (expected sqlite://...)")]
+    #[error("unsupported database URL {0:?} (expected sqlite://... or postgres://...)")]
     UnsupportedUrl(String),
     #[error("stored data is invalid: {0}")]
     Invalid(String),
@@ -100,10 +104,84 @@ pub trait DocStore: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), StorageError>;
 }
 
+/// `url` with any password replaced by `***`, for logs and error messages.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
 /// Milliseconds since the Unix epoch, for `created_at` columns.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod redact_tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_never_reach_logs() {
+        assert_eq!(
+            redact_url("postgres://quire:s3cret@db:5432/quire"),
+            "postgres://quire:***@db:5432/quire"
+        );
+        assert_eq!(
+            redact_url("postgres://quire@db/quire"),
+            "postgres://quire@db/quire"
+        );
+        assert_eq!(redact_url("sqlite://quire.db"), "sqlite://quire.db");
+        assert_eq!(redact_url("postgres://u:p@w@h/db"), "postgres://u:***@h/db");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `(version, description)` of every migration, as sqlx sees them.
+    fn listed(migrator: &sqlx::migrate::Migrator) -> Vec<(i64, String)> {
+        migrator
+            .iter()
+            .map(|m| (m.version, m.description.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn both_backends_have_the_same_migrations() {
+        let sqlite = listed(&sqlx::migrate!("../migrations/sqlite"));
+        let postgres = listed(&sqlx::migrate!("../migrations/postgres"));
+        assert!(!sqlite.is_empty());
+        assert_eq!(sqlite, postgres);
+        // The files themselves, in case the folders hold something sqlx would skip.
+        let files = |backend: &str| {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../migrations")
+                .join(backend);
+            let mut names: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .map(|e| {
+                    e.expect("directory entry")
+                        .file_name()
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(files("sqlite"), files("postgres"));
+    }
 }

@@ -89,7 +89,9 @@ impl SqliteStore {
         events: EventSettings,
     ) -> Result<SqliteStore, StorageError> {
         if !url.starts_with("sqlite:") {
-            return Err(StorageError::UnsupportedUrl(url.to_owned()));
+            return Err(StorageError::UnsupportedUrl(crate::storage::redact_url(
+                url,
+            )));
         }
         let opts = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,10 +33,150 @@ pub fn init_tracing() {
         .try_init();
 }
 
-/// Settings for tests: a database in `dir`, quick unloads.
+/// The PostgreSQL server the tests use (`QUIRE_TEST_PG_URL` overrides it); each test gets a
+/// database of its own on it.
+pub fn pg_admin_url() -> String {
+    std::env::var("QUIRE_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// True when the suite runs against PostgreSQL (`QUIRE_TEST_DATABASE=postgres`); SQLite
+/// otherwise.
+pub fn on_postgres() -> bool {
+    match std::env::var("QUIRE_TEST_DATABASE").as_deref() {
+        Ok("postgres") | Ok("postgresql") => true,
+        Ok("sqlite") | Ok("") | Err(_) => false,
+        Ok(other) => panic!("QUIRE_TEST_DATABASE={other:?}: expected sqlite or postgres"),
+    }
+}
+
+/// The database of the test whose temporary directory is `dir`: a SQLite file in it, or on
+/// PostgreSQL a database of its own, named after the directory and created on first use
+/// (the same `dir` always gives the same database, as the same file would).
+pub fn database_url(dir: &Path) -> String {
+    if !on_postgres() {
+        return format!("sqlite://{}", dir.join("quire.db").display());
+    }
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    dir.hash(&mut h);
+    let name = format!("quire_t_{}_{:016x}", std::process::id(), h.finish());
+    pg_databases().create(&name);
+    let admin = pg_admin_url();
+    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+    format!("{base}/{name}")
+}
+
+/// The databases this test process created, dropped when it exits.
+struct PgDatabases {
+    created: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+fn pg_databases() -> &'static PgDatabases {
+    static DBS: std::sync::OnceLock<PgDatabases> = std::sync::OnceLock::new();
+    DBS.get_or_init(|| {
+        // Databases left by test processes that are gone (killed, or interrupted).
+        let stale: Vec<String> =
+            pg_admin_query(r"SELECT datname FROM pg_database WHERE datname LIKE 'quire\_t\_%'");
+        for db in stale {
+            let pid = db.split('_').nth(2).and_then(|p| p.parse::<u32>().ok());
+            let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+            if !alive {
+                pg_admin_exec(&format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"));
+            }
+        }
+        extern "C" fn drop_all() {
+            let created = pg_databases()
+                .created
+                .lock()
+                .map(|c| c.clone())
+                .unwrap_or_default();
+            for db in created {
+                let _ = std::panic::catch_unwind(|| {
+                    pg_admin_exec(&format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"))
+                });
+            }
+        }
+        extern "C" {
+            fn atexit(f: extern "C" fn()) -> std::os::raw::c_int;
+        }
+        // SAFETY: registering a plain function with the C runtime's exit handlers.
+        unsafe {
+            atexit(drop_all);
+        }
+        PgDatabases {
+            created: std::sync::Mutex::new(Default::default()),
+        }
+    })
+}
+
+impl PgDatabases {
+    fn create(&self, name: &str) {
+        let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
+        if created.insert(name.to_owned()) {
+            pg_admin_exec(&format!("CREATE DATABASE \"{name}\""));
+        }
+    }
+}
+
+/// Runs `f` on a runtime of its own in a thread of its own, so it works from sync and async
+/// code alike.
+fn on_own_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>> + Send + 'static,
+) -> T {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(f())
+    })
+    .join()
+    .expect("admin thread")
+}
+
+async fn pg_admin_conn() -> sqlx::PgConnection {
+    use sqlx::Connection;
+    let url = pg_admin_url();
+    match sqlx::PgConnection::connect(&url).await {
+        Ok(c) => c,
+        Err(e) => panic!(
+            "QUIRE_TEST_DATABASE=postgres but PostgreSQL at {url} is not reachable: {e} \
+             (start it, or run the suite on SQLite without QUIRE_TEST_DATABASE)"
+        ),
+    }
+}
+
+fn pg_admin_exec(sql: &str) {
+    let sql = sql.to_owned();
+    on_own_runtime(move || {
+        Box::pin(async move {
+            let mut c = pg_admin_conn().await;
+            sqlx::query(&sql)
+                .execute(&mut c)
+                .await
+                .expect("admin statement");
+        })
+    })
+}
+
+fn pg_admin_query(sql: &str) -> Vec<String> {
+    let sql = sql.to_owned();
+    on_own_runtime(move || {
+        Box::pin(async move {
+            let mut c = pg_admin_conn().await;
+            sqlx::query_scalar(&sql)
+                .fetch_all(&mut c)
+                .await
+                .expect("admin query")
+        })
+    })
+}
+
+/// Settings for tests: the test's own database (see [`database_url`]), quick unloads.
 pub fn test_config(dir: &Path) -> Config {
     let mut cfg = Settings::default().resolve();
-    cfg.database_url = format!("sqlite://{}", dir.join("quire.db").display());
+    cfg.database_url = database_url(dir);
     cfg.room.unload_delay = Duration::from_millis(200);
     cfg.shutdown_grace = Duration::from_secs(10);
     cfg
@@ -100,13 +240,14 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    pub async fn start(db: &Path, extra: &[&str]) -> ServerProcess {
+    /// Starts `quire serve` on the database of test directory `dir`.
+    pub async fn start(dir: &Path, extra: &[&str]) -> ServerProcess {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_quire"))
             .arg("serve")
             .arg("--bind")
             .arg("127.0.0.1:0")
             .arg("--database")
-            .arg(format!("sqlite://{}", db.display()))
+            .arg(database_url(dir))
             .args(extra)
             .env("QUIRE_LOG", "warn")
             .stdout(Stdio::piped())
@@ -353,11 +494,12 @@ impl Client {
     }
 }
 
-/// Log rows stored for a document, read straight from the SQLite file.
-pub async fn log_rows(db: &Path, name: &str) -> i64 {
-    let pool = open_db(db).await;
+/// Log rows stored for a document, read straight from the test's database.
+pub async fn log_rows(dir: &Path, name: &str) -> i64 {
+    let pool = open_db(dir).await;
     let n: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM doc_updates u JOIN documents d ON d.id = u.doc_id WHERE d.name = ?",
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM doc_updates u JOIN documents d ON d.id = u.doc_id \
+         WHERE d.name = $1",
     )
     .bind(name)
     .fetch_one(&pool)
@@ -367,20 +509,23 @@ pub async fn log_rows(db: &Path, name: &str) -> i64 {
     n
 }
 
-pub async fn open_db(db: &Path) -> sqlx::SqlitePool {
-    sqlx::sqlite::SqlitePoolOptions::new()
+/// A pool on the database of test directory `dir`, whichever backend it is. Queries use
+/// `$1`-style parameters, which both backends accept.
+pub async fn open_db(dir: &Path) -> sqlx::AnyPool {
+    sqlx::any::install_default_drivers();
+    // (sqlx waits up to 5 s for SQLite's lock, so a busy server does not fail the read.)
+    sqlx::any::AnyPoolOptions::new()
         .max_connections(1)
-        .connect_with(
-            sqlx::sqlite::SqliteConnectOptions::new()
-                .filename(db)
-                .busy_timeout(Duration::from_secs(10)),
-        )
+        .connect(&database_url(dir))
         .await
         .expect("open db")
 }
 
-pub fn db_path(dir: &Path) -> PathBuf {
-    dir.join("quire.db")
+/// The stores of test directory `dir`'s database, opened as the server opens them.
+pub async fn open_test_stores(dir: &Path) -> quire_server::Stores {
+    quire_server::open_stores(&test_config(dir))
+        .await
+        .expect("open stores")
 }
 
 pub fn seed() -> u64 {

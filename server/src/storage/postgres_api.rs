@@ -1,0 +1,707 @@
+//! PostgreSQL implementation of [`ApiStore`]: the statements of `sqlite_api.rs` with `$n`
+//! placeholders, on the pool. Where SQLite relied on having one writer at a time, the statement
+//! here settles concurrent writers itself (see `revoke` and `event_dead`).
+
+use async_trait::async_trait;
+use sqlx::postgres::PgRow;
+use sqlx::{Postgres, Row, Transaction};
+
+use super::api::*;
+use super::postgres::PgStore;
+use super::{now_ms, DocId, StorageError};
+
+const DOC_COLUMNS: &str = "id, name, title, owner, created_at, updated_at, deleted_at, version";
+const USER_COLUMNS: &str = "id, display_name, color, avatar_url, version, created_at, updated_at";
+
+fn doc_row(r: &PgRow) -> Result<DocMeta, sqlx::Error> {
+    Ok(DocMeta {
+        id: r.try_get("id")?,
+        name: r.try_get("name")?,
+        title: r.try_get("title")?,
+        owner: r.try_get("owner")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+        deleted_at: r.try_get("deleted_at")?,
+        version: r.try_get("version")?,
+    })
+}
+
+fn user_row(r: &PgRow) -> Result<UserProfile, sqlx::Error> {
+    Ok(UserProfile {
+        id: r.try_get("id")?,
+        display_name: r.try_get("display_name")?,
+        color: r.try_get("color")?,
+        avatar_url: r.try_get("avatar_url")?,
+        version: r.try_get("version")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+    })
+}
+
+fn event_row(r: &PgRow) -> Result<OutboxEvent, sqlx::Error> {
+    let urls: String = r.try_get("delivered_urls")?;
+    Ok(OutboxEvent {
+        id: r.try_get("id")?,
+        event_id: r.try_get("event_id")?,
+        kind: r.try_get("type")?,
+        payload: r.try_get("payload")?,
+        revision: r.try_get("revision")?,
+        status: r.try_get("status")?,
+        attempts: r.try_get("attempts")?,
+        available_at: r.try_get("available_at")?,
+        delivered_urls: serde_json::from_str(&urls).unwrap_or_default(),
+        last_error: r.try_get("last_error")?,
+        created_at: r.try_get("created_at")?,
+        delivered_at: r.try_get("delivered_at")?,
+    })
+}
+
+impl PgStore {
+    /// Writes an event to the outbox inside `tx`, if events are enabled.
+    async fn emit(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        kind: &str,
+        payload: serde_json::Value,
+        now: i64,
+    ) -> Result<(), sqlx::Error> {
+        if !self.events.enabled {
+            return Ok(());
+        }
+        sqlx::query(
+            "INSERT INTO outbox (event_id, type, payload, available_at, created_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(uuid::Uuid::new_v4().to_string())
+        .bind(kind)
+        .bind(payload.to_string())
+        .bind(now)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    async fn committed_with_events(
+        &self,
+        tx: Transaction<'_, Postgres>,
+    ) -> Result<(), sqlx::Error> {
+        tx.commit().await?;
+        if self.events.enabled {
+            self.events_written.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Creates the row of a document first opened over WebSocket (no owner yet).
+    pub(super) async fn create_for_load(&self, name: &str) -> Result<(), StorageError> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        let created = sqlx::query(
+            "INSERT INTO documents (name, created_at, updated_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO NOTHING RETURNING id",
+        )
+        .bind(name)
+        .bind(now)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(row) = created {
+            let id: i64 = row.try_get("id")?;
+            self.emit(
+                &mut tx,
+                "document.created",
+                serde_json::json!({ "id": id, "name": name, "owner": null }),
+                now,
+            )
+            .await?;
+        }
+        self.committed_with_events(tx).await?;
+        Ok(())
+    }
+
+    async fn doc_versioned(
+        &self,
+        id: DocId,
+        updated: bool,
+    ) -> Result<Versioned<DocMeta>, StorageError> {
+        Ok(match self.get_doc(id).await? {
+            None => Versioned::NotFound,
+            Some(d) if updated => Versioned::Updated(d),
+            Some(d) => Versioned::Stale(d),
+        })
+    }
+}
+
+#[async_trait]
+impl ApiStore for PgStore {
+    async fn create_doc(
+        &self,
+        name: &str,
+        title: &str,
+        owner: Option<&str>,
+    ) -> Result<Option<DocMeta>, StorageError> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&format!(
+            "INSERT INTO documents (name, title, owner, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING RETURNING {DOC_COLUMNS}"
+        ))
+        .bind(name)
+        .bind(title)
+        .bind(owner)
+        .bind(now)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let doc = doc_row(&row)?;
+        if let Some(owner) = owner {
+            sqlx::query(
+                "INSERT INTO document_access (doc_id, user_id, role) VALUES ($1, $2, 'owner')",
+            )
+            .bind(doc.id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+        }
+        self.emit(
+            &mut tx,
+            "document.created",
+            serde_json::json!({ "id": doc.id, "name": doc.name, "owner": doc.owner }),
+            now,
+        )
+        .await?;
+        self.committed_with_events(tx).await?;
+        Ok(Some(doc))
+    }
+
+    async fn get_doc(&self, id: DocId) -> Result<Option<DocMeta>, StorageError> {
+        let row = sqlx::query(&format!(
+            "SELECT {DOC_COLUMNS} FROM documents WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.as_ref().map(doc_row).transpose()?)
+    }
+
+    async fn get_doc_by_name(&self, name: &str) -> Result<Option<DocMeta>, StorageError> {
+        let row = sqlx::query(&format!(
+            "SELECT {DOC_COLUMNS} FROM documents WHERE name = $1"
+        ))
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.as_ref().map(doc_row).transpose()?)
+    }
+
+    async fn list_docs(&self, q: &DocQuery) -> Result<Vec<DocMeta>, StorageError> {
+        // `name >= prefix AND name < prefix || U+10FFFF` is a prefix match that can use the
+        // unique index on name (byte-wise, COLLATE "C") and needs no LIKE escaping.
+        let upper = q.name_prefix.as_ref().map(|p| format!("{p}\u{10FFFF}"));
+        let rows = sqlx::query(&format!(
+            "SELECT {DOC_COLUMNS} FROM documents \
+             WHERE id > $1 \
+               AND ($2::text IS NULL OR owner = $2) \
+               AND ($3::text IS NULL OR (name >= $3 AND name < $4)) \
+               AND ($5 OR deleted_at IS NULL) \
+             ORDER BY id LIMIT $6"
+        ))
+        .bind(q.after_id.unwrap_or(0))
+        .bind(&q.owner)
+        .bind(&q.name_prefix)
+        .bind(upper)
+        .bind(q.include_deleted)
+        .bind(i64::from(q.limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(doc_row).collect::<Result<_, _>>()?)
+    }
+
+    async fn update_doc(
+        &self,
+        id: DocId,
+        expected_version: i64,
+        patch: &DocPatch,
+    ) -> Result<Versioned<DocMeta>, StorageError> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&format!(
+            "UPDATE documents SET title = COALESCE($1, title), owner = COALESCE($2, owner), \
+             version = version + 1, updated_at = $3 \
+             WHERE id = $4 AND version = $5 AND deleted_at IS NULL RETURNING {DOC_COLUMNS}"
+        ))
+        .bind(&patch.title)
+        .bind(&patch.owner)
+        .bind(now)
+        .bind(id)
+        .bind(expected_version)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            drop(tx);
+            return self.doc_versioned(id, false).await;
+        };
+        let doc = doc_row(&row)?;
+        if let Some(owner) = &patch.owner {
+            // Ownership moves: the new owner gets the role, any other owner becomes an editor.
+            sqlx::query(
+                "UPDATE document_access SET role = 'editor' \
+                 WHERE doc_id = $1 AND role = 'owner' AND user_id <> $2",
+            )
+            .bind(id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO document_access (doc_id, user_id, role) VALUES ($1, $2, 'owner') \
+                 ON CONFLICT (doc_id, user_id) DO UPDATE SET role = 'owner'",
+            )
+            .bind(id)
+            .bind(owner)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Versioned::Updated(doc))
+    }
+
+    async fn delete_doc(&self, id: DocId) -> Result<Versioned<DocMeta>, StorageError> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&format!(
+            "UPDATE documents SET deleted_at = $1, version = version + 1, updated_at = $2 \
+             WHERE id = $3 AND deleted_at IS NULL RETURNING {DOC_COLUMNS}"
+        ))
+        .bind(now)
+        .bind(now)
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            drop(tx);
+            return self.doc_versioned(id, false).await;
+        };
+        let doc = doc_row(&row)?;
+        self.emit(
+            &mut tx,
+            "document.deleted",
+            serde_json::json!({ "id": doc.id, "name": doc.name }),
+            now,
+        )
+        .await?;
+        self.committed_with_events(tx).await?;
+        Ok(Versioned::Updated(doc))
+    }
+
+    async fn restore_doc(&self, id: DocId) -> Result<Versioned<DocMeta>, StorageError> {
+        let now = now_ms();
+        let row = sqlx::query(&format!(
+            "UPDATE documents SET deleted_at = NULL, version = version + 1, updated_at = $1 \
+             WHERE id = $2 AND deleted_at IS NOT NULL RETURNING {DOC_COLUMNS}"
+        ))
+        .bind(now)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(row) => Ok(Versioned::Updated(doc_row(&row)?)),
+            None => self.doc_versioned(id, false).await,
+        }
+    }
+
+    async fn get_user(&self, id: &str) -> Result<Option<UserProfile>, StorageError> {
+        let row = sqlx::query(&format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(user_row).transpose()?)
+    }
+
+    async fn ensure_user(&self, id: &str) -> Result<UserProfile, StorageError> {
+        let now = now_ms();
+        sqlx::query(
+            "INSERT INTO users (id, created_at, updated_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(id)
+        .bind(now)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        self.get_user(id)
+            .await?
+            .ok_or_else(|| StorageError::Invalid(format!("user {id} vanished")))
+    }
+
+    async fn update_user(
+        &self,
+        id: &str,
+        expected_version: i64,
+        patch: &UserPatch,
+    ) -> Result<Versioned<UserProfile>, StorageError> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(&format!(
+            "UPDATE users SET display_name = COALESCE($1, display_name), \
+             color = COALESCE($2, color), avatar_url = COALESCE($3, avatar_url), \
+             version = version + 1, updated_at = $4 \
+             WHERE id = $5 AND version = $6 RETURNING {USER_COLUMNS}"
+        ))
+        .bind(&patch.display_name)
+        .bind(&patch.color)
+        .bind(&patch.avatar_url)
+        .bind(now)
+        .bind(id)
+        .bind(expected_version)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            drop(tx);
+            return Ok(match self.get_user(id).await? {
+                Some(u) => Versioned::Stale(u),
+                None => Versioned::NotFound,
+            });
+        };
+        let user = user_row(&row)?;
+        self.emit(
+            &mut tx,
+            "profile.updated",
+            serde_json::to_value(&user).unwrap_or_default(),
+            now,
+        )
+        .await?;
+        self.committed_with_events(tx).await?;
+        Ok(Versioned::Updated(user))
+    }
+
+    async fn get_role(&self, doc: DocId, user: &str) -> Result<Option<Role>, StorageError> {
+        let role: Option<String> = sqlx::query_scalar(
+            "SELECT role FROM document_access WHERE doc_id = $1 AND user_id = $2",
+        )
+        .bind(doc)
+        .bind(user)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(role.as_deref().and_then(Role::parse))
+    }
+
+    async fn set_role(
+        &self,
+        doc: DocId,
+        user: &str,
+        role: Option<Role>,
+    ) -> Result<(), StorageError> {
+        match role {
+            Some(role) => {
+                sqlx::query(
+                    "INSERT INTO document_access (doc_id, user_id, role) VALUES ($1, $2, $3) \
+                     ON CONFLICT (doc_id, user_id) DO UPDATE SET role = excluded.role",
+                )
+                .bind(doc)
+                .bind(user)
+                .bind(role.as_str())
+                .execute(&self.pool)
+                .await?;
+            }
+            None => {
+                sqlx::query("DELETE FROM document_access WHERE doc_id = $1 AND user_id = $2")
+                    .bind(doc)
+                    .bind(user)
+                    .execute(&self.pool)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn list_access(&self, doc: DocId) -> Result<Vec<(String, Role)>, StorageError> {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT user_id, role FROM document_access WHERE doc_id = $1 ORDER BY user_id",
+        )
+        .bind(doc)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(u, r)| Role::parse(&r).map(|r| (u, r)))
+            .collect())
+    }
+
+    async fn idem_claim(
+        &self,
+        principal: &str,
+        key: &str,
+        request_hash: &str,
+        now: i64,
+        expires_before: i64,
+    ) -> Result<IdemClaim, StorageError> {
+        // Read committed is enough: a concurrent claim of the same key waits in the INSERT for
+        // the first one to commit, then does nothing, and the SELECT (a new statement) sees it.
+        let mut tx = self.pool.begin().await?;
+        // An expired key is forgotten first, so the claim below can take it afresh.
+        sqlx::query(
+            "DELETE FROM idempotency_keys WHERE principal = $1 AND key = $2 AND created_at < $3",
+        )
+        .bind(principal)
+        .bind(key)
+        .bind(expires_before)
+        .execute(&mut *tx)
+        .await?;
+        let claimed = sqlx::query(
+            "INSERT INTO idempotency_keys (principal, key, request_hash, created_at) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT (principal, key) DO NOTHING",
+        )
+        .bind(principal)
+        .bind(key)
+        .bind(request_hash)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        let outcome = if claimed {
+            IdemClaim::Started
+        } else {
+            let row = sqlx::query(
+                "SELECT request_hash, response_status, response_body, response_headers \
+                 FROM idempotency_keys WHERE principal = $1 AND key = $2",
+            )
+            .bind(principal)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            match row {
+                // Abandoned (deleted) between our INSERT and SELECT: report it as running; the
+                // client retries, and the retry claims it afresh.
+                None => IdemClaim::InProgress,
+                Some(row) => {
+                    let hash: String = row.try_get("request_hash")?;
+                    let status: Option<i64> = row.try_get("response_status")?;
+                    if hash != request_hash {
+                        IdemClaim::Mismatch
+                    } else if let Some(status) = status {
+                        let headers: Option<String> = row.try_get("response_headers")?;
+                        IdemClaim::Replay(StoredResponse {
+                            status: u16::try_from(status).unwrap_or(500),
+                            headers: headers
+                                .and_then(|h| serde_json::from_str(&h).ok())
+                                .unwrap_or_default(),
+                            body: row
+                                .try_get::<Option<Vec<u8>>, _>("response_body")?
+                                .unwrap_or_default(),
+                        })
+                    } else {
+                        IdemClaim::InProgress
+                    }
+                }
+            }
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn idem_finish(
+        &self,
+        principal: &str,
+        key: &str,
+        response: &StoredResponse,
+    ) -> Result<(), StorageError> {
+        sqlx::query(
+            "UPDATE idempotency_keys SET response_status = $1, response_body = $2, \
+             response_headers = $3 WHERE principal = $4 AND key = $5",
+        )
+        .bind(i64::from(response.status))
+        .bind(&response.body)
+        .bind(serde_json::to_string(&response.headers).unwrap_or_else(|_| "[]".into()))
+        .bind(principal)
+        .bind(key)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn idem_abandon(&self, principal: &str, key: &str) -> Result<(), StorageError> {
+        sqlx::query(
+            "DELETE FROM idempotency_keys WHERE principal = $1 AND key = $2 \
+             AND response_status IS NULL",
+        )
+        .bind(principal)
+        .bind(key)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn idem_cleanup(&self, expires_before: i64) -> Result<u64, StorageError> {
+        let done = sqlx::query("DELETE FROM idempotency_keys WHERE created_at < $1")
+            .bind(expires_before)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn revoke(
+        &self,
+        token_id: Option<&str>,
+        user_id: Option<&str>,
+        now: i64,
+    ) -> Result<Revocation, StorageError> {
+        // Readers apply the rows after the last id they have seen, so ids must become visible
+        // in order. Two concurrent inserts could commit out of id order; this lock (which
+        // conflicts with itself, not with readers) makes the next insert take its id only once
+        // the previous one has committed. Revocations are rare.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("LOCK TABLE revocations IN SHARE ROW EXCLUSIVE MODE")
+            .execute(&mut *tx)
+            .await?;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO revocations (token_id, user_id, revoked_at) VALUES ($1, $2, $3) \
+             RETURNING id",
+        )
+        .bind(token_id)
+        .bind(user_id)
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Revocation {
+            id,
+            token_id: token_id.map(str::to_owned),
+            user_id: user_id.map(str::to_owned),
+            revoked_at: now,
+        })
+    }
+
+    async fn revocations_after(&self, id: i64) -> Result<Vec<Revocation>, StorageError> {
+        let rows: Vec<(i64, Option<String>, Option<String>, i64)> = sqlx::query_as(
+            "SELECT id, token_id, user_id, revoked_at FROM revocations WHERE id > $1 ORDER BY id",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, token_id, user_id, revoked_at)| Revocation {
+                id,
+                token_id,
+                user_id,
+                revoked_at,
+            })
+            .collect())
+    }
+
+    async fn due_events(&self, now: i64, limit: u32) -> Result<Vec<OutboxEvent>, StorageError> {
+        let rows = sqlx::query(
+            "SELECT * FROM outbox WHERE status = 'pending' AND available_at <= $1 \
+             ORDER BY id LIMIT $2",
+        )
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(event_row).collect::<Result<_, _>>()?)
+    }
+
+    async fn event_delivered(&self, id: i64, revision: i64, now: i64) -> Result<(), StorageError> {
+        sqlx::query(
+            "UPDATE outbox SET status = 'delivered', delivered_at = $1, attempts = attempts + 1 \
+             WHERE id = $2 AND revision = $3",
+        )
+        .bind(now)
+        .bind(id)
+        .bind(revision)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn event_failed(
+        &self,
+        id: i64,
+        revision: i64,
+        delivered_urls: &[String],
+        next_attempt_at: i64,
+        error: &str,
+    ) -> Result<(), StorageError> {
+        // After a fold (new revision), the URLs that took the old revision must get the new one.
+        sqlx::query(
+            "UPDATE outbox SET attempts = attempts + 1, available_at = $1, last_error = $2, \
+             delivered_urls = CASE WHEN revision = $3 THEN $4 ELSE '[]' END WHERE id = $5",
+        )
+        .bind(next_attempt_at)
+        .bind(error)
+        .bind(revision)
+        .bind(serde_json::to_string(delivered_urls).unwrap_or_else(|_| "[]".into()))
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn event_dead(
+        &self,
+        id: i64,
+        revision: i64,
+        error: &str,
+        now: i64,
+    ) -> Result<(), StorageError> {
+        // One statement: the DELETE locks the row and re-checks the revision if a fold changed
+        // it meanwhile (then nothing moves), so a fold can never be deleted unseen.
+        sqlx::query(
+            "WITH moved AS ( \
+               DELETE FROM outbox WHERE id = $1 AND revision = $2 \
+               RETURNING id, event_id, type, payload, attempts, created_at \
+             ) \
+             INSERT INTO outbox_dead \
+               (id, event_id, type, payload, attempts, last_error, created_at, died_at) \
+             SELECT id, event_id, type, payload, attempts + 1, $3, created_at, $4 FROM moved",
+        )
+        .bind(id)
+        .bind(revision)
+        .bind(error)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn list_outbox(&self, limit: u32) -> Result<Vec<OutboxEvent>, StorageError> {
+        let rows = sqlx::query("SELECT * FROM outbox ORDER BY id DESC LIMIT $1")
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(event_row).collect::<Result<_, _>>()?)
+    }
+
+    async fn list_dead(&self, limit: u32) -> Result<Vec<DeadEvent>, StorageError> {
+        let rows: Vec<(i64, String, String, String, i64, Option<String>, i64, i64)> =
+            sqlx::query_as(
+                "SELECT id, event_id, type, payload, attempts, last_error, created_at, died_at \
+                 FROM outbox_dead ORDER BY id DESC LIMIT $1",
+            )
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(id, event_id, kind, payload, attempts, last_error, created_at, died_at)| {
+                    DeadEvent {
+                        id,
+                        event_id,
+                        kind,
+                        payload,
+                        attempts,
+                        last_error,
+                        created_at,
+                        died_at,
+                    }
+                },
+            )
+            .collect())
+    }
+}
