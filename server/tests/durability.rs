@@ -191,7 +191,7 @@ async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
                 .expect("a");
             rows.push(bytes::Bytes::from(u));
         }
-        a.append(seeded.id, 1, rows).await.expect("append");
+        a.append(seeded.id, None, 1, rows).await.expect("append");
 
         // Both writers read version v; then A appends a fourth row B has not seen.
         let seen_by_a = a.load("race").await.expect("load a");
@@ -203,12 +203,17 @@ async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
             .transact_mut()
             .apply_update(Update::decode_v1(&extra).expect("d"))
             .expect("a");
-        a.append(seen_by_a.id, 4, vec![extra.into()])
+        a.append(seen_by_a.id, None, 4, vec![extra.into()])
             .await
             .expect("append 4");
         // B, still at seq 3, cannot take log position 4: the key fences it.
         let stale = b
-            .append(seen_by_b.id, 4, vec![text_update(3, &base, "x").into()])
+            .append(
+                seen_by_b.id,
+                None,
+                4,
+                vec![text_update(3, &base, "x").into()],
+            )
             .await;
         assert!(matches!(stale, Err(StorageError::Conflict)), "{order}");
 
@@ -222,13 +227,13 @@ async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
         let id = seen_by_a.id;
         let (ra, rb) = match order {
             "a-first" => {
-                let ra = a.write_snapshot(id, v, snap_a, 4).await.expect("a");
-                let rb = b.write_snapshot(id, v, snap_b, 3).await.expect("b");
+                let ra = a.write_snapshot(id, None, v, snap_a, 4).await.expect("a");
+                let rb = b.write_snapshot(id, None, v, snap_b, 3).await.expect("b");
                 (ra, rb)
             }
             "b-first" => {
-                let rb = b.write_snapshot(id, v, snap_b, 3).await.expect("b");
-                let ra = a.write_snapshot(id, v, snap_a, 4).await.expect("a");
+                let rb = b.write_snapshot(id, None, v, snap_b, 3).await.expect("b");
+                let ra = a.write_snapshot(id, None, v, snap_a, 4).await.expect("a");
                 (ra, rb)
             }
             _ => {
@@ -237,11 +242,11 @@ async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
                 let (sa, sb) = (a.clone(), b.clone());
                 let ta = tokio::spawn(async move {
                     ba.wait().await;
-                    sa.write_snapshot(id, v, snap_a, 4).await
+                    sa.write_snapshot(id, None, v, snap_a, 4).await
                 });
                 let tb = tokio::spawn(async move {
                     bb.wait().await;
-                    sb.write_snapshot(id, v, snap_b, 3).await
+                    sb.write_snapshot(id, None, v, snap_b, 3).await
                 });
                 (
                     ta.await.expect("join").expect("a"),
@@ -261,7 +266,7 @@ async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
         // The stale writer cannot append at a position a snapshot already covers, even where
         // the snapshot deleted the row that held it.
         let late = b
-            .append(id, 4, vec![text_update(3, &base, "late").into()])
+            .append(id, None, 4, vec![text_update(3, &base, "late").into()])
             .await;
         assert!(
             matches!(late, Err(StorageError::Conflict)),
@@ -415,14 +420,14 @@ async fn a_conflicting_append_fails_alone_in_a_group_commit() {
     let stale_doc = store.load("stale").await.expect("load");
     let u = text_update(1, &base, "x");
     store
-        .append(stale_doc.id, 1, vec![u.clone().into()])
+        .append(stale_doc.id, None, 1, vec![u.clone().into()])
         .await
         .expect("append");
     let snap = doc_of(&store.load("stale").await.expect("load"))
         .transact()
         .encode_state_as_update_v2(&StateVector::default());
     store
-        .write_snapshot(stale_doc.id, stale_doc.snapshot_version, snap, 1)
+        .write_snapshot(stale_doc.id, None, stale_doc.snapshot_version, snap, 1)
         .await
         .expect("snapshot");
     let mut ids = Vec::new();
@@ -433,11 +438,11 @@ async fn a_conflicting_append_fails_alone_in_a_group_commit() {
     for id in ids.iter().copied() {
         let (store, u) = (store.clone(), u.clone());
         tasks.push(tokio::spawn(async move {
-            store.append(id, 1, vec![u.into()]).await
+            store.append(id, None, 1, vec![u.into()]).await
         }));
     }
     let (s, u2) = (store.clone(), u.clone());
-    let stale = tokio::spawn(async move { s.append(stale_doc.id, 1, vec![u2.into()]).await });
+    let stale = tokio::spawn(async move { s.append(stale_doc.id, None, 1, vec![u2.into()]).await });
     for t in tasks {
         t.await.expect("join").expect("the other appends commit");
     }
@@ -464,7 +469,7 @@ async fn a_stale_append_racing_a_snapshot_is_refused_or_kept_never_lost() {
         let base = Doc::with_client_id(1);
         let first = text_update(1, &base, "a");
         store
-            .append(d.id, 1, vec![first.clone().into()])
+            .append(d.id, None, 1, vec![first.clone().into()])
             .await
             .expect("append");
         let snap = doc_of(&store.load(&name).await.expect("load"))
@@ -475,8 +480,8 @@ async fn a_stale_append_racing_a_snapshot_is_refused_or_kept_never_lost() {
         let other = text_update(2, &Doc::new(), "b");
         let (s1, s2) = (store.clone(), store.clone());
         let (id, v) = (d.id, d.snapshot_version);
-        let snapshot = tokio::spawn(async move { s1.write_snapshot(id, v, snap, 1).await });
-        let stale = tokio::spawn(async move { s2.append(id, 1, vec![other.into()]).await });
+        let snapshot = tokio::spawn(async move { s1.write_snapshot(id, None, v, snap, 1).await });
+        let stale = tokio::spawn(async move { s2.append(id, None, 1, vec![other.into()]).await });
         snapshot.await.expect("join").expect("snapshot");
         let stale = stale.await.expect("join");
         let text = text_of(&doc_of(&store.load(&name).await.expect("load")));

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use common::*;
-use quire_server::storage::{DocId, DocStore, SnapshotOutcome, StorageError, StoredDoc};
+use quire_server::storage::{
+    DocId, DocStore, Epoch, LeaseGrant, SnapshotOutcome, StorageError, StoredDoc,
+};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -26,7 +28,13 @@ impl DocStore for FaultyStore {
     async fn load(&self, name: &str) -> Result<StoredDoc, StorageError> {
         self.inner.load(name).await
     }
-    async fn append(&self, doc: DocId, first: i64, rows: Vec<Bytes>) -> Result<(), StorageError> {
+    async fn append(
+        &self,
+        doc: DocId,
+        fence: Option<Epoch>,
+        first: i64,
+        rows: Vec<Bytes>,
+    ) -> Result<(), StorageError> {
         self.appends_tried.fetch_add(1, Ordering::SeqCst);
         let failing = self
             .fail_appends
@@ -37,19 +45,45 @@ impl DocStore for FaultyStore {
                 "injected: disk I/O error".into(),
             )));
         }
-        self.inner.append(doc, first, rows).await
+        self.inner.append(doc, fence, first, rows).await
     }
     async fn write_snapshot(
         &self,
         doc: DocId,
+        fence: Option<Epoch>,
         v: i64,
         s: Vec<u8>,
         upto: i64,
     ) -> Result<SnapshotOutcome, StorageError> {
-        self.inner.write_snapshot(doc, v, s, upto).await
+        self.inner.write_snapshot(doc, fence, v, s, upto).await
     }
     async fn ping(&self) -> Result<(), StorageError> {
         self.inner.ping().await
+    }
+    async fn acquire_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        ttl: std::time::Duration,
+    ) -> Result<LeaseGrant, StorageError> {
+        self.inner.acquire_lease(doc, node, ttl).await
+    }
+    async fn renew_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        epoch: Epoch,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StorageError> {
+        self.inner.renew_lease(doc, node, epoch, ttl).await
+    }
+    async fn release_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        epoch: Epoch,
+    ) -> Result<(), StorageError> {
+        self.inner.release_lease(doc, node, epoch).await
     }
 }
 

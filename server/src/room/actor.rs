@@ -674,7 +674,7 @@ impl Room {
             if attempt > 0 {
                 sleep(COMMIT_RETRY_BASE * 2u32.pow(attempt - 1)).await;
             }
-            store.append(doc, first_seq, rows).await
+            store.append(doc, None, first_seq, rows).await
         });
         Inflight::Append {
             batch,
@@ -821,8 +821,11 @@ impl Room {
         let size = data.len() as u64;
         let store = self.registry.store.clone();
         let (doc, version, upto_seq) = (self.doc_id, self.snapshot_version, self.last_seq);
-        let task =
-            Box::pin(async move { store.write_snapshot(doc, version, data, upto_seq).await });
+        let task = Box::pin(async move {
+            store
+                .write_snapshot(doc, None, version, data, upto_seq)
+                .await
+        });
         Inflight::Snapshot {
             upto_seq,
             size,

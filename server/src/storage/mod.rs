@@ -66,6 +66,10 @@ pub enum SnapshotOutcome {
 pub enum StorageError {
     #[error("log position already taken (another writer appended first)")]
     Conflict,
+    /// The write named a lease epoch that is no longer the document's: another node was
+    /// granted the document since. Nothing was written; the writer must give the room up.
+    #[error("fenced: the document's lease moved to another owner")]
+    Fenced,
     #[error("storage is shutting down")]
     Closed,
     #[error("database error: {0}")]
@@ -78,27 +82,72 @@ pub enum StorageError {
     Invalid(String),
 }
 
+/// A lease epoch: the fencing token of one grant of a document's room to one node.
+pub type Epoch = i64;
+
+/// What asking for a document's lease gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseGrant {
+    /// The lease is ours until it expires (unless renewed), under this epoch.
+    Granted { epoch: Epoch },
+    /// Another node holds a lease that has not expired.
+    HeldBy {
+        owner: String,
+        epoch: Epoch,
+        /// Milliseconds until it expires, by the database's clock.
+        expires_in_ms: i64,
+    },
+}
+
 #[async_trait]
 pub trait DocStore: Send + Sync + 'static {
     /// Loads a document by name, creating its row if it does not exist yet.
     async fn load(&self, name: &str) -> Result<StoredDoc, StorageError>;
 
-    /// Appends `updates` with sequence numbers `first_seq..`, all or nothing.
+    /// Appends `updates` with sequence numbers `first_seq..`, all or nothing. With a
+    /// `fence`, the rows are written only if the document's lease epoch still equals it,
+    /// checked in the statement that writes them; otherwise [`StorageError::Fenced`].
     async fn append(
         &self,
         doc: DocId,
+        fence: Option<Epoch>,
         first_seq: i64,
         updates: Vec<Bytes>,
     ) -> Result<(), StorageError>;
 
-    /// Writes a snapshot covering the log up to `upto_seq` if the version still matches.
+    /// Writes a snapshot covering the log up to `upto_seq` if the version still matches (and,
+    /// with a `fence`, the lease epoch too: otherwise [`StorageError::Fenced`]).
     async fn write_snapshot(
         &self,
         doc: DocId,
+        fence: Option<Epoch>,
         expected_version: i64,
         snapshot: Vec<u8>,
         upto_seq: i64,
     ) -> Result<SnapshotOutcome, StorageError>;
+
+    /// Grants `node` the document's lease for `ttl` if nobody holds an unexpired one; every
+    /// grant increments the epoch (the fencing token).
+    async fn acquire_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        ttl: std::time::Duration,
+    ) -> Result<LeaseGrant, StorageError>;
+
+    /// Extends `node`'s lease under `epoch` by `ttl` from now; false if the epoch moved on
+    /// (another node was granted the document).
+    async fn renew_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        epoch: Epoch,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StorageError>;
+
+    /// Ends `node`'s lease under `epoch` now, so the next node may take the document at once.
+    async fn release_lease(&self, doc: DocId, node: &str, epoch: Epoch)
+        -> Result<(), StorageError>;
 
     /// Checks that the database answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StorageError>;

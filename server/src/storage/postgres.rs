@@ -33,7 +33,7 @@ use sqlx::{Connection, Postgres, Row};
 use tokio::sync::{mpsc, oneshot, Mutex, Notify};
 
 use super::sqlite::EventSettings;
-use super::{now_ms, DocId, DocStore, SnapshotOutcome, StorageError, StoredDoc};
+use super::{now_ms, DocId, DocStore, Epoch, LeaseGrant, SnapshotOutcome, StorageError, StoredDoc};
 
 /// Most append requests folded into one transaction.
 const MAX_APPENDS_PER_TRANSACTION: usize = 512;
@@ -62,6 +62,7 @@ pub fn is_postgres_url(url: &str) -> bool {
 
 struct AppendRequest {
     doc: DocId,
+    fence: Option<Epoch>,
     first_seq: i64,
     updates: Vec<Bytes>,
     /// Fold a `document.updated` event into the outbox, available after this many ms.
@@ -224,6 +225,7 @@ impl DocStore for PgStore {
     async fn append(
         &self,
         doc: DocId,
+        fence: Option<Epoch>,
         first_seq: i64,
         updates: Vec<Bytes>,
     ) -> Result<(), StorageError> {
@@ -235,6 +237,7 @@ impl DocStore for PgStore {
         self.writer
             .send(AppendRequest {
                 doc,
+                fence,
                 first_seq,
                 updates,
                 event_debounce_ms,
@@ -248,6 +251,7 @@ impl DocStore for PgStore {
     async fn write_snapshot(
         &self,
         doc: DocId,
+        fence: Option<Epoch>,
         expected_version: i64,
         snapshot: Vec<u8>,
         upto_seq: i64,
@@ -255,20 +259,30 @@ impl DocStore for PgStore {
         let mut tx = self.pool.begin().await?;
         // Waits for appends that hold the row; after a concurrent snapshot commits, the version
         // is checked again on the new row, so exactly one of two writers of version v wins.
+        // With a fence, the lease row is locked and its epoch checked in the same statement:
+        // a grant to another node waits for this transaction, or this one sees the new epoch.
         let new_version: Option<i64> = sqlx::query_scalar(
             "UPDATE documents SET snapshot = $1, snapshot_seq = $2, \
              snapshot_version = snapshot_version + 1 \
-             WHERE id = $3 AND snapshot_version = $4 RETURNING snapshot_version",
+             WHERE id = $3 AND snapshot_version = $4 \
+               AND ($5::bigint IS NULL OR EXISTS ( \
+                 SELECT 1 FROM room_leases WHERE doc_id = $3 AND epoch = $5 FOR SHARE)) \
+             RETURNING snapshot_version",
         )
         .bind(snapshot.as_slice())
         .bind(upto_seq)
         .bind(doc)
         .bind(expected_version)
+        .bind(fence)
         .fetch_optional(&mut *tx)
         .await?;
         let Some(new_version) = new_version else {
+            let why = fenced_or(&mut tx, doc, fence, StorageError::Conflict).await;
             tx.rollback().await?;
-            return Ok(SnapshotOutcome::Conflict);
+            return match why {
+                StorageError::Conflict => Ok(SnapshotOutcome::Conflict),
+                e => Err(e),
+            };
         };
         sqlx::query("DELETE FROM doc_updates WHERE doc_id = $1 AND seq <= $2")
             .bind(doc)
@@ -282,6 +296,106 @@ impl DocStore for PgStore {
     async fn ping(&self) -> Result<(), StorageError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    async fn acquire_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        ttl: std::time::Duration,
+    ) -> Result<LeaseGrant, StorageError> {
+        // Times come from the database's clock, the one every node shares.
+        let granted: Option<i64> = sqlx::query_scalar(&format!(
+            "INSERT INTO room_leases (doc_id, owner, epoch, expires_at) \
+             VALUES ($1, $2, 1, {DB_NOW_MS} + $3) \
+             ON CONFLICT (doc_id) DO UPDATE SET owner = EXCLUDED.owner, \
+               epoch = room_leases.epoch + 1, expires_at = EXCLUDED.expires_at \
+             WHERE room_leases.expires_at <= {DB_NOW_MS} \
+             RETURNING epoch"
+        ))
+        .bind(doc)
+        .bind(node)
+        .bind(ttl.as_millis() as i64)
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(epoch) = granted {
+            return Ok(LeaseGrant::Granted { epoch });
+        }
+        let (owner, epoch, expires_in_ms): (String, i64, i64) = sqlx::query_as(&format!(
+            "SELECT owner, epoch, GREATEST(expires_at - {DB_NOW_MS}, 0) \
+             FROM room_leases WHERE doc_id = $1"
+        ))
+        .bind(doc)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(LeaseGrant::HeldBy {
+            owner,
+            epoch,
+            expires_in_ms,
+        })
+    }
+
+    async fn renew_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        epoch: Epoch,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StorageError> {
+        let done = sqlx::query(&format!(
+            "UPDATE room_leases SET expires_at = {DB_NOW_MS} + $1 \
+             WHERE doc_id = $2 AND owner = $3 AND epoch = $4"
+        ))
+        .bind(ttl.as_millis() as i64)
+        .bind(doc)
+        .bind(node)
+        .bind(epoch)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        epoch: Epoch,
+    ) -> Result<(), StorageError> {
+        sqlx::query(
+            "UPDATE room_leases SET expires_at = 0 WHERE doc_id = $1 AND owner = $2 AND epoch = $3",
+        )
+        .bind(doc)
+        .bind(node)
+        .bind(epoch)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// The database server's clock in milliseconds since the Unix epoch (as SQL).
+const DB_NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// Why a fenced write matched no row: the lease moved on ([`StorageError::Fenced`]), or else
+/// the write's own conflict.
+async fn fenced_or(
+    conn: &mut PgConnection,
+    doc: DocId,
+    fence: Option<Epoch>,
+    otherwise: StorageError,
+) -> StorageError {
+    let Some(fence) = fence else {
+        return otherwise;
+    };
+    let current: Result<Option<i64>, _> =
+        sqlx::query_scalar("SELECT epoch FROM room_leases WHERE doc_id = $1")
+            .bind(doc)
+            .fetch_optional(&mut *conn)
+            .await;
+    match current {
+        Ok(Some(epoch)) if epoch == fence => otherwise,
+        Ok(_) => StorageError::Fenced,
+        Err(e) => e.into(),
     }
 }
 
@@ -395,17 +509,17 @@ async fn fast_path(
     batch: &[AppendRequest],
     now: i64,
 ) -> Result<(), StorageError> {
-    let mut rows: Vec<(DocId, i64, &[u8])> = batch
+    let mut rows: Vec<LogRow> = batch
         .iter()
         .flat_map(|r| {
             r.updates
                 .iter()
                 .enumerate()
-                .map(move |(i, data)| (r.doc, r.first_seq + i as i64, data.as_ref()))
+                .map(move |(i, data)| (r.doc, r.fence, r.first_seq + i as i64, data.as_ref()))
         })
         .collect();
     // A fixed order (the key's) for every writer's inserts.
-    rows.sort_unstable_by_key(|(doc, seq, _)| (*doc, *seq));
+    rows.sort_unstable_by_key(|(doc, _, seq, _)| (*doc, *seq));
     insert_rows(conn, &rows, now).await?;
     let events: Vec<(DocId, i64, i64)> = batch
         .iter()
@@ -424,18 +538,28 @@ async fn append_one(
     req: &AppendRequest,
     now: i64,
 ) -> Result<(), StorageError> {
-    let rows: Vec<(DocId, i64, &[u8])> = req
+    let rows: Vec<LogRow> = req
         .updates
         .iter()
         .enumerate()
-        .map(|(i, data)| (req.doc, req.first_seq + i as i64, data.as_ref()))
+        .map(|(i, data)| (req.doc, req.fence, req.first_seq + i as i64, data.as_ref()))
         .collect();
-    insert_rows(conn, &rows, now).await?;
+    if let Err(e) = insert_rows(conn, &rows, now).await {
+        return Err(match e {
+            StorageError::Conflict => {
+                fenced_or(conn, req.doc, req.fence, StorageError::Conflict).await
+            }
+            e => e,
+        });
+    }
     if let Some(debounce) = req.event_debounce_ms {
         fold_updated_events(conn, &[(req.doc, req.last_seq(), now + debounce)], now).await?;
     }
     Ok(())
 }
+
+/// One log row to insert: document, fence, sequence number, update.
+type LogRow<'a> = (DocId, Option<Epoch>, i64, &'a [u8]);
 
 /// Inserts log rows, all or none (the caller rolls back on error). One statement per chunk
 /// locks the chunk's document rows and inserts only rows above their document's
@@ -444,7 +568,7 @@ async fn append_one(
 /// position already taken (unique violation).
 async fn insert_rows(
     conn: &mut PgConnection,
-    rows: &[(DocId, i64, &[u8])],
+    rows: &[LogRow<'_>],
     now: i64,
 ) -> Result<(), StorageError> {
     let mut start = 0;
@@ -452,35 +576,44 @@ async fn insert_rows(
         let mut end = start;
         let mut bytes = 0;
         while end < rows.len() && end - start < ROWS_PER_INSERT {
-            if end > start && bytes + rows[end].2.len() > BYTES_PER_INSERT {
+            if end > start && bytes + rows[end].3.len() > BYTES_PER_INSERT {
                 break;
             }
-            bytes += rows[end].2.len();
+            bytes += rows[end].3.len();
             end += 1;
         }
         let chunk = &rows[start..end];
         start = end;
-        let mut docs: Vec<DocId> = chunk.iter().map(|(d, _, _)| *d).collect();
+        let mut docs: Vec<DocId> = chunk.iter().map(|(d, _, _, _)| *d).collect();
         docs.dedup(); // rows are grouped by document
-        let doc_ids: Vec<DocId> = chunk.iter().map(|(d, _, _)| *d).collect();
-        let seqs: Vec<i64> = chunk.iter().map(|(_, s, _)| *s).collect();
-        let data: Vec<&[u8]> = chunk.iter().map(|(_, _, d)| *d).collect();
+        let doc_ids: Vec<DocId> = chunk.iter().map(|(d, _, _, _)| *d).collect();
+        let fences: Vec<Option<Epoch>> = chunk.iter().map(|(_, f, _, _)| *f).collect();
+        let seqs: Vec<i64> = chunk.iter().map(|(_, _, s, _)| *s).collect();
+        let data: Vec<&[u8]> = chunk.iter().map(|(_, _, _, d)| *d).collect();
+        // The lease rows are locked too: a grant to another node (which updates the row) waits
+        // for this transaction, or this statement sees the new epoch and writes nothing.
         let done = sqlx::query(
             "WITH locked AS ( \
                SELECT id, snapshot_seq FROM documents \
                WHERE id = ANY($1::bigint[]) ORDER BY id FOR SHARE \
+             ), leases AS ( \
+               SELECT doc_id, epoch FROM room_leases \
+               WHERE doc_id = ANY($1::bigint[]) ORDER BY doc_id FOR SHARE \
              ) \
              INSERT INTO doc_updates (doc_id, seq, data, created_at) \
              SELECT v.doc_id, v.seq, v.data, $5 \
-             FROM unnest($2::bigint[], $3::bigint[], $4::bytea[]) AS v(doc_id, seq, data) \
+             FROM unnest($2::bigint[], $3::bigint[], $4::bytea[], $6::bigint[]) \
+               AS v(doc_id, seq, data, fence) \
              JOIN locked d ON d.id = v.doc_id \
-             WHERE d.snapshot_seq < v.seq",
+             LEFT JOIN leases l ON l.doc_id = v.doc_id \
+             WHERE d.snapshot_seq < v.seq AND (v.fence IS NULL OR l.epoch = v.fence)",
         )
         .bind(&docs)
         .bind(&doc_ids)
         .bind(&seqs)
         .bind(&data)
         .bind(now)
+        .bind(&fences)
         .execute(&mut *conn)
         .await;
         match done {
@@ -592,6 +725,7 @@ mod tests {
     fn request(doc: DocId, first_seq: i64, n: usize, events: bool) -> AppendRequest {
         AppendRequest {
             doc,
+            fence: None,
             first_seq,
             updates: (0..n)
                 .map(|i| Bytes::from(vec![doc as u8, (first_seq as usize + i) as u8]))
@@ -623,10 +757,10 @@ mod tests {
         let d2 = s.load("d2").await.expect("load").id;
         let d3 = s.load("d3").await.expect("load").id;
         // d1: row 1 covered by a snapshot (and deleted).
-        s.append(d1, 1, vec![Bytes::from_static(b"x")])
+        s.append(d1, None, 1, vec![Bytes::from_static(b"x")])
             .await
             .expect("append");
-        let written = s.write_snapshot(d1, 0, b"snap".to_vec(), 1).await;
+        let written = s.write_snapshot(d1, None, 0, b"snap".to_vec(), 1).await;
         assert_eq!(
             written.expect("snapshot"),
             SnapshotOutcome::Written { new_version: 1 }
@@ -722,11 +856,11 @@ mod tests {
         let store = Arc::new(db.store);
         let stale = store.load("stale").await.expect("load");
         store
-            .append(stale.id, 1, vec![Bytes::from_static(b"a")])
+            .append(stale.id, None, 1, vec![Bytes::from_static(b"a")])
             .await
             .expect("append");
         store
-            .write_snapshot(stale.id, stale.snapshot_version, b"s".to_vec(), 1)
+            .write_snapshot(stale.id, None, stale.snapshot_version, b"s".to_vec(), 1)
             .await
             .expect("snapshot");
         let mut ids = Vec::new();
@@ -739,14 +873,17 @@ mod tests {
                 let store = store.clone();
                 tasks.push(tokio::spawn(async move {
                     store
-                        .append(id, round * 1000 + 1, vec![Bytes::from_static(b"u")])
+                        .append(id, None, round * 1000 + 1, vec![Bytes::from_static(b"u")])
                         .await
                 }));
             }
             let s = store.clone();
             let id = stale.id;
             tasks.push(tokio::spawn(async move {
-                match s.append(id, 1, vec![Bytes::from_static(b"late")]).await {
+                match s
+                    .append(id, None, 1, vec![Bytes::from_static(b"late")])
+                    .await
+                {
                     Err(StorageError::Conflict) => Ok(()),
                     other => panic!("stale append: {other:?}"),
                 }

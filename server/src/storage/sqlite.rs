@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use super::{now_ms, DocId, DocStore, SnapshotOutcome, StorageError, StoredDoc};
+use super::{now_ms, DocId, DocStore, Epoch, LeaseGrant, SnapshotOutcome, StorageError, StoredDoc};
 use crate::config::SqliteSync;
 
 /// Most write requests folded into one transaction. Bounds the latency a request can add to the
@@ -36,6 +36,7 @@ const READ_POOL_SIZE: u32 = 4;
 enum WriteOp {
     Append {
         doc: DocId,
+        fence: Option<Epoch>,
         first_seq: i64,
         updates: Vec<Bytes>,
         /// Fold a `document.updated` event into the outbox, available after this many ms.
@@ -43,6 +44,7 @@ enum WriteOp {
     },
     Snapshot {
         doc: DocId,
+        fence: Option<Epoch>,
         expected_version: i64,
         snapshot: Vec<u8>,
         upto_seq: i64,
@@ -192,6 +194,7 @@ impl DocStore for SqliteStore {
     async fn append(
         &self,
         doc: DocId,
+        fence: Option<Epoch>,
         first_seq: i64,
         updates: Vec<Bytes>,
     ) -> Result<(), StorageError> {
@@ -201,6 +204,7 @@ impl DocStore for SqliteStore {
             .then(|| self.events.debounce.as_millis() as i64);
         self.write(WriteOp::Append {
             doc,
+            fence,
             first_seq,
             updates,
             event_debounce_ms,
@@ -212,6 +216,7 @@ impl DocStore for SqliteStore {
     async fn write_snapshot(
         &self,
         doc: DocId,
+        fence: Option<Epoch>,
         expected_version: i64,
         snapshot: Vec<u8>,
         upto_seq: i64,
@@ -219,6 +224,7 @@ impl DocStore for SqliteStore {
         match self
             .write(WriteOp::Snapshot {
                 doc,
+                fence,
                 expected_version,
                 snapshot,
                 upto_seq,
@@ -233,6 +239,100 @@ impl DocStore for SqliteStore {
     async fn ping(&self) -> Result<(), StorageError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    async fn acquire_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        ttl: Duration,
+    ) -> Result<LeaseGrant, StorageError> {
+        let now = now_ms();
+        let granted: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO room_leases (doc_id, owner, epoch, expires_at) VALUES (?1, ?2, 1, ?3) \
+             ON CONFLICT (doc_id) DO UPDATE SET owner = excluded.owner, \
+               epoch = room_leases.epoch + 1, expires_at = excluded.expires_at \
+             WHERE room_leases.expires_at <= ?4 \
+             RETURNING epoch",
+        )
+        .bind(doc)
+        .bind(node)
+        .bind(now + ttl.as_millis() as i64)
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(epoch) = granted {
+            return Ok(LeaseGrant::Granted { epoch });
+        }
+        let (owner, epoch, expires_at): (String, i64, i64) =
+            sqlx::query_as("SELECT owner, epoch, expires_at FROM room_leases WHERE doc_id = ?")
+                .bind(doc)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(LeaseGrant::HeldBy {
+            owner,
+            epoch,
+            expires_in_ms: (expires_at - now).max(0),
+        })
+    }
+
+    async fn renew_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        epoch: Epoch,
+        ttl: Duration,
+    ) -> Result<bool, StorageError> {
+        let done = sqlx::query(
+            "UPDATE room_leases SET expires_at = ? WHERE doc_id = ? AND owner = ? AND epoch = ?",
+        )
+        .bind(now_ms() + ttl.as_millis() as i64)
+        .bind(doc)
+        .bind(node)
+        .bind(epoch)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        epoch: Epoch,
+    ) -> Result<(), StorageError> {
+        sqlx::query(
+            "UPDATE room_leases SET expires_at = 0 WHERE doc_id = ? AND owner = ? AND epoch = ?",
+        )
+        .bind(doc)
+        .bind(node)
+        .bind(epoch)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// Why a fenced write matched no row: the lease moved on ([`StorageError::Fenced`]), or
+/// else the write's own conflict.
+async fn fenced_or(
+    conn: &mut SqliteConnection,
+    doc: DocId,
+    fence: Option<Epoch>,
+    otherwise: StorageError,
+) -> StorageError {
+    let Some(fence) = fence else {
+        return otherwise;
+    };
+    let current: Result<Option<i64>, _> =
+        sqlx::query_scalar("SELECT epoch FROM room_leases WHERE doc_id = ?")
+            .bind(doc)
+            .fetch_optional(&mut *conn)
+            .await;
+    match current {
+        Ok(Some(epoch)) if epoch == fence => otherwise,
+        Ok(_) => StorageError::Fenced,
+        Err(e) => e.into(),
     }
 }
 
@@ -332,15 +432,16 @@ async fn fast_path(
     batch: &[WriteRequest],
 ) -> Result<Vec<Result<WriteOutcome, StorageError>>, StorageError> {
     let now = now_ms();
-    let appends: Vec<(DocId, i64, &Vec<Bytes>)> = batch
+    let appends: Vec<(DocId, Option<Epoch>, i64, &Vec<Bytes>)> = batch
         .iter()
         .filter_map(|r| match &r.op {
             WriteOp::Append {
                 doc,
+                fence,
                 first_seq,
                 updates,
                 ..
-            } => Some((*doc, *first_seq, updates)),
+            } => Some((*doc, *fence, *first_seq, updates)),
             _ => None,
         })
         .collect();
@@ -351,36 +452,43 @@ async fn fast_path(
         _ => None,
     });
     for doc in snapshotted {
-        if appends.iter().any(|(d, _, _)| *d == doc) {
+        if appends.iter().any(|(d, _, _, _)| *d == doc) {
             return Err(StorageError::Conflict);
         }
     }
     if !appends.is_empty() {
-        let rows: Vec<(DocId, i64, &Bytes)> = appends
+        let rows: Vec<(DocId, Option<Epoch>, i64, &Bytes)> = appends
             .iter()
-            .flat_map(|(doc, first, updates)| {
+            .flat_map(|(doc, fence, first, updates)| {
                 updates
                     .iter()
                     .enumerate()
-                    .map(move |(i, data)| (*doc, first + i as i64, data))
+                    .map(move |(i, data)| (*doc, *fence, first + i as i64, data))
             })
             .collect();
         // One statement inserts the rows and checks them: a snapshot may cover (and have
         // deleted) the rows at a requested position, which the primary key alone would not
         // notice, so only rows above their document's `snapshot_seq` are inserted, and a
-        // short count means a conflict.
+        // short count means a conflict. A fenced row is written only while its document's
+        // lease epoch is still the one it names.
         for chunk in rows.chunks(ROWS_PER_INSERT) {
             let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
                 "INSERT INTO doc_updates (doc_id, seq, data, created_at) \
                  SELECT v.column1, v.column2, v.column3, v.column4 FROM (",
             );
-            q.push_values(chunk, |mut b, (doc, seq, data)| {
+            q.push_values(chunk, |mut b, (doc, fence, seq, data)| {
                 b.push_bind(*doc)
                     .push_bind(*seq)
                     .push_bind(data.as_ref())
-                    .push_bind(now);
+                    .push_bind(now)
+                    .push_bind(*fence);
             });
-            q.push(") AS v JOIN documents d ON d.id = v.column1 WHERE d.snapshot_seq < v.column2");
+            q.push(
+                ") AS v JOIN documents d ON d.id = v.column1 \
+                 LEFT JOIN room_leases l ON l.doc_id = v.column1 \
+                 WHERE d.snapshot_seq < v.column2 \
+                   AND (v.column5 IS NULL OR l.epoch = v.column5)",
+            );
             let done = q.build().execute(&mut *conn).await?;
             if done.rows_affected() != chunk.len() as u64 {
                 return Err(StorageError::Conflict);
@@ -395,6 +503,7 @@ async fn fast_path(
                 first_seq,
                 updates,
                 event_debounce_ms: Some(debounce),
+                ..
             } => {
                 fold_updated_event(
                     conn,
@@ -449,28 +558,36 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
     match op {
         WriteOp::Append {
             doc,
+            fence,
             first_seq,
             updates,
             event_debounce_ms,
         } => {
             // A snapshot may already cover (and have deleted) the rows at our position: the
-            // key alone would not notice, so the first row checks `snapshot_seq` too.
+            // key alone would not notice, so the first row checks `snapshot_seq` too. With a
+            // fence, the first row also checks the lease epoch (the rest follow in the same
+            // transaction, which holds SQLite's write lock).
             for (i, data) in updates.iter().enumerate() {
                 let r = sqlx::query(
                     "INSERT INTO doc_updates (doc_id, seq, data, created_at) \
                      SELECT ?1, ?2, ?3, ?4 \
-                     WHERE ?5 <> 0 OR (SELECT snapshot_seq FROM documents WHERE id = ?1) < ?2",
+                     WHERE ?5 <> 0 OR ( \
+                       (SELECT snapshot_seq FROM documents WHERE id = ?1) < ?2 \
+                       AND (?6 IS NULL OR (SELECT epoch FROM room_leases WHERE doc_id = ?1) = ?6))",
                 )
                 .bind(doc)
                 .bind(first_seq + i as i64)
                 .bind(data.as_ref())
                 .bind(now)
                 .bind(i as i64)
+                .bind(fence)
                 .execute(&mut *conn)
                 .await;
                 match r {
                     Ok(done) if done.rows_affected() == 1 => {}
-                    Ok(_) => return Err(StorageError::Conflict),
+                    Ok(_) => {
+                        return Err(fenced_or(conn, *doc, *fence, StorageError::Conflict).await)
+                    }
                     Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                         return Err(StorageError::Conflict)
                     }
@@ -485,23 +602,29 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
         }
         WriteOp::Snapshot {
             doc,
+            fence,
             expected_version,
             snapshot,
             upto_seq,
         } => {
             let done = sqlx::query(
-                "UPDATE documents SET snapshot = ?, snapshot_seq = ?, \
+                "UPDATE documents SET snapshot = ?1, snapshot_seq = ?2, \
                  snapshot_version = snapshot_version + 1 \
-                 WHERE id = ? AND snapshot_version = ?",
+                 WHERE id = ?3 AND snapshot_version = ?4 \
+                   AND (?5 IS NULL OR (SELECT epoch FROM room_leases WHERE doc_id = ?3) = ?5)",
             )
             .bind(snapshot.as_slice())
             .bind(upto_seq)
             .bind(doc)
             .bind(expected_version)
+            .bind(fence)
             .execute(&mut *conn)
             .await?;
             if done.rows_affected() == 0 {
-                return Ok(WriteOutcome::Snapshot(SnapshotOutcome::Conflict));
+                return match fenced_or(conn, *doc, *fence, StorageError::Conflict).await {
+                    StorageError::Conflict => Ok(WriteOutcome::Snapshot(SnapshotOutcome::Conflict)),
+                    e => Err(e),
+                };
             }
             sqlx::query("DELETE FROM doc_updates WHERE doc_id = ? AND seq <= ?")
                 .bind(doc)
