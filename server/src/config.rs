@@ -78,6 +78,12 @@ pub struct Settings {
     /// Outbound queue length per connection, in messages; overflow closes with 1013 [default: 1024]
     #[arg(long, env = "QUIRE_PEER_QUEUE")]
     pub peer_queue: Option<usize>,
+    /// This node's name in room leases (PostgreSQL) [default: node-<random>]
+    #[arg(long, env = "QUIRE_NODE_ID")]
+    pub node_id: Option<String>,
+    /// How long a node's lease on a document's room lasts without renewal (PostgreSQL) [default: 5s]
+    #[arg(long, env = "QUIRE_LEASE_TTL")]
+    pub lease_ttl: Option<HumanDuration>,
     /// Bytes a WebSocket connection reads per system call; small keeps idle connections cheap [default: 128]
     #[arg(long, env = "QUIRE_WS_READ_BUFFER")]
     pub ws_read_buffer: Option<usize>,
@@ -142,6 +148,13 @@ pub struct Settings {
     pub webhook_backoff: Option<HumanDuration>,
 }
 
+/// A node's identity and lease time in room leases.
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    pub node_id: std::sync::Arc<str>,
+    pub ttl: Duration,
+}
+
 /// The resolved configuration handed to [`crate::run`].
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -159,6 +172,9 @@ pub struct Config {
     pub admin_key: Option<String>,
     pub idempotency_ttl: Duration,
     pub webhooks: WebhookConfig,
+    /// This node's name in room leases.
+    pub node_id: String,
+    pub lease_ttl: Duration,
 }
 
 /// Where and how events are delivered.
@@ -191,6 +207,9 @@ pub struct RoomConfig {
     pub load_retry_delay: Duration,
     pub snapshot_updates: u64,
     pub snapshot_bytes: u64,
+    /// Room leases (PostgreSQL: several nodes may share the database): this node's name and
+    /// the lease time. `None`: no leases (SQLite, one process).
+    pub lease: Option<LeaseConfig>,
     /// How often the room asks its connections to ping their clients (the connection-level
     /// `ping_interval`; the room drives it so idle connections need no timer of their own).
     pub ping_interval: Duration,
@@ -226,6 +245,8 @@ impl Settings {
             max_doc_size,
             max_connections_per_doc,
             peer_queue,
+            node_id,
+            lease_ttl,
             ws_read_buffer,
             room_queue,
             commit_batch,
@@ -272,6 +293,7 @@ impl Settings {
             idle_timeout: d(self.idle_timeout, Duration::from_secs(90)),
             shutdown_grace: d(self.shutdown_grace, Duration::from_secs(10)),
             room: RoomConfig {
+                lease: None,
                 ping_interval: d(self.ping_interval, Duration::from_secs(30)),
                 max_doc_size: self.max_doc_size.unwrap_or(256 << 20),
                 max_connections: self.max_connections_per_doc.unwrap_or(1000).max(1),
@@ -285,6 +307,10 @@ impl Settings {
             auth_keys: self.auth_keys.unwrap_or_default(),
             admin_key: self.admin_key,
             idempotency_ttl: d(self.idempotency_ttl, Duration::from_secs(24 * 3600)),
+            node_id: self
+                .node_id
+                .unwrap_or_else(|| format!("node-{:08x}", rand::random::<u32>())),
+            lease_ttl: d(self.lease_ttl, Duration::from_secs(5)).max(Duration::from_millis(100)),
             webhooks: WebhookConfig {
                 urls: self.webhook_urls.unwrap_or_default(),
                 secret: self.webhook_secret,

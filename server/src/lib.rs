@@ -130,6 +130,13 @@ pub async fn run_with_stores(
         metrics.clone(),
         config::RoomConfig {
             ping_interval: config.ping_interval,
+            // Several nodes may share a PostgreSQL database: each room then holds a lease.
+            lease: storage::postgres::is_postgres_url(&config.database_url).then(|| {
+                config::LeaseConfig {
+                    node_id: config.node_id.as_str().into(),
+                    ttl: config.lease_ttl,
+                }
+            }),
             ..config.room.clone()
         },
         config.limits.room_queue,

@@ -16,6 +16,8 @@ pub struct Metrics {
     pub broadcast_overflows: IntCounter,
     pub snapshots: IntCounter,
     pub snapshot_conflicts: IntCounter,
+    pub fenced_writes: IntCounter,
+    pub lease_losses: IntCounter,
     pub room_load_failures: IntCounter,
     pub malformed_messages: IntCounter,
 }
@@ -71,6 +73,14 @@ impl Metrics {
             snapshot_conflicts: counter(
                 "snapshot_conflicts_total",
                 "Snapshot writes refused by the optimistic version check",
+            ),
+            fenced_writes: counter(
+                "fenced_writes_total",
+                "Appends and snapshots the storage refused because the lease epoch moved on",
+            ),
+            lease_losses: counter(
+                "lease_losses_total",
+                "Rooms given up because another node took the document's lease",
             ),
             room_load_failures: counter("room_load_failures_total", "Failed document loads"),
             malformed_messages: counter(

@@ -105,6 +105,10 @@ fn join_close(e: JoinError) -> CloseReason {
         JoinError::ShuttingDown => CloseReason::new(close::RESTART, "server restarting"),
         JoinError::Gone => CloseReason::new(close::TRY_AGAIN_LATER, "document busy, retry"),
         JoinError::Deleted => CloseReason::new(close::DELETED, "document deleted"),
+        JoinError::Elsewhere => CloseReason::new(
+            close::TRY_AGAIN_LATER,
+            "document is served by another node, retry",
+        ),
     }
 }
 

@@ -28,7 +28,7 @@ use super::{
 };
 use crate::close;
 use crate::protocol;
-use crate::storage::{SnapshotOutcome, StorageError, StoredDoc};
+use crate::storage::{Epoch, LeaseGrant, SnapshotOutcome, StorageError, StoredDoc};
 
 /// Attempts at committing one batch before the room gives up (closing its peers with 1011 so
 /// they resync against a fresh load). Backoff doubles from [`COMMIT_RETRY_BASE`].
@@ -68,18 +68,29 @@ pub(super) async fn run(
         let mut rx = rx;
         // What joins still queued when the room stops are told.
         let mut leftover = JoinError::Gone;
-        match load(&registry, &name).await {
-            Ok(loaded) if loaded.stored.deleted => leftover = JoinError::Deleted,
-            Ok(loaded) => {
-                let mut room = Room::new(registry.clone(), name.clone(), loaded);
+        match load_owned(&registry, &name).await {
+            Ok(Owned::Here(_, loaded)) if loaded.stored.deleted => leftover = JoinError::Deleted,
+            Ok(Owned::Here(fence, loaded)) => {
+                let mut room = Room::new(registry.clone(), name.clone(), loaded, fence);
                 if room.run(&mut rx).await {
                     leftover = JoinError::Deleted;
                 }
             }
+            Ok(Owned::Elsewhere { owner }) => {
+                // Queued joins are refused and the room stops at once, so the next join asks
+                // the database again (the lease may have expired or been released by then).
+                debug!(%owner, "served by another node");
+                leftover = JoinError::Elsewhere;
+            }
             Err(e) => {
                 registry.metrics.room_load_failures.inc();
                 error!(error = %e, "load failed; refusing connections until the retry delay passes");
-                refuse_until(&mut rx, Instant::now() + registry.config.load_retry_delay).await;
+                refuse_until(
+                    &mut rx,
+                    Instant::now() + registry.config.load_retry_delay,
+                    JoinError::LoadFailed,
+                )
+                .await;
             }
         }
         drop(registration);
@@ -103,14 +114,15 @@ fn reject(cmd: RoomCmd, why: JoinError) {
     }
 }
 
-/// After a failed load: answer every join with `LoadFailed` until `until`. The failed room
-/// never holds a `Doc`, so it can never write an empty document over stored data.
-async fn refuse_until(rx: &mut mpsc::Receiver<RoomCmd>, until: Instant) {
+/// After a failed load (or finding the document owned elsewhere): answer every join with
+/// `why` until `until`. Such a room never holds a `Doc`, so it can never write an empty
+/// document over stored data.
+async fn refuse_until(rx: &mut mpsc::Receiver<RoomCmd>, until: Instant, why: JoinError) {
     loop {
         tokio::select! {
             _ = sleep_until(until) => return,
             cmd = rx.recv() => match cmd {
-                Some(cmd) => reject(cmd, JoinError::LoadFailed),
+                Some(cmd) => reject(cmd, why),
                 None => return,
             }
         }
@@ -139,6 +151,39 @@ async fn load(registry: &Registry, name: &DocName) -> Result<Loaded, LoadError> 
         "loaded"
     );
     Ok(Loaded { stored, doc })
+}
+
+/// Who serves a document.
+enum Owned {
+    /// This node, under this lease epoch (`None`: no leases, one process).
+    Here(Option<Epoch>, Loaded),
+    Elsewhere {
+        owner: String,
+    },
+}
+
+/// Loads a document for a room on this node: with leases, takes the document's lease first
+/// and loads again under it, so everything the previous owner committed is seen (a write
+/// under its epoch cannot commit after the grant: the storage fences it).
+async fn load_owned(registry: &Registry, name: &DocName) -> Result<Owned, LoadError> {
+    let loaded = load(registry, name).await?;
+    let Some(lease) = &registry.config.lease else {
+        return Ok(Owned::Here(None, loaded));
+    };
+    if loaded.stored.deleted {
+        return Ok(Owned::Here(None, loaded));
+    }
+    let grant = registry
+        .store
+        .acquire_lease(loaded.stored.id, &lease.node_id, lease.ttl)
+        .await?;
+    match grant {
+        LeaseGrant::Granted { epoch } => {
+            info!(epoch, "lease granted");
+            Ok(Owned::Here(Some(epoch), load(registry, name).await?))
+        }
+        LeaseGrant::HeldBy { owner, .. } => Ok(Owned::Elsewhere { owner }),
+    }
 }
 
 /// Latest snapshot plus the log rows after it, replayed into a fresh `Doc`.
@@ -238,12 +283,23 @@ enum Exit {
     Deleted,
     Shutdown,
     Failed(String),
+    /// The document's lease moved to another node: give the room up at once.
+    Fenced(String),
 }
 
 struct Room {
     registry: Arc<Registry>,
     name: DocName,
     doc_id: i64,
+    /// The lease epoch every append and snapshot carries (`None`: no leases).
+    fence: Option<Epoch>,
+    /// A lease renewal in flight, polled by the room like its storage operation.
+    renewing: Option<StorageOp<bool>>,
+    /// When to renew next, and until when the last renewal keeps the lease.
+    renew_at: Instant,
+    lease_until: Instant,
+    /// Set when a write was fenced: the room must stop.
+    fenced: bool,
     doc: Doc,
     awareness: AwarenessTable,
     peers: HashMap<PeerId, Peer>,
@@ -276,12 +332,23 @@ struct Room {
 }
 
 impl Room {
-    fn new(registry: Arc<Registry>, name: DocName, loaded: Loaded) -> Room {
+    fn new(registry: Arc<Registry>, name: DocName, loaded: Loaded, fence: Option<Epoch>) -> Room {
         let Loaded { stored, doc } = loaded;
+        let ttl = registry
+            .config
+            .lease
+            .as_ref()
+            .map_or(Duration::from_secs(5), |l| l.ttl);
+        let now = Instant::now();
         Room {
             registry,
             name,
             doc_id: stored.id,
+            fence,
+            renewing: None,
+            renew_at: now + ttl / 3,
+            lease_until: now + ttl,
+            fenced: false,
             doc,
             awareness: AwarenessTable::default(),
             peers: HashMap::new(),
@@ -334,7 +401,16 @@ impl Room {
             tokio::select! {
                 res = wait_inflight(&mut self.inflight), if self.inflight.is_some() => {
                     if let Err(reason) = self.on_op_done(res).await {
-                        break Exit::Failed(reason);
+                        break if self.fenced { Exit::Fenced(reason) } else { Exit::Failed(reason) };
+                    }
+                }
+                _ = sleep_until(self.renew_at), if self.fence.is_some() && self.renewing.is_none() => {
+                    self.start_renewal();
+                }
+                renewed = wait_renewal(&mut self.renewing), if self.renewing.is_some() => {
+                    self.renewing = None;
+                    if let Some(exit) = self.on_renewed(renewed) {
+                        break exit;
                     }
                 }
                 cmd = rx.recv() => match cmd {
@@ -373,6 +449,7 @@ impl Room {
                     Ok(()) => self.final_snapshot().await,
                     Err(reason) => error!(%reason, "could not commit everything before unloading"),
                 }
+                self.release_lease().await;
                 debug!("unloaded");
                 matches!(exit, Exit::Deleted)
             }
@@ -382,7 +459,22 @@ impl Room {
                     // The Doc may hold updates that are not committed: no snapshot of it.
                     Err(reason) => error!(%reason, "could not commit everything before shutdown"),
                 }
+                // Released at once, so another node can take the document without waiting
+                // for the lease to expire.
+                self.release_lease().await;
                 self.close_all(CloseReason::new(close::GOING_AWAY, "server shutting down"));
+                false
+            }
+            Exit::Fenced(reason) => {
+                // Nothing more may be written: the new owner has the document. Clients
+                // reconnect (through any node) and resync; what they had acknowledged is in
+                // the log, which the new owner loaded.
+                warn!(%reason, "lost the document's lease; giving the room up");
+                self.registry.metrics.lease_losses.inc();
+                self.close_all(CloseReason::new(
+                    close::RESTART,
+                    "document moved to another node, reconnect",
+                ));
                 false
             }
             Exit::Failed(reason) => {
@@ -668,13 +760,14 @@ impl Room {
     ) -> Inflight {
         let store = self.registry.store.clone();
         let doc = self.doc_id;
+        let fence = self.fence;
         let first_seq = self.last_seq + 1;
         let rows: Vec<Bytes> = batch.iter().map(|a| a.raw.clone()).collect();
         let task: StorageOp<()> = Box::pin(async move {
             if attempt > 0 {
                 sleep(COMMIT_RETRY_BASE * 2u32.pow(attempt - 1)).await;
             }
-            store.append(doc, None, first_seq, rows).await
+            store.append(doc, fence, first_seq, rows).await
         });
         Inflight::Append {
             batch,
@@ -720,6 +813,14 @@ impl Room {
                     }
                 }
                 self.release_waiters();
+            }
+            (Inflight::Append { batch, .. }, OpResult::Append(Err(StorageError::Fenced))) => {
+                // Not committed and never will be here: the HTTP callers see the room give up
+                // (503) and the peers resend through the new owner when they resync.
+                drop(batch);
+                self.registry.metrics.fenced_writes.inc();
+                self.fenced = true;
+                return Err("an append was fenced: the lease moved to another node".into());
             }
             (
                 Inflight::Append {
@@ -786,6 +887,11 @@ impl Room {
                     let sv = self.doc.transact().state_vector();
                     self.reload(&sv).await?;
                 }
+                Err(StorageError::Fenced) => {
+                    self.registry.metrics.fenced_writes.inc();
+                    self.fenced = true;
+                    return Err("a snapshot was fenced: the lease moved to another node".into());
+                }
                 Err(e) => {
                     // The log still holds everything; try again after the next commit.
                     warn!(error = %e, "snapshot write failed");
@@ -821,9 +927,10 @@ impl Room {
         let size = data.len() as u64;
         let store = self.registry.store.clone();
         let (doc, version, upto_seq) = (self.doc_id, self.snapshot_version, self.last_seq);
+        let fence = self.fence;
         let task = Box::pin(async move {
             store
-                .write_snapshot(doc, None, version, data, upto_seq)
+                .write_snapshot(doc, fence, version, data, upto_seq)
                 .await
         });
         Inflight::Snapshot {
@@ -885,6 +992,59 @@ impl Room {
                 warn!(error = %e, "final snapshot failed; the log still holds every update");
                 return;
             }
+        }
+    }
+
+    fn start_renewal(&mut self) {
+        let (Some(epoch), Some(lease)) = (self.fence, self.registry.config.lease.clone()) else {
+            return;
+        };
+        let store = self.registry.store.clone();
+        let doc = self.doc_id;
+        let started = Instant::now();
+        self.renewing = Some(Box::pin(async move {
+            store
+                .renew_lease(doc, &lease.node_id, epoch, lease.ttl)
+                .await
+        }));
+        // Counted from when the renewal was sent: the database's expiry is later than this.
+        self.lease_until = self.lease_until.max(started);
+        self.renew_at = started + lease.ttl / 3;
+    }
+
+    /// A renewal's outcome: keep going, retry soon, or give the room up.
+    fn on_renewed(&mut self, renewed: Result<bool, StorageError>) -> Option<Exit> {
+        let ttl = self.registry.config.lease.as_ref()?.ttl;
+        match renewed {
+            Ok(true) => {
+                self.lease_until = self.renew_at - ttl / 3 + ttl;
+                None
+            }
+            Ok(false) => Some(Exit::Fenced(
+                "lease renewal refused: another node holds the document".into(),
+            )),
+            Err(e) if Instant::now() + ttl / 10 < self.lease_until => {
+                warn!(error = %e, "lease renewal failed; retrying");
+                self.renew_at = Instant::now() + ttl / 10;
+                None
+            }
+            Err(e) => Some(Exit::Fenced(format!(
+                "the lease ran out while renewals failed: {e}"
+            ))),
+        }
+    }
+
+    async fn release_lease(&mut self) {
+        let (Some(epoch), Some(lease)) = (self.fence, self.registry.config.lease.clone()) else {
+            return;
+        };
+        if let Err(e) = self
+            .registry
+            .store
+            .release_lease(self.doc_id, &lease.node_id, epoch)
+            .await
+        {
+            warn!(error = %e, "could not release the lease; it expires by itself");
         }
     }
 
@@ -977,6 +1137,13 @@ async fn wait_inflight(inflight: &mut Option<Inflight>) -> OpResult {
     match inflight {
         Some(Inflight::Append { task, .. }) => OpResult::Append(task.as_mut().await),
         Some(Inflight::Snapshot { task, .. }) => OpResult::Snapshot(task.as_mut().await),
+        None => std::future::pending().await,
+    }
+}
+
+async fn wait_renewal(renewing: &mut Option<StorageOp<bool>>) -> Result<bool, StorageError> {
+    match renewing {
+        Some(task) => task.as_mut().await,
         None => std::future::pending().await,
     }
 }

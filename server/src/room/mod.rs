@@ -201,6 +201,9 @@ pub enum JoinError {
     ShuttingDown,
     #[error("the document is deleted")]
     Deleted,
+    /// Another node holds the document's lease (PostgreSQL deployments with several nodes).
+    #[error("the document is served by another node")]
+    Elsewhere,
     /// The room was unloading; the caller asks the registry again.
     #[error("the room closed before the join was handled")]
     Gone,

@@ -57,6 +57,12 @@ pub fn database_url(dir: &Path) -> String {
     if !on_postgres() {
         return format!("sqlite://{}", dir.join("quire.db").display());
     }
+    pg_database_url(dir)
+}
+
+/// A PostgreSQL database of the test whose directory is `dir`, whichever backend the suite
+/// runs on (several server nodes need PostgreSQL). PostgreSQL must be reachable.
+pub fn pg_database_url(dir: &Path) -> String {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     dir.hash(&mut h);
@@ -242,12 +248,17 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts `quire serve` on the database of test directory `dir`.
     pub async fn start(dir: &Path, extra: &[&str]) -> ServerProcess {
+        ServerProcess::start_url(&database_url(dir), extra).await
+    }
+
+    /// Starts `quire serve` on the database at `url`.
+    pub async fn start_url(url: &str, extra: &[&str]) -> ServerProcess {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_quire"))
             .arg("serve")
             .arg("--bind")
             .arg("127.0.0.1:0")
             .arg("--database")
-            .arg(database_url(dir))
+            .arg(url)
             .args(extra)
             .env("QUIRE_LOG", "warn")
             .stdout(Stdio::piped())
@@ -272,6 +283,17 @@ impl ServerProcess {
 
     pub fn url(&self, doc: &str) -> String {
         format!("ws://{}/{}", self.addr, doc)
+    }
+
+    /// Fetches a metric's value from /metrics.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let body = http_get(self.addr, "/metrics").await.1;
+        body.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == name).then(|| v.trim().parse().ok()).flatten()
+            })
+            .unwrap_or(0.0)
     }
 
     pub fn signal(&self, sig: &str) {
