@@ -126,8 +126,9 @@ pub trait DocStore: Send + Sync + 'static {
         upto_seq: i64,
     ) -> Result<SnapshotOutcome, StorageError>;
 
-    /// Grants `node` the document's lease for `ttl` if nobody holds an unexpired one; every
-    /// grant increments the epoch (the fencing token).
+    /// Grants `node` the document's lease for `ttl` if nobody else holds an unexpired one (a
+    /// node restarted under the same name takes its own leases back at once); every grant
+    /// increments the epoch (the fencing token), which fences any earlier holder.
     async fn acquire_lease(
         &self,
         doc: DocId,

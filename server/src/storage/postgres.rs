@@ -310,7 +310,7 @@ impl DocStore for PgStore {
              VALUES ($1, $2, 1, {DB_NOW_MS} + $3) \
              ON CONFLICT (doc_id) DO UPDATE SET owner = EXCLUDED.owner, \
                epoch = room_leases.epoch + 1, expires_at = EXCLUDED.expires_at \
-             WHERE room_leases.expires_at <= {DB_NOW_MS} \
+             WHERE room_leases.expires_at <= {DB_NOW_MS} OR room_leases.owner = EXCLUDED.owner \
              RETURNING epoch"
         ))
         .bind(doc)

@@ -252,7 +252,7 @@ impl DocStore for SqliteStore {
             "INSERT INTO room_leases (doc_id, owner, epoch, expires_at) VALUES (?1, ?2, 1, ?3) \
              ON CONFLICT (doc_id) DO UPDATE SET owner = excluded.owner, \
                epoch = room_leases.epoch + 1, expires_at = excluded.expires_at \
-             WHERE room_leases.expires_at <= ?4 \
+             WHERE room_leases.expires_at <= ?4 OR room_leases.owner = excluded.owner \
              RETURNING epoch",
         )
         .bind(doc)

@@ -246,9 +246,12 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Starts `quire serve` on the database of test directory `dir`.
+    /// Starts `quire serve` on the database of test directory `dir`, as node `test-node`
+    /// (a restarted process takes its room leases back at once, as a restarted node would).
     pub async fn start(dir: &Path, extra: &[&str]) -> ServerProcess {
-        ServerProcess::start_url(&database_url(dir), extra).await
+        let mut args = vec!["--node-id", "test-node"];
+        args.extend_from_slice(extra);
+        ServerProcess::start_url(&database_url(dir), &args).await
     }
 
     /// Starts `quire serve` on the database at `url`.
