@@ -110,6 +110,35 @@ async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room
     b.signal("TERM");
 }
 
+/// An owner whose renewal is refused (another node was granted the document: the test plays
+/// that node by moving the lease row on) gives the room up within a renewal period, without
+/// having to attempt a write, and closes its clients with 1012.
+#[tokio::test]
+async fn an_owner_whose_renewal_is_refused_gives_the_room_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = pg_database_url(dir.path());
+    let a = ServerProcess::start_url(&url, &["--node-id", "node-a", "--lease-ttl", "600ms"]).await;
+    let mut on_a = Client::connect(&a.url("renewed"), 1).await;
+    on_a.insert(0, "x").await;
+    on_a.durable_ack(1).await;
+    // Renewals keep the lease while nothing else happens.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(a.metric("quire_lease_losses_total").await, 0.0);
+    let pool = pg_pool(&url).await;
+    sqlx::query(
+        "UPDATE room_leases SET owner = 'node-z', epoch = epoch + 1, \
+         expires_at = (extract(epoch from clock_timestamp()) * 1000)::bigint + 600000",
+    )
+    .execute(&pool)
+    .await
+    .expect("take over");
+    assert_eq!(on_a.wait_closed().await, Some(1012));
+    assert_eq!(a.metric("quire_lease_losses_total").await, 1.0);
+    assert_eq!(a.metric("quire_fenced_writes_total").await, 0.0);
+    pool.close().await;
+    a.signal("TERM");
+}
+
 /// A graceful shutdown releases the leases at once: another node serves the document
 /// immediately instead of after the lease time.
 #[tokio::test]

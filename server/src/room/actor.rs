@@ -155,8 +155,8 @@ async fn load(registry: &Registry, name: &DocName) -> Result<Loaded, LoadError> 
 
 /// Who serves a document.
 enum Owned {
-    /// This node, under this lease epoch (`None`: no leases, one process).
-    Here(Option<Epoch>, Loaded),
+    /// This node, under this lease epoch, granted at this instant (`None`: no leases).
+    Here(Option<(Epoch, Instant)>, Loaded),
     Elsewhere {
         owner: String,
     },
@@ -173,16 +173,39 @@ async fn load_owned(registry: &Registry, name: &DocName) -> Result<Owned, LoadEr
     if loaded.stored.deleted {
         return Ok(Owned::Here(None, loaded));
     }
+    let doc = loaded.stored.id;
+    // The database counts the lease from the grant: so does the room (taken before asking,
+    // so the room's idea of the lease never outlives the database's).
+    let asked = Instant::now();
     let grant = registry
         .store
-        .acquire_lease(loaded.stored.id, &lease.node_id, lease.ttl)
+        .acquire_lease(doc, &lease.node_id, lease.ttl)
         .await?;
-    match grant {
-        LeaseGrant::Granted { epoch } => {
-            info!(epoch, "lease granted");
-            Ok(Owned::Here(Some(epoch), load(registry, name).await?))
+    let epoch = match grant {
+        LeaseGrant::Granted { epoch } => epoch,
+        LeaseGrant::HeldBy { owner, .. } => return Ok(Owned::Elsewhere { owner }),
+    };
+    info!(epoch, "lease granted");
+    let release = || async {
+        if let Err(e) = registry
+            .store
+            .release_lease(doc, &lease.node_id, epoch)
+            .await
+        {
+            warn!(error = %e, "could not release the lease; it expires by itself");
         }
-        LeaseGrant::HeldBy { owner, .. } => Ok(Owned::Elsewhere { owner }),
+    };
+    match load(registry, name).await {
+        Ok(loaded) if loaded.stored.deleted => {
+            release().await;
+            Ok(Owned::Here(None, loaded))
+        }
+        Ok(loaded) => Ok(Owned::Here(Some((epoch, asked)), loaded)),
+        Err(e) => {
+            // No room will run: let another node (or the next attempt) have the document.
+            release().await;
+            Err(e)
+        }
     }
 }
 
@@ -295,7 +318,10 @@ struct Room {
     fence: Option<Epoch>,
     /// A lease renewal in flight, polled by the room like its storage operation.
     renewing: Option<StorageOp<bool>>,
-    /// When to renew next, and until when the last renewal keeps the lease.
+    /// When the renewal in flight was sent, when to renew next, and until when the lease is
+    /// known to hold (by this process's clock, counted from when a grant or renewal was sent,
+    /// so never later than the database's).
+    renew_started: Instant,
     renew_at: Instant,
     lease_until: Instant,
     /// Set when a write was fenced: the room must stop.
@@ -332,22 +358,28 @@ struct Room {
 }
 
 impl Room {
-    fn new(registry: Arc<Registry>, name: DocName, loaded: Loaded, fence: Option<Epoch>) -> Room {
+    fn new(
+        registry: Arc<Registry>,
+        name: DocName,
+        loaded: Loaded,
+        lease: Option<(Epoch, Instant)>,
+    ) -> Room {
         let Loaded { stored, doc } = loaded;
         let ttl = registry
             .config
             .lease
             .as_ref()
             .map_or(Duration::from_secs(5), |l| l.ttl);
-        let now = Instant::now();
+        let granted_at = lease.map_or_else(Instant::now, |(_, at)| at);
         Room {
             registry,
             name,
             doc_id: stored.id,
-            fence,
+            fence: lease.map(|(epoch, _)| epoch),
             renewing: None,
-            renew_at: now + ttl / 3,
-            lease_until: now + ttl,
+            renew_started: granted_at,
+            renew_at: granted_at + ttl / 3,
+            lease_until: granted_at + ttl,
             fenced: false,
             doc,
             awareness: AwarenessTable::default(),
@@ -1002,13 +1034,23 @@ impl Room {
         let store = self.registry.store.clone();
         let doc = self.doc_id;
         let started = Instant::now();
+        // A renewal that has not answered when the lease runs out counts as failed: a stalled
+        // connection must not keep the room alive after another node may have the document.
+        let deadline = self.lease_until.max(started);
         self.renewing = Some(Box::pin(async move {
-            store
-                .renew_lease(doc, &lease.node_id, epoch, lease.ttl)
-                .await
+            match tokio::time::timeout_at(
+                deadline,
+                store.renew_lease(doc, &lease.node_id, epoch, lease.ttl),
+            )
+            .await
+            {
+                Ok(renewed) => renewed,
+                Err(_) => Err(StorageError::Invalid(
+                    "lease renewal did not answer before the lease ran out".into(),
+                )),
+            }
         }));
-        // Counted from when the renewal was sent: the database's expiry is later than this.
-        self.lease_until = self.lease_until.max(started);
+        self.renew_started = started;
         self.renew_at = started + lease.ttl / 3;
     }
 
@@ -1017,7 +1059,7 @@ impl Room {
         let ttl = self.registry.config.lease.as_ref()?.ttl;
         match renewed {
             Ok(true) => {
-                self.lease_until = self.renew_at - ttl / 3 + ttl;
+                self.lease_until = self.renew_started + ttl;
                 None
             }
             Ok(false) => Some(Exit::Fenced(
@@ -1035,6 +1077,8 @@ impl Room {
     }
 
     async fn release_lease(&mut self) {
+        // A renewal still in flight is abandoned: the release ends the lease either way.
+        self.renewing = None;
         let (Some(epoch), Some(lease)) = (self.fence, self.registry.config.lease.clone()) else {
             return;
         };

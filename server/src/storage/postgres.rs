@@ -520,7 +520,10 @@ async fn fast_path(
         .collect();
     // A fixed order (the key's) for every writer's inserts.
     rows.sort_unstable_by_key(|(doc, _, seq, _)| (*doc, *seq));
-    insert_rows(conn, &rows, now).await?;
+    if !insert_rows(conn, &rows, now).await? {
+        // The batch is re-run request by request, which tells a fence from a conflict.
+        return Err(StorageError::Conflict);
+    }
     let events: Vec<(DocId, i64, i64)> = batch
         .iter()
         .filter_map(|r| {
@@ -544,13 +547,11 @@ async fn append_one(
         .enumerate()
         .map(|(i, data)| (req.doc, req.fence, req.first_seq + i as i64, data.as_ref()))
         .collect();
-    if let Err(e) = insert_rows(conn, &rows, now).await {
-        return Err(match e {
-            StorageError::Conflict => {
-                fenced_or(conn, req.doc, req.fence, StorageError::Conflict).await
-            }
-            e => e,
-        });
+    if !insert_rows(conn, &rows, now).await? {
+        // Some row was not inserted and the transaction is intact (a taken position, which
+        // aborts it, is reported as a conflict by `insert_rows` itself): the fence or the
+        // covered-position check filtered it.
+        return Err(fenced_or(conn, req.doc, req.fence, StorageError::Conflict).await);
     }
     if let Some(debounce) = req.event_debounce_ms {
         fold_updated_events(conn, &[(req.doc, req.last_seq(), now + debounce)], now).await?;
@@ -566,11 +567,15 @@ type LogRow<'a> = (DocId, Option<Epoch>, i64, &'a [u8]);
 /// `snapshot_seq`: a snapshot may cover (and have deleted) the row at a requested position,
 /// which the primary key alone would not notice, so a short count is a conflict; so is a
 /// position already taken (unique violation).
+///
+/// Ok(false): some row was filtered out (covered position or stale fence), the transaction is
+/// still usable; `Err(Conflict)`: a position was taken (unique violation), which aborts the
+/// transaction. A fenced row never reaches the key check: the fence filters it first.
 async fn insert_rows(
     conn: &mut PgConnection,
     rows: &[LogRow<'_>],
     now: i64,
-) -> Result<(), StorageError> {
+) -> Result<bool, StorageError> {
     let mut start = 0;
     while start < rows.len() {
         let mut end = start;
@@ -618,14 +623,14 @@ async fn insert_rows(
         .await;
         match done {
             Ok(done) if done.rows_affected() == chunk.len() as u64 => {}
-            Ok(_) => return Err(StorageError::Conflict),
+            Ok(_) => return Ok(false),
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                 return Err(StorageError::Conflict)
             }
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// One pending `document.updated` per document: a fold updates its sequence number, gives it
