@@ -78,6 +78,9 @@ pub struct Settings {
     /// Outbound queue length per connection, in messages; overflow closes with 1013 [default: 1024]
     #[arg(long, env = "QUIRE_PEER_QUEUE")]
     pub peer_queue: Option<usize>,
+    /// NATS URL of the bus between nodes sharing a PostgreSQL database (nats://HOST:PORT); none: clients of a document another node owns are refused with 1013
+    #[arg(long = "bus", env = "QUIRE_BUS_URL")]
+    pub bus_url: Option<String>,
     /// This node's name in room leases (PostgreSQL) [default: node-<random>]
     #[arg(long, env = "QUIRE_NODE_ID")]
     pub node_id: Option<String>,
@@ -172,6 +175,8 @@ pub struct Config {
     pub admin_key: Option<String>,
     pub idempotency_ttl: Duration,
     pub webhooks: WebhookConfig,
+    /// The bus between nodes (NATS), if any.
+    pub bus_url: Option<String>,
     /// This node's name in room leases.
     pub node_id: String,
     pub lease_ttl: Duration,
@@ -210,6 +215,9 @@ pub struct RoomConfig {
     /// Room leases (PostgreSQL: several nodes may share the database): this node's name and
     /// the lease time. `None`: no leases (SQLite, one process).
     pub lease: Option<LeaseConfig>,
+    /// Outbound queue length of a peer (the connection-level limit, for peers the room
+    /// serves for other nodes).
+    pub peer_queue: usize,
     /// How often the room asks its connections to ping their clients (the connection-level
     /// `ping_interval`; the room drives it so idle connections need no timer of their own).
     pub ping_interval: Duration,
@@ -245,6 +253,7 @@ impl Settings {
             max_doc_size,
             max_connections_per_doc,
             peer_queue,
+            bus_url,
             node_id,
             lease_ttl,
             ws_read_buffer,
@@ -294,6 +303,7 @@ impl Settings {
             shutdown_grace: d(self.shutdown_grace, Duration::from_secs(10)),
             room: RoomConfig {
                 lease: None,
+                peer_queue: self.peer_queue.unwrap_or(1024).max(4),
                 ping_interval: d(self.ping_interval, Duration::from_secs(30)),
                 max_doc_size: self.max_doc_size.unwrap_or(256 << 20),
                 max_connections: self.max_connections_per_doc.unwrap_or(1000).max(1),
@@ -307,6 +317,7 @@ impl Settings {
             auth_keys: self.auth_keys.unwrap_or_default(),
             admin_key: self.admin_key,
             idempotency_ttl: d(self.idempotency_ttl, Duration::from_secs(24 * 3600)),
+            bus_url: self.bus_url,
             node_id: self
                 .node_id
                 .unwrap_or_else(|| format!("node-{:08x}", rand::random::<u32>())),

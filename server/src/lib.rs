@@ -13,6 +13,7 @@
 //! [`run`] serves on a listener until a shutdown token fires; tests start it on port 0.
 
 pub mod auth;
+pub mod bus;
 pub mod close;
 pub mod config;
 pub mod http;
@@ -52,6 +53,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Tracks WebSocket connection tasks so shutdown can wait for their close frames.
     pub connections: TaskTracker,
+    /// The bus to other nodes (`--bus`), when several nodes share a PostgreSQL database.
+    pub bus: Option<Arc<bus::Bus>>,
 }
 
 /// The storage a server runs on: document content, API rows, and the signal that outbox
@@ -145,7 +148,24 @@ pub async fn run_with_stores(
     let grace = config.shutdown_grace;
     let webhooks = config.webhooks.clone();
     let idempotency_ttl = config.idempotency_ttl;
+    let bus = match (&config.bus_url, &registry.config.lease) {
+        (Some(url), Some(lease)) => Some(
+            bus::Bus::start(
+                url,
+                lease.node_id.clone(),
+                registry.clone(),
+                config.limits.max_message_size,
+            )
+            .await?,
+        ),
+        (Some(_), None) => {
+            tracing::warn!("--bus is ignored: several nodes need a PostgreSQL database");
+            None
+        }
+        _ => None,
+    };
     let app = AppState {
+        bus,
         config: Arc::new(config),
         store: stores.docs.clone(),
         api: stores.api.clone(),

@@ -18,12 +18,14 @@ use tracing::{debug, info_span, Instrument};
 use yrs::updates::decoder::Decode;
 use yrs::Update;
 
+use crate::bus::{Bus, Envelope, RelayIn, ALIVE_EVERY};
 use crate::close;
 use crate::protocol::{self, Message};
 use crate::room::queue::{self, Next, QueueRx};
 use crate::room::{
     CloseReason, DocName, JoinError, PeerAuth, PeerLink, PeerMsg, Registry, RoomHandle,
 };
+use crate::storage::LeaseGrant;
 use crate::AppState;
 
 /// How long a close frame may take to leave before the socket is dropped.
@@ -53,7 +55,7 @@ pub fn serve(
     auth: PeerAuth,
     app: AppState,
 ) -> impl Future<Output = ()> + Send {
-    let peer = NEXT_PEER.fetch_add(1, Ordering::Relaxed);
+    let peer = next_peer_id();
     let user = auth.user.as_deref().unwrap_or("-").to_owned();
     let span = info_span!("conn", doc = %name, peer, user = %user);
     let (sink, stream) = socket.split();
@@ -72,9 +74,9 @@ async fn join(
     peer: u64,
     auth: PeerAuth,
     queue: usize,
-) -> Result<(RoomHandle, QueueRx), CloseReason> {
+) -> Result<(RoomHandle, QueueRx), JoinError> {
     for _ in 0..JOIN_ATTEMPTS {
-        let room = registry.get_or_start(name).map_err(join_close)?;
+        let room = registry.get_or_start(name)?;
         let (tx, rx) = queue::queue(queue);
         let link = PeerLink {
             id: peer,
@@ -84,13 +86,28 @@ async fn join(
         match room.join(link).await {
             Ok(()) => return Ok((room, rx)),
             Err(JoinError::Gone) => continue,
-            Err(e) => return Err(join_close(e)),
+            Err(e) => return Err(e),
         }
     }
-    Err(CloseReason::new(
-        close::TRY_AGAIN_LATER,
-        "document busy, retry",
-    ))
+    Err(JoinError::Gone)
+}
+
+/// A fresh connection id, unique in this process.
+pub(crate) fn next_peer_id() -> u64 {
+    NEXT_PEER.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Joins `name`'s room on this node as `peer` (for peers relayed from other nodes).
+pub(crate) async fn join_room(
+    registry: &Arc<Registry>,
+    name: &DocName,
+    peer: u64,
+    auth: PeerAuth,
+) -> Result<(RoomHandle, QueueRx), CloseReason> {
+    let queue = registry.config.peer_queue;
+    Box::pin(join(registry, name, peer, auth, queue))
+        .await
+        .map_err(join_close)
 }
 
 fn join_close(e: JoinError) -> CloseReason {
@@ -126,7 +143,9 @@ fn serve_inner<'a>(
     async move {
         let token = auth.token_id.clone().zip(auth.user.clone());
         let issued_at = auth.issued_at;
-        // Boxed: joining happens once, and its future is larger than the rest of the connection's.
+        let relay_auth = app.bus.as_ref().map(|_| auth.clone());
+        // Boxed: joining happens once, and its future is larger than the rest of the
+        // connection's.
         let (room, out_rx) = match Box::pin(join(
             &app.registry,
             name,
@@ -137,7 +156,18 @@ fn serve_inner<'a>(
         .await
         {
             Ok(joined) => joined,
-            Err(reason) => {
+            Err(JoinError::Elsewhere) if app.bus.is_some() => {
+                // Another node owns the document: relay this client to it through the bus.
+                let outcome = match (&app.bus, relay_auth) {
+                    (Some(bus), Some(auth)) => {
+                        Box::pin(relay(&mut sink, &mut stream, name, peer, auth, app, bus)).await
+                    }
+                    _ => None,
+                };
+                return finish(sink, stream, outcome).await;
+            }
+            Err(e) => {
+                let reason = join_close(e);
                 send_close(&mut sink, &reason).await;
                 return reason;
             }
@@ -264,14 +294,20 @@ fn serve_inner<'a>(
             w = writer => w,
         };
         room.leave(peer).await;
+        finish(sink, stream, outcome).await
+    }
+}
+
+/// The close handshake: send ours, then read until the client's Close (or the timeout) so
+/// the client sees our code instead of a reset connection. `None`: the client closed.
+async fn finish(mut sink: Sink, mut stream: Stream, outcome: Option<CloseReason>) -> CloseReason {
+    {
         match outcome {
             Some(reason) => {
                 let frame = WsMessage::Close(Some(CloseFrame {
                     code: reason.code,
                     reason: reason.reason.to_string().into(),
                 }));
-                // The close handshake: send ours, then read until the client's Close (or the
-                // timeout) so the client sees our code instead of a reset connection.
                 let patience = if reason.code == close::TRY_AGAIN_LATER {
                     BACKPRESSURE_CLOSE_TIMEOUT
                 } else {
@@ -293,6 +329,100 @@ fn serve_inner<'a>(
             None => CloseReason::new(1000, "closed by peer"),
         }
     }
+}
+
+/// Relays a client of a document owned by another node: its frames go to the owner over the
+/// bus, the owner's come back. Every `ALIVE_EVERY` the relay tells the owner the client is
+/// still here and checks the document's lease: if the owner lost it (crash, hand-over), the
+/// client is closed with 1012 and reconnects, to be served by the new owner.
+async fn relay(
+    sink: &mut Sink,
+    stream: &mut Stream,
+    name: &DocName,
+    peer: u64,
+    auth: PeerAuth,
+    app: &AppState,
+    bus: &Arc<Bus>,
+) -> Option<CloseReason> {
+    let moved = || CloseReason::new(close::RESTART, "document moved to another node, reconnect");
+    let lease = app.registry.config.lease.clone()?;
+    let doc = match app.registry.store.load(name.as_str()).await {
+        Ok(stored) => stored.id,
+        Err(_) => {
+            return Some(CloseReason::new(
+                close::INTERNAL,
+                "document unavailable, retry",
+            ))
+        }
+    };
+    let owner = match app
+        .registry
+        .store
+        .acquire_lease(doc, &lease.node_id, lease.ttl)
+        .await
+    {
+        Ok(LeaseGrant::HeldBy { owner, .. }) => owner,
+        // The owner went away meanwhile and this node holds the lease now: the client's
+        // reconnect is served here.
+        Ok(LeaseGrant::Granted { .. }) => return Some(moved()),
+        Err(_) => {
+            return Some(CloseReason::new(
+                close::INTERNAL,
+                "document unavailable, retry",
+            ))
+        }
+    };
+    let mut inbox = bus.register_relay(peer);
+    let from = bus.node.to_string();
+    bus.send(
+        &owner,
+        Envelope::Open {
+            from: from.clone(),
+            conn: peer,
+            doc: name.as_str().to_owned(),
+            user: auth.user.as_deref().map(str::to_owned),
+            can_write: auth.can_write,
+        },
+    )
+    .await;
+    let mut tick = tokio::time::interval_at(Instant::now() + ALIVE_EVERY, ALIVE_EVERY);
+    let outcome = loop {
+        tokio::select! {
+            frame = stream.next() => match frame {
+                Some(Ok(WsMessage::Binary(data))) => {
+                    bus.send(&owner, Envelope::Frame { from: from.clone(), conn: peer, data }).await;
+                }
+                Some(Ok(WsMessage::Text(_))) => {
+                    break Some(CloseReason::new(
+                        close::UNSUPPORTED_DATA,
+                        "text frames are not part of the protocol",
+                    ))
+                }
+                Some(Ok(WsMessage::Ping(_))) | Some(Ok(WsMessage::Pong(_))) => {}
+                Some(Ok(WsMessage::Close(_))) | Some(Err(_)) | None => break None,
+            },
+            msg = inbox.recv() => match msg {
+                Some(RelayIn::Out(data)) => {
+                    if sink.send(WsMessage::Binary(data)).await.is_err() {
+                        break None;
+                    }
+                }
+                Some(RelayIn::Kill(reason)) => break Some(reason),
+                None => break Some(moved()),
+            },
+            _ = tick.tick() => {
+                bus.send(&owner, Envelope::Alive { from: from.clone(), conn: peer }).await;
+                match app.registry.store.acquire_lease(doc, &lease.node_id, lease.ttl).await {
+                    Ok(LeaseGrant::HeldBy { owner: now, .. }) if now == owner => {}
+                    Ok(_) => break Some(moved()),
+                    Err(e) => debug!(error = %e, "lease check failed; still relaying"),
+                }
+            }
+        }
+    };
+    bus.unregister_relay(peer);
+    bus.send(&owner, Envelope::Close { from, conn: peer }).await;
+    outcome
 }
 
 async fn send_close(sink: &mut Sink, reason: &CloseReason) {
@@ -317,7 +447,7 @@ fn truncate(mut s: String) -> String {
 
 /// Decodes a frame into what the room consumes; updates are decoded here (off the room task)
 /// so a malformed one is refused before it reaches the document.
-fn to_peer_msgs(frame: &Bytes) -> Result<Vec<PeerMsg>, String> {
+pub(crate) fn to_peer_msgs(frame: &Bytes) -> Result<Vec<PeerMsg>, String> {
     let msgs = protocol::decode_frame(frame).map_err(|e| e.to_string())?;
     let mut out = Vec::with_capacity(msgs.len());
     for msg in msgs {

@@ -1,12 +1,22 @@
-//! Several `quire` processes on one PostgreSQL database: one owner per document, enforced by
-//! room leases whose epochs fence the storage. These tests always run on PostgreSQL (several
-//! nodes need it), whichever backend the rest of the suite uses.
+//! Several `quire` processes on one PostgreSQL database and a private NATS server: one owner
+//! per document, enforced by room leases whose epochs fence the storage, and clients of other
+//! nodes relayed to the owner. Several nodes need PostgreSQL, so these tests run in the
+//! suite's PostgreSQL pass (`QUIRE_TEST_DATABASE=postgres`, which tests/run-all.sh and CI
+//! run); in the SQLite pass they return at once. They need `nats-server` on PATH.
 
 mod common;
 
 use std::time::Duration;
 
 use common::*;
+
+/// False (and says so) in the SQLite pass: these tests belong to the PostgreSQL pass.
+fn in_postgres_pass() -> bool {
+    if !on_postgres() {
+        eprintln!("several nodes need PostgreSQL: this test runs in the PostgreSQL pass");
+    }
+    on_postgres()
+}
 
 /// A pool on the cluster's database.
 async fn pg_pool(url: &str) -> sqlx::PgPool {
@@ -25,6 +35,9 @@ async fn pg_pool(url: &str) -> sqlx::PgPool {
 /// every acknowledged update exactly once.
 #[tokio::test]
 async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room_up() {
+    if !in_postgres_pass() {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let url = pg_database_url(dir.path());
     // A long lease: A's own renewal is not due when it resumes, so what stops A is the
@@ -115,6 +128,9 @@ async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room
 /// having to attempt a write, and closes its clients with 1012.
 #[tokio::test]
 async fn an_owner_whose_renewal_is_refused_gives_the_room_up() {
+    if !in_postgres_pass() {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let url = pg_database_url(dir.path());
     let a = ServerProcess::start_url(&url, &["--node-id", "node-a", "--lease-ttl", "600ms"]).await;
@@ -143,6 +159,9 @@ async fn an_owner_whose_renewal_is_refused_gives_the_room_up() {
 /// immediately instead of after the lease time.
 #[tokio::test]
 async fn a_graceful_shutdown_hands_documents_over_at_once() {
+    if !in_postgres_pass() {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let url = pg_database_url(dir.path());
     let mut a =
@@ -167,4 +186,272 @@ async fn a_graceful_shutdown_hands_documents_over_at_once() {
     .expect("B serves the document at once");
     assert_eq!(on_b.text(), "kept");
     b.signal("TERM");
+}
+
+/// A private NATS server on a free loopback port (killed when dropped).
+struct Nats {
+    child: tokio::process::Child,
+    url: String,
+}
+
+impl Nats {
+    async fn start() -> Nats {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        Nats::start_on(port).await
+    }
+
+    async fn start_on(port: u16) -> Nats {
+        let child = tokio::process::Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("nats-server is installed (Debian package nats-server)");
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(tokio::time::Instant::now() < deadline, "nats-server starts");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Nats {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+        }
+    }
+}
+
+async fn three_nodes(url: &str, bus: &str) -> Vec<ServerProcess> {
+    let mut nodes = Vec::new();
+    for name in ["node-1", "node-2", "node-3"] {
+        nodes.push(
+            ServerProcess::start_url(url, &["--node-id", name, "--bus", bus, "--lease-ttl", "2s"])
+                .await,
+        );
+    }
+    nodes
+}
+
+/// Three nodes, clients spread over them, concurrent random edits: every client converges,
+/// and the log holds every acknowledged update exactly once (one row per update sent).
+#[tokio::test]
+async fn edits_through_three_nodes_converge_and_are_logged_once() {
+    if !in_postgres_pass() {
+        return;
+    }
+    use rand::{Rng, SeedableRng};
+    let seed = seed();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = pg_database_url(dir.path());
+    let nats = Nats::start().await;
+    let nodes = three_nodes(&url, &nats.url).await;
+    let mut clients = Vec::new();
+    for i in 0..6u64 {
+        let node = &nodes[(i % 3) as usize];
+        clients.push(Client::connect(&node.url("shared"), 100 + i).await);
+    }
+    let mut sent = 0i64;
+    for round in 0..10u64 {
+        for c in clients.iter_mut() {
+            let len = c.text_len() as u32;
+            let at = rng.random_range(0..=len);
+            c.insert(at, &format!("{round}")).await;
+            sent += 1;
+        }
+        for (i, c) in clients.iter_mut().enumerate() {
+            c.durable_ack(round * 10 + i as u64).await;
+        }
+    }
+    // Every insert is one character and acknowledged, so every client ends with all of them.
+    for (i, c) in clients.iter_mut().enumerate() {
+        let ok = c
+            .pump_until(PATIENCE, |c| c.text_len() as i64 == sent)
+            .await;
+        assert!(
+            ok,
+            "seed {seed}: client {i} converges ({} of {sent})",
+            c.text_len()
+        );
+    }
+    let first = clients[0].text();
+    for (i, c) in clients.iter().enumerate() {
+        assert_eq!(c.text(), first, "seed {seed}: client {i}");
+    }
+    let pool = pg_pool(&url).await;
+    let rows: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM doc_updates u JOIN documents d ON d.id = u.doc_id WHERE d.name = 'shared'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(
+        rows, sent,
+        "seed {seed}: every acknowledged update logged exactly once"
+    );
+    let owners: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM room_leases")
+        .fetch_one(&pool)
+        .await
+        .expect("leases");
+    assert_eq!(owners, 1, "one owner for the document");
+    pool.close().await;
+    for n in &nodes {
+        n.signal("TERM");
+    }
+    drop(nats);
+}
+
+/// Reconnects a client's document through the given nodes in turn until it is synced:
+/// refusals while a crashed owner's lease runs out (1013), or "the owner moved" (1012), are
+/// retried, as y-websocket clients do by themselves.
+async fn reconnect(doc: yrs::Doc, urls: &[String]) -> Client {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut i = 0;
+    loop {
+        let mut c = Client::connect_with_doc(&urls[i % urls.len()], doc.clone()).await;
+        if c.pump_until(Duration::from_secs(2), |c| c.synced).await {
+            return c;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "reconnects in time");
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Each client inserts a marker of its own and waits for its durable acknowledgement.
+async fn edit_round(clients: &mut [Client], round: &str, acked: &mut Vec<String>) {
+    for (i, c) in clients.iter_mut().enumerate() {
+        let marker = format!("[{round}{i}]");
+        let len = c.text_len() as u32;
+        c.insert(len, &marker).await;
+        c.durable_ack(acked.len() as u64).await;
+        acked.push(marker);
+    }
+}
+
+async fn converge(clients: &mut [Client], acked: &[String]) {
+    let reference = clients[0].doc.clone();
+    let text = |d: &yrs::Doc| {
+        use yrs::{GetString, Transact};
+        d.get_or_insert_text("text").get_string(&d.transact())
+    };
+    for (i, c) in clients.iter_mut().enumerate() {
+        let ok = c
+            .pump_until(PATIENCE, |c| {
+                acked.iter().all(|m| c.text().contains(m.as_str()))
+            })
+            .await;
+        assert!(ok, "client {i} has every acknowledged edit: {}", c.text());
+    }
+    let first = text(&reference);
+    for c in clients.iter_mut() {
+        assert!(
+            c.pump_until(PATIENCE, |c| c.text() == first).await,
+            "converged"
+        );
+    }
+}
+
+/// The owner is killed with SIGKILL during edits: once its lease runs out another node takes
+/// the document over, every client reconnects through a surviving node, nothing acknowledged
+/// is lost and all converge.
+#[tokio::test]
+async fn the_owner_killed_during_edits_is_replaced_and_nothing_acknowledged_is_lost() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = pg_database_url(dir.path());
+    let nats = Nats::start().await;
+    let nodes = three_nodes(&url, &nats.url).await;
+    let mut clients = Vec::new();
+    for i in 0..6u64 {
+        clients.push(Client::connect(&nodes[(i % 3) as usize].url("failover"), 200 + i).await);
+    }
+    let mut acked = Vec::new();
+    edit_round(&mut clients, "a", &mut acked).await;
+    edit_round(&mut clients, "b", &mut acked).await;
+
+    // node-1 owns the document (its client connected first).
+    nodes[0].signal("KILL");
+    let killed = tokio::time::Instant::now();
+    let survivors = [nodes[1].url("failover"), nodes[2].url("failover")];
+    let docs: Vec<yrs::Doc> = clients.iter().map(|c| c.doc.clone()).collect();
+    drop(clients);
+    let mut clients = Vec::new();
+    for (i, doc) in docs.into_iter().enumerate() {
+        clients.push(reconnect(doc, &survivors[i % 2..]).await);
+    }
+    // The lease is 2 s; reconnects are retried every 100 ms after a 2 s wait at most.
+    assert!(
+        killed.elapsed() < Duration::from_secs(12),
+        "taken over within the lease time (plus retries): {:?}",
+        killed.elapsed()
+    );
+    edit_round(&mut clients, "c", &mut acked).await;
+    converge(&mut clients, &acked).await;
+    for n in &nodes[1..] {
+        n.signal("TERM");
+    }
+    drop(nats);
+}
+
+/// The bus is restarted during edits: relayed clients are closed (messages may have been
+/// lost) and reconnect; once the bus is back, edits flow again, nothing acknowledged is lost
+/// and all converge.
+#[tokio::test]
+async fn a_bus_restart_during_edits_loses_nothing_acknowledged() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = pg_database_url(dir.path());
+    let nats = Nats::start().await;
+    let port: u16 = nats
+        .url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let nodes = three_nodes(&url, &nats.url).await;
+    let urls: Vec<String> = nodes.iter().map(|n| n.url("bus")).collect();
+    let mut clients = Vec::new();
+    for i in 0..6u64 {
+        clients.push(Client::connect(&urls[(i % 3) as usize], 300 + i).await);
+    }
+    let mut acked = Vec::new();
+    edit_round(&mut clients, "a", &mut acked).await;
+
+    // The bus goes away; edits made meanwhile on relayed clients are not acknowledged.
+    let mut nats = nats;
+    nats.child.kill().await.expect("kill nats");
+    for (i, c) in clients.iter_mut().enumerate() {
+        let len = c.text_len() as u32;
+        c.insert(len, &format!("[offline{i}]")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let nats = Nats::start_on(port).await;
+
+    // Every client reconnects (through its own node) and resyncs.
+    let docs: Vec<yrs::Doc> = clients.iter().map(|c| c.doc.clone()).collect();
+    drop(clients);
+    let mut clients = Vec::new();
+    for (i, doc) in docs.into_iter().enumerate() {
+        clients.push(reconnect(doc, &urls[i % 3..=i % 3]).await);
+    }
+    edit_round(&mut clients, "b", &mut acked).await;
+    for i in 0..6 {
+        acked.push(format!("[offline{i}]"));
+    }
+    converge(&mut clients, &acked).await;
+    for n in &nodes {
+        n.signal("TERM");
+    }
+    drop(nats);
 }
