@@ -55,7 +55,10 @@ enum Scenario {
 
 #[derive(clap::Args, Clone)]
 struct Common {
-    /// Server URL (y-websocket: the room name is appended as a path segment)
+    /// Server URL (y-websocket: the room name is appended as a path segment). Several,
+    /// comma-separated, spread the typing scenario's clients over several nodes: client c of
+    /// room r connects to URL (r + c) mod n, so room r's first client (whose node becomes the
+    /// owner) is on node r mod n
     #[arg(long, default_value = "ws://127.0.0.1:1234")]
     url: String,
     #[arg(long, value_enum, default_value = "y-websocket")]
@@ -277,9 +280,11 @@ async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
     for room in 0..args.rooms {
         let doc = format!("{}-{room}", c.prefix);
         for client in 0..args.clients {
-            let ws = wire::connect(&c.url, &doc, c.flavor)
+            let urls: Vec<&str> = c.url.split(',').collect();
+            let url = urls[(room + client) % urls.len()];
+            let ws = wire::connect(url, &doc, c.flavor)
                 .await
-                .with_context(|| format!("connect {} {doc}", c.url))?;
+                .with_context(|| format!("connect {url} {doc}"))?;
             sockets.push((room, client, doc.clone(), ws));
         }
     }

@@ -39,6 +39,7 @@ pub fn router(app: AppState) -> Router {
             app.clone(),
             idempotency::idempotency,
         ))
+        .layer(middleware::from_fn(reject_nul))
         .layer(middleware::from_fn_with_state(app.clone(), authenticate));
     Router::new()
         .route("/healthz", get(healthz))
@@ -47,6 +48,72 @@ pub fn router(app: AppState) -> Router {
         .nest("/api/v1", api)
         .fallback(document_socket)
         .with_state(app)
+}
+
+/// Largest JSON request body the API reads (axum's default limit for its extractors).
+const MAX_JSON_BODY: usize = 2 << 20;
+
+/// Refuses text containing U+0000 anywhere in an API request (query string or JSON body)
+/// with 400: PostgreSQL cannot store it in a text column, and both backends must accept and
+/// refuse the same things.
+async fn reject_nul(req: axum::extract::Request, next: middleware::Next) -> Response {
+    let nul = || {
+        ApiError::bad_request(
+            "invalid-text",
+            "text must not contain the NUL character (U+0000)",
+        )
+        .into_response()
+    };
+    let query_has_nul = req
+        .uri()
+        .query()
+        .is_some_and(|q| q.to_ascii_lowercase().contains("%00"));
+    if query_has_nul || req.uri().path().contains("%00") {
+        return nul();
+    }
+    let is_json = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            let ct = ct.to_ascii_lowercase();
+            ct.starts_with("application/json") || ct.contains("+json")
+        });
+    if !is_json {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_JSON_BODY).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "the request body is too large or could not be read",
+            )
+            .into_response()
+        }
+    };
+    if json_has_nul_escape(&bytes) {
+        return nul();
+    }
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
+}
+
+/// True if a JSON text holds the escape `\u0000` (JSON writes U+0000 only that way: a raw NUL
+/// byte is not valid JSON). A backslash counts as an escape only after an even number of
+/// backslashes, so an escaped backslash followed by `u0000` is not one.
+fn json_has_nul_escape(bytes: &[u8]) -> bool {
+    bytes.windows(6).enumerate().any(|(i, w)| {
+        w[0] == b'\\'
+            && w[1] == b'u'
+            && &w[2..] == b"0000"
+            && bytes[..i].iter().rev().take_while(|b| **b == b'\\').count() % 2 == 0
+    })
 }
 
 async fn healthz() -> &'static str {
@@ -203,4 +270,17 @@ async fn socket_permission(
         issued_at: principal.issued_at,
         can_write: perm >= Permission::Write,
     })
+}
+
+#[cfg(test)]
+mod nul_tests {
+    use super::json_has_nul_escape;
+
+    #[test]
+    fn only_real_nul_escapes_count() {
+        assert!(json_has_nul_escape(br#"{"title":"a\u0000b"}"#));
+        assert!(json_has_nul_escape(br#"{"title":"\\\u0000"}"#));
+        assert!(!json_has_nul_escape(br#"{"title":"\\u0000"}"#));
+        assert!(!json_has_nul_escape(br#"{"title":"u0000 \u0001"}"#));
+    }
 }
