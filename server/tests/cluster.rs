@@ -40,18 +40,26 @@ async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let url = pg_database_url(dir.path());
+    let nats = Nats::start().await;
     // A long lease: A's own renewal is not due when it resumes, so what stops A is the
     // storage refusing its write.
-    let a = ServerProcess::start_url(&url, &["--node-id", "node-a", "--lease-ttl", "60s"]).await;
-    let b = ServerProcess::start_url(&url, &["--node-id", "node-b", "--lease-ttl", "60s"]).await;
+    let node = |id: &'static str| {
+        let (url, bus) = (url.clone(), nats.url.clone());
+        async move {
+            ServerProcess::start_url(
+                &url,
+                &["--node-id", id, "--lease-ttl", "60s", "--bus", &bus],
+            )
+            .await
+        }
+    };
+    let a = node("node-a").await;
+    let b = node("node-b").await;
+    let c = node("node-c").await;
 
     let mut on_a = Client::connect(&a.url("fenced"), 1).await;
     on_a.insert(0, "a1 ").await;
     on_a.durable_ack(1).await;
-
-    // While A holds the lease, B refuses the document instead of serving a second copy.
-    let mut turned_away = Client::connect_unsynced(&b.url("fenced"), 2).await;
-    assert_eq!(turned_away.wait_closed().await, Some(1013));
 
     let pool = pg_pool(&url).await;
     let (owner, epoch_a): (String, i64) =
@@ -79,6 +87,11 @@ async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room
             .await
             .expect("lease row");
     assert_eq!((owner.as_str(), epoch_b), ("node-b", epoch_a + 1));
+    // A client of the third node is relayed to the new owner.
+    let mut on_c = Client::connect(&c.url("fenced"), 4).await;
+    assert_eq!(on_c.text(), "a1 b2 ");
+    on_c.insert(6, "c3 ").await;
+    on_c.durable_ack(3).await;
 
     // A resumes and its client's next update reaches A's room, which appends under epoch_a.
     a.signal("CONT");
@@ -91,25 +104,32 @@ async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room
     assert_eq!(a.metric("quire_fenced_writes_total").await, 1.0);
     assert_eq!(a.metric("quire_lease_losses_total").await, 1.0);
 
-    // The log holds A's write from before the pause and B's, nothing under the stale epoch.
+    // The log holds A's write from before the pause, B's and C's (through B), nothing under
+    // the stale epoch.
     let rows: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM doc_updates u JOIN documents d ON d.id = u.doc_id WHERE d.name = 'fenced'",
     )
     .fetch_one(&pool)
     .await
     .expect("count");
-    assert_eq!(rows, 2);
+    assert_eq!(rows, 3);
 
-    // A's client reconnects through B with the edit the stale owner could not commit; it is
-    // committed once, and everyone converges.
-    let mut back = Client::connect_with_doc(&b.url("fenced"), on_a.doc.clone()).await;
+    // A's client reconnects through C (relayed to B) with the edit the stale owner could not
+    // commit; it is committed once, and everyone converges.
+    let mut back = Client::connect_with_doc(&c.url("fenced"), on_a.doc.clone()).await;
     back.sync().await;
-    back.durable_ack(3).await;
+    back.durable_ack(4).await;
     let expected = back.text();
-    assert!(expected.contains("a1 ") && expected.contains("b2 ") && expected.contains("a3 "));
+    for part in ["a1 ", "b2 ", "c3 ", "a3 "] {
+        assert!(expected.contains(part), "{expected:?} has {part:?}");
+    }
     assert!(
         on_b.pump_until(PATIENCE, |c| c.text() == expected).await,
         "B's client converges"
+    );
+    assert!(
+        on_c.pump_until(PATIENCE, |c| c.text() == expected).await,
+        "C's client converges"
     );
     let rows: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM doc_updates u JOIN documents d ON d.id = u.doc_id WHERE d.name = 'fenced'",
@@ -117,8 +137,30 @@ async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room
     .fetch_one(&pool)
     .await
     .expect("count");
-    assert_eq!(rows, 3, "every acknowledged update exactly once");
+    assert_eq!(rows, 4, "every acknowledged update exactly once");
     pool.close().await;
+    for n in [&a, &b, &c] {
+        n.signal("TERM");
+    }
+    drop(nats);
+}
+
+/// Without a bus, a node that does not own a document refuses its clients with 1013 instead
+/// of serving a second copy; they retry.
+#[tokio::test]
+async fn without_a_bus_a_node_that_does_not_own_the_document_refuses_with_1013() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = pg_database_url(dir.path());
+    let a = ServerProcess::start_url(&url, &["--node-id", "node-a"]).await;
+    let b = ServerProcess::start_url(&url, &["--node-id", "node-b"]).await;
+    let mut on_a = Client::connect(&a.url("mine"), 1).await;
+    on_a.insert(0, "x").await;
+    on_a.durable_ack(1).await;
+    let mut turned_away = Client::connect_unsynced(&b.url("mine"), 2).await;
+    assert_eq!(turned_away.wait_closed().await, Some(1013));
     a.signal("TERM");
     b.signal("TERM");
 }
