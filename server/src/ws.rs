@@ -411,6 +411,13 @@ async fn relay(
                 None => break Some(moved()),
             },
             _ = tick.tick() => {
+                // Revocations reach rooms, and a relayed connection is in none on this node:
+                // it checks for itself.
+                if let (Some(token_id), Some(user)) = (&auth.token_id, &auth.user) {
+                    if app.auth.is_revoked(token_id, user, auth.issued_at) {
+                        break Some(CloseReason::new(close::FORBIDDEN, "access revoked"));
+                    }
+                }
                 bus.send(&owner, Envelope::Alive { from: from.clone(), conn: peer }).await;
                 match app.registry.store.acquire_lease(doc, &lease.node_id, lease.ttl).await {
                     Ok(LeaseGrant::HeldBy { owner: now, .. }) if now == owner => {}

@@ -497,3 +497,74 @@ async fn a_bus_restart_during_edits_loses_nothing_acknowledged() {
     }
     drop(nats);
 }
+
+/// A revocation closes relayed connections too (4403): they are in no room on their own
+/// node, so the relay checks each second.
+#[tokio::test]
+async fn a_revoked_token_closes_a_relayed_connection() {
+    if !in_postgres_pass() {
+        return;
+    }
+    const KEY: &str = "k1:test-secret-0123456789";
+    const ADMIN: &str = "admin-key-for-tests";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = pg_database_url(dir.path());
+    let nats = Nats::start().await;
+    let mut nodes = Vec::new();
+    for id in ["node-a", "node-b"] {
+        nodes.push(
+            ServerProcess::start_url(
+                &url,
+                &[
+                    "--node-id",
+                    id,
+                    "--bus",
+                    &nats.url,
+                    "--auth-key",
+                    KEY,
+                    "--admin-key",
+                    ADMIN,
+                ],
+            )
+            .await,
+        );
+    }
+    let auth = quire_server::auth::Auth::new(&[KEY.into()], None).expect("key");
+    let token = |user: &str| {
+        auth.issue(
+            user,
+            "sec",
+            quire_server::auth::Permission::Write,
+            3600,
+            quire_server::auth::now_secs(),
+        )
+        .expect("issue")
+        .0
+    };
+    let (ann, bo) = (token("ann"), token("bo"));
+    let mut owner_side = Client::connect(&format!("{}?token={bo}", nodes[0].url("sec")), 1).await;
+    let mut relayed = Client::connect(&format!("{}?token={ann}", nodes[1].url("sec")), 2).await;
+    relayed.insert(0, "hi").await;
+    relayed.durable_ack(1).await;
+    assert!(owner_side.pump_until(PATIENCE, |c| c.text() == "hi").await);
+
+    let resp = reqwest::Client::new()
+        .post(format!("http://{}/api/v1/tokens/revoke", nodes[0].addr))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({ "user": "ann" }))
+        .send()
+        .await
+        .expect("revoke");
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let started = tokio::time::Instant::now();
+    assert_eq!(relayed.wait_closed().await, Some(4403));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    for n in &nodes {
+        n.signal("TERM");
+    }
+    drop(nats);
+}
