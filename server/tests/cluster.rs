@@ -18,6 +18,18 @@ fn in_postgres_pass() -> bool {
     on_postgres()
 }
 
+/// The owner and epoch of a document's lease.
+async fn lease_of(pool: &sqlx::PgPool, doc: &str) -> (String, i64) {
+    sqlx::query_as(
+        "SELECT l.owner, l.epoch FROM room_leases l JOIN documents d ON d.id = l.doc_id \
+         WHERE d.name = $1",
+    )
+    .bind(doc)
+    .fetch_one(pool)
+    .await
+    .expect("lease row")
+}
+
 /// A pool on the cluster's database.
 async fn pg_pool(url: &str) -> sqlx::PgPool {
     sqlx::postgres::PgPoolOptions::new()
@@ -62,11 +74,7 @@ async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room
     on_a.durable_ack(1).await;
 
     let pool = pg_pool(&url).await;
-    let (owner, epoch_a): (String, i64) =
-        sqlx::query_as("SELECT l.owner, l.epoch FROM room_leases l JOIN documents d ON d.id = l.doc_id WHERE d.name = 'fenced'")
-            .fetch_one(&pool)
-            .await
-            .expect("lease row");
+    let (owner, epoch_a) = lease_of(&pool, "fenced").await;
     assert_eq!(owner, "node-a");
 
     // A is paused past its lease.
@@ -81,11 +89,7 @@ async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room
     assert_eq!(on_b.text(), "a1 ");
     on_b.insert(3, "b2 ").await;
     on_b.durable_ack(2).await;
-    let (owner, epoch_b): (String, i64) =
-        sqlx::query_as("SELECT l.owner, l.epoch FROM room_leases l JOIN documents d ON d.id = l.doc_id WHERE d.name = 'fenced'")
-            .fetch_one(&pool)
-            .await
-            .expect("lease row");
+    let (owner, epoch_b) = lease_of(&pool, "fenced").await;
     assert_eq!((owner.as_str(), epoch_b), ("node-b", epoch_a + 1));
     // A client of the third node is relayed to the new owner.
     let mut on_c = Client::connect(&c.url("fenced"), 4).await;
@@ -106,12 +110,7 @@ async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room
 
     // The log holds A's write from before the pause, B's and C's (through B), nothing under
     // the stale epoch.
-    let rows: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM doc_updates u JOIN documents d ON d.id = u.doc_id WHERE d.name = 'fenced'",
-    )
-    .fetch_one(&pool)
-    .await
-    .expect("count");
+    let rows = log_rows(dir.path(), "fenced").await;
     assert_eq!(rows, 3);
 
     // A's client reconnects through C (relayed to B) with the edit the stale owner could not
@@ -131,12 +130,7 @@ async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room
         on_c.pump_until(PATIENCE, |c| c.text() == expected).await,
         "C's client converges"
     );
-    let rows: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM doc_updates u JOIN documents d ON d.id = u.doc_id WHERE d.name = 'fenced'",
-    )
-    .fetch_one(&pool)
-    .await
-    .expect("count");
+    let rows = log_rows(dir.path(), "fenced").await;
     assert_eq!(rows, 4, "every acknowledged update exactly once");
     pool.close().await;
     for n in [&a, &b, &c] {
@@ -327,12 +321,7 @@ async fn edits_through_three_nodes_converge_and_are_logged_once() {
         assert_eq!(c.text(), first, "seed {seed}: client {i}");
     }
     let pool = pg_pool(&url).await;
-    let rows: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM doc_updates u JOIN documents d ON d.id = u.doc_id WHERE d.name = 'shared'",
-    )
-    .fetch_one(&pool)
-    .await
-    .expect("count");
+    let rows = log_rows(dir.path(), "shared").await;
     assert_eq!(
         rows, sent,
         "seed {seed}: every acknowledged update logged exactly once"

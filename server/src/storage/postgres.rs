@@ -740,6 +740,11 @@ mod tests {
         }
     }
 
+    async fn outcomes(pool: &PgPool, batch: &[AppendRequest]) -> Vec<&'static str> {
+        let results = commit_batch(pool, batch).await.expect("batch");
+        results.iter().map(outcome).collect()
+    }
+
     fn outcome(r: &Result<(), StorageError>) -> &'static str {
         match r {
             Ok(()) => "ok",
@@ -778,38 +783,22 @@ mod tests {
             request(d1, 1, 1, true),
             request(d3, 1, 1, true),
         ];
-        let results = commit_batch(&s.pool, &batch).await.expect("batch");
-        let got: Vec<_> = results.iter().map(outcome).collect();
+        let got = outcomes(&s.pool, &batch).await;
         assert_eq!(got, ["ok", "conflict", "ok"]);
 
         // A taken position (unique violation) fails alone too.
         let batch = [request(d3, 1, 1, true), request(d2, 3, 1, true)];
-        let got: Vec<_> = commit_batch(&s.pool, &batch)
-            .await
-            .expect("batch")
-            .iter()
-            .map(outcome)
-            .collect();
+        let got = outcomes(&s.pool, &batch).await;
         assert_eq!(got, ["conflict", "ok"]);
 
         // Two requests of one document in one batch (savepoint path), in order.
         let batch = [request(d2, 4, 1, true), request(d2, 5, 2, true)];
-        let got: Vec<_> = commit_batch(&s.pool, &batch)
-            .await
-            .expect("batch")
-            .iter()
-            .map(outcome)
-            .collect();
+        let got = outcomes(&s.pool, &batch).await;
         assert_eq!(got, ["ok", "ok"]);
 
         // The fast path proper: distinct documents, nothing stale.
         let batch = [request(d2, 7, 3, true), request(d3, 2, 1, false)];
-        let got: Vec<_> = commit_batch(&s.pool, &batch)
-            .await
-            .expect("batch")
-            .iter()
-            .map(outcome)
-            .collect();
+        let got = outcomes(&s.pool, &batch).await;
         assert_eq!(got, ["ok", "ok"]);
 
         let seqs = |d: StoredDoc| d.updates.iter().map(|(s, _)| *s).collect::<Vec<_>>();

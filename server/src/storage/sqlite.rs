@@ -483,12 +483,20 @@ async fn fast_path(
                     .push_bind(now)
                     .push_bind(*fence);
             });
-            q.push(
-                ") AS v JOIN documents d ON d.id = v.column1 \
-                 LEFT JOIN room_leases l ON l.doc_id = v.column1 \
-                 WHERE d.snapshot_seq < v.column2 \
-                   AND (v.column5 IS NULL OR l.epoch = v.column5)",
-            );
+            // The lease join only when a row carries a fence (never on a single node).
+            if chunk.iter().any(|(_, fence, _, _)| fence.is_some()) {
+                q.push(
+                    ") AS v JOIN documents d ON d.id = v.column1 \
+                     LEFT JOIN room_leases l ON l.doc_id = v.column1 \
+                     WHERE d.snapshot_seq < v.column2 \
+                       AND (v.column5 IS NULL OR l.epoch = v.column5)",
+                );
+            } else {
+                q.push(
+                    ") AS v JOIN documents d ON d.id = v.column1 \
+                     WHERE d.snapshot_seq < v.column2",
+                );
+            }
             let done = q.build().execute(&mut *conn).await?;
             if done.rows_affected() != chunk.len() as u64 {
                 return Err(StorageError::Conflict);
