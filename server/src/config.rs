@@ -87,6 +87,10 @@ pub struct Settings {
     /// How long a node's lease on a document's room lasts without renewal (PostgreSQL) [default: 5s]
     #[arg(long, env = "QUIRE_LEASE_TTL")]
     pub lease_ttl: Option<HumanDuration>,
+    /// Directory of the built web editor (web/build.sh writes web/dist), served at / to browsers
+    /// (requests without a WebSocket upgrade) [default: web/dist]
+    #[arg(long, env = "QUIRE_WEB_ROOT")]
+    pub web_root: Option<PathBuf>,
     /// Bytes a WebSocket connection reads per system call; small keeps idle connections cheap [default: 128]
     #[arg(long, env = "QUIRE_WS_READ_BUFFER")]
     pub ws_read_buffer: Option<usize>,
@@ -180,6 +184,8 @@ pub struct Config {
     /// This node's name in room leases.
     pub node_id: String,
     pub lease_ttl: Duration,
+    /// The built web editor's directory (may not exist: then / explains how to build it).
+    pub web_root: PathBuf,
 }
 
 /// Where and how events are delivered.
@@ -256,6 +262,7 @@ impl Settings {
             bus_url,
             node_id,
             lease_ttl,
+            web_root,
             ws_read_buffer,
             room_queue,
             commit_batch,
@@ -322,6 +329,7 @@ impl Settings {
                 .node_id
                 .unwrap_or_else(|| format!("node-{:08x}", rand::random::<u32>())),
             lease_ttl: d(self.lease_ttl, Duration::from_secs(5)).max(Duration::from_millis(100)),
+            web_root: self.web_root.unwrap_or_else(|| PathBuf::from("web/dist")),
             webhooks: WebhookConfig {
                 urls: self.webhook_urls.unwrap_or_default(),
                 secret: self.webhook_secret,

@@ -8,11 +8,13 @@ mod idempotency;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{Request, State, WebSocketUpgrade};
-use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use tower::ServiceExt;
+use tower_http::services::ServeDir;
 
 pub use error::{problem, ApiError};
 
@@ -46,8 +48,39 @@ pub fn router(app: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .nest("/api/v1", api)
-        .fallback(document_socket)
+        .fallback(web_or_document)
         .with_state(app)
+}
+
+/// Every other path: a WebSocket upgrade opens the document the path names; a plain `GET` or
+/// `HEAD` gets the web editor's files (`web_root`), `/` being its index page.
+async fn web_or_document(State(app): State<AppState>, req: Request) -> Response {
+    let upgrade = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let read = matches!(*req.method(), Method::GET | Method::HEAD);
+    if upgrade || !read {
+        return axum::handler::Handler::call(document_socket, req, app).await;
+    }
+    let root = &app.config.web_root;
+    if req.uri().path() == "/" && !root.join("index.html").is_file() {
+        return (
+            StatusCode::NOT_FOUND,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!(
+                "Quire is running. The web editor is not built (no {}/index.html): run \
+                 web/build.sh, or point --web-root at its output.\n",
+                root.display()
+            ),
+        )
+            .into_response();
+    }
+    match ServeDir::new(root).oneshot(req).await {
+        Ok(response) => response.into_response(),
+        Err(never) => match never {},
+    }
 }
 
 /// Largest JSON request body the API reads (axum's default limit for its extractors).

@@ -1,0 +1,448 @@
+//! The native transport: one tokio task per client owns the WebSocket; the application edits the
+//! shared [`Doc`] directly and hears about the connection through a watch channel.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::{broadcast, mpsc, watch, Notify};
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
+use yrs::sync::time::SystemClock;
+use yrs::{ClientID, Doc, Options};
+
+use crate::session::{Event, Session};
+use crate::{backoff_delay, document_url, is_permanent_close, Status};
+
+/// Where and how to connect.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `ws://host:port` of the Quire server.
+    pub server: String,
+    pub document: String,
+    pub token: Option<String>,
+    /// Fixed Yjs client id (tests); random when `None`.
+    pub client_id: Option<ClientID>,
+    pub min_backoff: Duration,
+    pub max_backoff: Duration,
+    pub awareness_refresh: Duration,
+    /// How long opening a connection may take before it counts as failed.
+    pub connect_timeout: Duration,
+}
+
+impl ClientConfig {
+    pub fn new(server: impl Into<String>, document: impl Into<String>) -> ClientConfig {
+        ClientConfig {
+            server: server.into(),
+            document: document.into(),
+            token: None,
+            client_id: None,
+            min_backoff: crate::MIN_BACKOFF,
+            max_backoff: crate::MAX_BACKOFF,
+            awareness_refresh: crate::AWARENESS_REFRESH,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why the client stopped for good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Closed {
+    /// WebSocket close code (4400-4499), or the HTTP status that refused the upgrade.
+    pub code: u16,
+    pub reason: String,
+}
+
+/// What the application sees of the connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientState {
+    pub status: Status,
+    /// The handshake of the current connection finished: the document holds the server's state.
+    pub synced: bool,
+    /// Local changes the server has not confirmed as committed.
+    pub unsaved: u64,
+    /// Set when the client stopped for good.
+    pub closed: Option<Closed>,
+}
+
+enum Command {
+    Frame(Vec<u8>),
+    Disconnect,
+    Connect,
+    Shutdown,
+}
+
+/// A connected (or reconnecting) document. Dropping it stops the connection task.
+pub struct Client {
+    session: Arc<Mutex<Session>>,
+    doc: Doc,
+    state: watch::Receiver<ClientState>,
+    events: broadcast::Sender<Event>,
+    commands: mpsc::UnboundedSender<Command>,
+    task: Option<JoinHandle<()>>,
+}
+
+fn lock(session: &Mutex<Session>) -> MutexGuard<'_, Session> {
+    session.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Client {
+    /// Starts connecting in the background (needs a tokio runtime).
+    pub fn connect(config: ClientConfig) -> Client {
+        let mut options = Options::default();
+        if let Some(id) = config.client_id {
+            options.client_id = id;
+        }
+        let doc = Doc::with_options(options);
+        let notify = Arc::new(Notify::new());
+        let waker = notify.clone();
+        let session = Session::new(
+            doc.clone(),
+            SystemClock,
+            Some(Arc::new(move || waker.notify_one())),
+        );
+        let session = Arc::new(Mutex::new(session));
+        let (state_tx, state) = watch::channel(ClientState {
+            status: Status::Connecting,
+            synced: false,
+            unsaved: 0,
+            closed: None,
+        });
+        let (events, _) = broadcast::channel(256);
+        let (commands, rx) = mpsc::unbounded_channel();
+        let driver = Driver {
+            session: session.clone(),
+            config,
+            commands: rx,
+            state: state_tx,
+            events: events.clone(),
+            notify,
+        };
+        let task = tokio::spawn(driver.run());
+        Client {
+            session,
+            doc,
+            state,
+            events,
+            commands,
+            task: Some(task),
+        }
+    }
+
+    /// The document. Edit it with ordinary `yrs` transactions; changes are sent by themselves.
+    pub fn doc(&self) -> &Doc {
+        &self.doc
+    }
+
+    pub fn client_id(&self) -> ClientID {
+        self.doc.client_id()
+    }
+
+    pub fn state(&self) -> ClientState {
+        self.state.borrow().clone()
+    }
+
+    pub fn watch_state(&self) -> watch::Receiver<ClientState> {
+        self.state.clone()
+    }
+
+    /// Synced/awareness/permission events (awareness changes of peers in particular).
+    pub fn events(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Waits until the state satisfies `done`.
+    pub async fn wait_for(&self, done: impl Fn(&ClientState) -> bool) -> ClientState {
+        let mut rx = self.state.clone();
+        let reached = rx.wait_for(|s| done(s)).await.map(|s| s.clone());
+        // Err: the task ended, and its last state is final.
+        reached.unwrap_or_else(|_| self.state())
+    }
+
+    /// Waits until connected and synced.
+    pub async fn synced(&self) {
+        self.wait_for(|s| s.synced || s.closed.is_some()).await;
+    }
+
+    /// Waits until connected, synced and every local change is committed on the server.
+    pub async fn saved(&self) {
+        self.wait_for(|s| (s.synced && s.unsaved == 0) || s.closed.is_some())
+            .await;
+    }
+
+    /// Sets this client's awareness state (any JSON value); `None` clears it.
+    pub fn set_local_state(&self, state: Option<serde_json::Value>) {
+        let (frame, event) = lock(&self.session).set_local_state(state.map(|s| s.to_string()));
+        let _ = self.events.send(event);
+        if let Some(frame) = frame {
+            let _ = self.commands.send(Command::Frame(frame));
+        }
+    }
+
+    /// Every known awareness state, this client's included.
+    pub fn states(&self) -> Vec<(ClientID, serde_json::Value)> {
+        lock(&self.session)
+            .states()
+            .into_iter()
+            .filter_map(|(id, json)| Some((id, serde_json::from_str(&json).ok()?)))
+            .collect()
+    }
+
+    /// Goes offline on purpose; edits keep working and are sent after [`Client::reconnect`].
+    pub fn disconnect(&self) {
+        let _ = self.commands.send(Command::Disconnect);
+    }
+
+    pub fn reconnect(&self) {
+        let _ = self.commands.send(Command::Connect);
+    }
+
+    /// Clears the awareness state, closes the connection (1000) and waits for the task.
+    pub async fn close(mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// How one connection ended.
+enum End {
+    /// Dropped or closed with a transient code: reconnect. `synced` says whether it had
+    /// finished the handshake (then the backoff starts over).
+    Dropped {
+        synced: bool,
+    },
+    Permanent(Closed),
+    Disconnect,
+    Shutdown,
+}
+
+struct Driver {
+    session: Arc<Mutex<Session>>,
+    config: ClientConfig,
+    commands: mpsc::UnboundedReceiver<Command>,
+    state: watch::Sender<ClientState>,
+    events: broadcast::Sender<Event>,
+    notify: Arc<Notify>,
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+impl Driver {
+    async fn run(mut self) {
+        let mut attempt = 0u32;
+        let mut online = true;
+        loop {
+            if online {
+                self.publish(Some(Status::Connecting), None);
+                let end = match self.open().await {
+                    Ok(socket) => {
+                        self.publish(Some(Status::Connected), None);
+                        self.connection(socket).await
+                    }
+                    Err(end) => end,
+                };
+                let events = lock(&self.session).disconnected();
+                self.emit(events);
+                match end {
+                    End::Dropped { synced } => {
+                        if synced {
+                            attempt = 0;
+                        }
+                    }
+                    End::Permanent(closed) => {
+                        self.publish(Some(Status::Closed), Some(closed));
+                        return;
+                    }
+                    End::Disconnect => online = false,
+                    End::Shutdown => {
+                        self.publish(Some(Status::Closed), None);
+                        return;
+                    }
+                }
+                self.publish(Some(Status::Offline), None);
+            }
+            // Offline: wait for the backoff (or a command), keeping the state current.
+            let delay = backoff_delay(
+                attempt,
+                self.config.min_backoff,
+                self.config.max_backoff,
+                fastrand::f64(),
+            );
+            attempt = attempt.saturating_add(1);
+            let sleep = tokio::time::sleep(delay);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    _ = &mut sleep, if online => break,
+                    _ = self.notify.notified() => self.publish(None, None),
+                    cmd = self.commands.recv() => match cmd {
+                        Some(Command::Connect) => { online = true; attempt = 0; break }
+                        Some(Command::Disconnect) => online = false,
+                        // Awareness waits for the next handshake, which sends it.
+                        Some(Command::Frame(_)) => {}
+                        Some(Command::Shutdown) | None => {
+                            self.publish(Some(Status::Closed), None);
+                            return;
+                        }
+                    },
+                }
+            }
+        }
+    }
+
+    async fn open(&mut self) -> Result<Socket, End> {
+        let url = document_url(
+            &self.config.server,
+            &self.config.document,
+            self.config.token.as_deref(),
+        );
+        let connecting = tokio_tungstenite::connect_async(url);
+        match tokio::time::timeout(self.config.connect_timeout, connecting).await {
+            Ok(Ok((socket, _))) => Ok(socket),
+            Ok(Err(WsError::Http(response))) => {
+                let code = response.status().as_u16();
+                let reason = response
+                    .body()
+                    .as_ref()
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+                    .unwrap_or_default();
+                tracing::debug!(code, %reason, "upgrade refused");
+                // 400 (bad name), 401, 403: retrying unchanged cannot succeed.
+                if (400..500).contains(&code) && code != 408 && code != 429 {
+                    Err(End::Permanent(Closed { code, reason }))
+                } else {
+                    Err(End::Dropped { synced: false })
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "connect failed");
+                Err(End::Dropped { synced: false })
+            }
+            Err(_) => Err(End::Dropped { synced: false }),
+        }
+    }
+
+    async fn connection(&mut self, socket: Socket) -> End {
+        let (mut sink, mut stream) = socket.split();
+        let first = lock(&self.session).connected();
+        for frame in first {
+            if sink.send(WsMessage::binary(frame)).await.is_err() {
+                return End::Dropped { synced: false };
+            }
+        }
+        let mut refresh = tokio::time::interval(self.config.awareness_refresh);
+        refresh.reset();
+        loop {
+            let synced = lock(&self.session).synced();
+            let frames: Vec<Vec<u8>> = tokio::select! {
+                msg = stream.next() => match msg {
+                    Some(Ok(WsMessage::Binary(data))) => {
+                        let received = lock(&self.session).receive(&data);
+                        match received {
+                            Ok((replies, events)) => {
+                                self.emit(events);
+                                replies
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "closing the connection");
+                                let _ = sink.send(close(CloseCode::Invalid, &e.to_string())).await;
+                                return End::Dropped { synced };
+                            }
+                        }
+                    }
+                    Some(Ok(WsMessage::Close(frame))) => {
+                        let (code, reason) = frame
+                            .map(|f| (u16::from(f.code), f.reason.to_string()))
+                            .unwrap_or((1005, String::new()));
+                        tracing::debug!(code, %reason, "server closed the connection");
+                        return if is_permanent_close(code) {
+                            End::Permanent(Closed { code, reason })
+                        } else {
+                            End::Dropped { synced }
+                        };
+                    }
+                    Some(Ok(_)) => Vec::new(),
+                    Some(Err(_)) | None => return End::Dropped { synced },
+                },
+                _ = self.notify.notified() => lock(&self.session).outgoing(),
+                cmd = self.commands.recv() => match cmd {
+                    Some(Command::Frame(frame)) => vec![frame],
+                    Some(Command::Connect) => Vec::new(),
+                    Some(Command::Disconnect) => {
+                        let _ = sink.send(close(CloseCode::Normal, "disconnect")).await;
+                        return End::Disconnect;
+                    }
+                    Some(Command::Shutdown) | None => {
+                        let (frame, _) = lock(&self.session).set_local_state(None);
+                        if let Some(frame) = frame {
+                            let _ = sink.send(WsMessage::binary(frame)).await;
+                        }
+                        let _ = sink.send(close(CloseCode::Normal, "client closed")).await;
+                        return End::Shutdown;
+                    }
+                },
+                _ = refresh.tick() => lock(&self.session).refresh_awareness().into_iter().collect(),
+            };
+            for frame in frames {
+                if sink.feed(WsMessage::binary(frame)).await.is_err() {
+                    return End::Dropped { synced };
+                }
+            }
+            // Local changes made while handling this step go out in the same burst.
+            let more = lock(&self.session).outgoing();
+            for frame in more {
+                if sink.feed(WsMessage::binary(frame)).await.is_err() {
+                    return End::Dropped { synced };
+                }
+            }
+            if sink.flush().await.is_err() {
+                return End::Dropped { synced };
+            }
+            self.publish(None, None);
+        }
+    }
+
+    fn emit(&self, events: Vec<Event>) {
+        for event in events {
+            let _ = self.events.send(event);
+        }
+    }
+
+    fn publish(&self, status: Option<Status>, closed: Option<Closed>) {
+        let (synced, unsaved) = {
+            let session = lock(&self.session);
+            (session.synced(), session.unsaved())
+        };
+        self.state.send_if_modified(|s| {
+            let next = ClientState {
+                status: status.unwrap_or(s.status),
+                synced,
+                unsaved,
+                closed: closed.clone().or_else(|| s.closed.clone()),
+            };
+            let changed = *s != next;
+            *s = next;
+            changed
+        });
+    }
+}
+
+fn close(code: CloseCode, reason: &str) -> WsMessage {
+    WsMessage::Close(Some(CloseFrame {
+        code,
+        reason: reason.to_owned().into(),
+    }))
+}

@@ -1,0 +1,420 @@
+//! The sync engine shared by both transports, as plain functions over frames: no sockets, no
+//! timers, no tasks. A driver (tokio in `native`, the browser's WebSocket in `web`) feeds it the
+//! frames it receives and sends the frames it returns.
+//!
+//! What it tracks beside the document:
+//! - local changes: every local transaction (any origin but [`REMOTE`]) gets the next sequence
+//!   number; updates made while connected are queued for sending, updates made while offline are
+//!   not (the sync handshake on reconnect sends everything the server lacks);
+//! - durable acknowledgements: after sending local changes it asks the server for the echo of a
+//!   tag-102 message carrying the newest sequence number; Quire echoes it once everything sent
+//!   before it is committed, so `unsaved = newest - echoed`;
+//! - awareness: the local state and the peers' states (removed when the connection drops).
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use yrs::encoding::read::{Cursor, Read};
+use yrs::encoding::write::Write;
+use yrs::sync::protocol::{Message, MessageReader, SyncMessage};
+use yrs::sync::{Awareness, AwarenessUpdate, Clock};
+use yrs::updates::decoder::{Decode, DecoderV1};
+use yrs::updates::encoder::Encode;
+use yrs::{ClientID, Doc, Origin, ReadTxn, StateVector, Transact, Update};
+
+/// Transaction origin of changes that came from the server. Everything else is local.
+pub const REMOTE: &str = "quire-remote";
+
+/// The durable-acknowledgement message tag (see docs/protocol.md).
+pub const MSG_DURABLE_ACK: u8 = 102;
+
+/// Wakes the driver when a local change is waiting to be sent.
+pub type Wake = Arc<dyn Fn() + Send + Sync>;
+
+/// What the server sent that the client cannot use. The driver closes the connection and
+/// reconnects; the document is untouched.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("malformed message from the server: {0}")]
+    Malformed(String),
+    #[error("the server sent an update the document rejects: {0}")]
+    BadUpdate(String),
+}
+
+/// Something the application may want to hear about, returned by the session's methods.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The document caught up with the server (true) or lost the connection (false).
+    Synced(bool),
+    /// Peers' awareness states changed. `local` is true for this client's own state.
+    Awareness {
+        added: Vec<ClientID>,
+        updated: Vec<ClientID>,
+        removed: Vec<ClientID>,
+        local: bool,
+    },
+    /// The server refused a change (read-only access).
+    PermissionDenied(String),
+}
+
+/// Local changes recorded by the document observer, between two calls of the driver.
+#[derive(Default)]
+struct Local {
+    /// Sequence number of the newest local transaction.
+    seq: u64,
+    /// Updates waiting to be sent (only while connected).
+    queued: Vec<Vec<u8>>,
+    online: bool,
+}
+
+fn lock(local: &Mutex<Local>) -> MutexGuard<'_, Local> {
+    // The observer cannot panic while holding the lock, but a poisoned lock still holds
+    // consistent data: keep going.
+    local.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub struct Session {
+    awareness: Awareness,
+    local: Arc<Mutex<Local>>,
+    /// Newest sequence number the server has confirmed as committed.
+    saved: u64,
+    /// Newest sequence number asked for on this connection (0 = none).
+    requested: u64,
+    /// Our answer to the server's step 1 went out on this connection.
+    answered: bool,
+    synced: bool,
+    online: bool,
+    /// Last `unsaved` value handed out by [`Session::unsaved_changed`].
+    reported_unsaved: u64,
+}
+
+impl Session {
+    /// A session over `doc`. `clock` stamps awareness states; `wake` is called (from inside the
+    /// transaction commit) whenever a local change is queued.
+    pub fn new<C: Clock + 'static>(doc: Doc, clock: C, wake: Option<Wake>) -> Session {
+        let local = Arc::new(Mutex::new(Local::default()));
+        let recorder = local.clone();
+        let observed = doc.observe_update_v1("quire-client", move |txn, e| {
+            if txn.origin() == Some(&Origin::from(REMOTE)) {
+                return;
+            }
+            let mut local = lock(&recorder);
+            local.seq += 1;
+            if local.online {
+                local.queued.push(e.update.clone());
+                drop(local);
+                if let Some(wake) = &wake {
+                    wake();
+                }
+            }
+        });
+        if let Err(e) = observed {
+            // Only possible if a transaction is open on a brand-new document handle.
+            tracing::error!(error = %e, "could not observe the document");
+        }
+        Session {
+            awareness: Awareness::with_clock(doc, clock),
+            local,
+            saved: 0,
+            requested: 0,
+            answered: false,
+            synced: false,
+            online: false,
+            reported_unsaved: 0,
+        }
+    }
+
+    pub fn doc(&self) -> &Doc {
+        self.awareness.doc()
+    }
+
+    pub fn awareness(&self) -> &Awareness {
+        &self.awareness
+    }
+
+    pub fn client_id(&self) -> ClientID {
+        self.awareness.client_id()
+    }
+
+    pub fn synced(&self) -> bool {
+        self.synced
+    }
+
+    pub fn online(&self) -> bool {
+        self.online
+    }
+
+    /// Local transactions the server has not yet confirmed as committed.
+    pub fn unsaved(&self) -> u64 {
+        lock(&self.local).seq.saturating_sub(self.saved)
+    }
+
+    /// `Some(unsaved)` if it changed since the last call: the driver reports it as an event.
+    pub fn unsaved_changed(&mut self) -> Option<u64> {
+        let now = self.unsaved();
+        (now != self.reported_unsaved).then(|| {
+            self.reported_unsaved = now;
+            now
+        })
+    }
+
+    /// The transport opened: frames to send first (our state vector, our awareness state).
+    pub fn connected(&mut self) -> Vec<Vec<u8>> {
+        self.online = true;
+        self.synced = false;
+        self.requested = 0;
+        self.answered = false;
+        {
+            let mut local = lock(&self.local);
+            local.online = true;
+            // Anything queued before is covered by the handshake.
+            local.queued.clear();
+        }
+        let sv = self.doc().transact().state_vector();
+        let mut out = vec![Message::Sync(SyncMessage::SyncStep1(sv)).encode_v1()];
+        if let Some(frame) = self.local_awareness_frame() {
+            out.push(frame);
+        }
+        out
+    }
+
+    /// The transport closed. Peers' awareness states are dropped (they will be sent again on
+    /// reconnect); local changes from now on wait for the next handshake.
+    pub fn disconnected(&mut self) -> Vec<Event> {
+        let mut events = Vec::new();
+        self.online = false;
+        {
+            let mut local = lock(&self.local);
+            local.online = false;
+            local.queued.clear();
+        }
+        if self.synced {
+            self.synced = false;
+            events.push(Event::Synced(false));
+        }
+        let me = self.client_id();
+        let peers: Vec<ClientID> = self
+            .awareness
+            .iter()
+            .filter(|(id, state)| *id != me && state.data.is_some())
+            .map(|(id, _)| id)
+            .collect();
+        for id in &peers {
+            self.awareness.remove_state(*id);
+        }
+        if !peers.is_empty() {
+            events.push(Event::Awareness {
+                added: vec![],
+                updated: vec![],
+                removed: peers,
+                local: false,
+            });
+        }
+        events
+    }
+
+    /// Local changes to send now: at most one update message (queued updates merged) and, if
+    /// anything is unconfirmed, a durable-acknowledgement request for the newest one.
+    pub fn outgoing(&mut self) -> Vec<Vec<u8>> {
+        if !self.online {
+            return Vec::new();
+        }
+        let (queued, seq) = {
+            let mut local = lock(&self.local);
+            (std::mem::take(&mut local.queued), local.seq)
+        };
+        let mut out = Vec::new();
+        let update = match queued.len() {
+            0 => None,
+            1 => queued.into_iter().next(),
+            _ => match yrs::merge_updates_v1(&queued) {
+                Ok(merged) => Some(merged),
+                Err(e) => {
+                    // Cannot happen for updates yrs produced; send them one by one.
+                    tracing::warn!(error = %e, "could not merge local updates");
+                    out.extend(
+                        queued
+                            .iter()
+                            .map(|u| Message::Sync(SyncMessage::Update(u.clone())).encode_v1()),
+                    );
+                    None
+                }
+            },
+        };
+        if let Some(update) = update {
+            out.push(Message::Sync(SyncMessage::Update(update)).encode_v1());
+        }
+        // Before our answer to the server's step 1 an echo would not cover changes made
+        // offline (they travel in that answer), so requests wait for it.
+        if self.answered {
+            out.extend(self.ack_request(seq));
+        }
+        out
+    }
+
+    fn ack_request(&mut self, seq: u64) -> Option<Vec<u8>> {
+        if seq <= self.saved || seq <= self.requested {
+            return None;
+        }
+        self.requested = seq;
+        let mut payload = Vec::with_capacity(4);
+        payload.write_var(seq);
+        Some(Message::Custom(MSG_DURABLE_ACK, payload).encode_v1())
+    }
+
+    /// Handles one frame from the server. Returns the frames to send back and the events.
+    pub fn receive(&mut self, frame: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<Event>), SessionError> {
+        let mut replies = Vec::new();
+        let mut events = Vec::new();
+        let mut decoder = DecoderV1::new(Cursor::new(frame));
+        for msg in MessageReader::new(&mut decoder) {
+            let msg = msg.map_err(|e| SessionError::Malformed(e.to_string()))?;
+            self.handle(msg, &mut replies, &mut events)?;
+        }
+        Ok((replies, events))
+    }
+
+    fn handle(
+        &mut self,
+        msg: Message,
+        replies: &mut Vec<Vec<u8>>,
+        events: &mut Vec<Event>,
+    ) -> Result<(), SessionError> {
+        match msg {
+            Message::Sync(SyncMessage::SyncStep1(sv)) => {
+                let diff = self.doc().transact().encode_state_as_update_v1(&sv);
+                let seq = {
+                    let mut local = lock(&self.local);
+                    local.queued.clear();
+                    local.seq
+                };
+                replies.push(Message::Sync(SyncMessage::SyncStep2(diff)).encode_v1());
+                // Every local change is in that answer: one echo confirms all of them.
+                self.answered = true;
+                self.requested = 0;
+                replies.extend(self.ack_request(seq));
+            }
+            Message::Sync(SyncMessage::SyncStep2(update)) => {
+                self.apply_remote(&update)?;
+                if !self.synced {
+                    self.synced = true;
+                    events.push(Event::Synced(true));
+                }
+            }
+            Message::Sync(SyncMessage::Update(update)) => self.apply_remote(&update)?,
+            Message::Awareness(update) => events.extend(self.apply_awareness(update)?),
+            Message::AwarenessQuery => {
+                if let Ok(update) = self.awareness.update() {
+                    replies.push(Message::Awareness(update).encode_v1());
+                }
+            }
+            Message::Auth(Some(reason)) => events.push(Event::PermissionDenied(reason)),
+            Message::Auth(None) => {}
+            Message::Custom(MSG_DURABLE_ACK, payload) => {
+                let mut cur = Cursor::new(&payload);
+                let n: u64 = cur
+                    .read_var()
+                    .map_err(|e| SessionError::Malformed(format!("durable ack: {e}")))?;
+                self.saved = self.saved.max(n);
+            }
+            Message::Custom(tag, _) => tracing::debug!(tag, "ignoring unknown message"),
+        }
+        Ok(())
+    }
+
+    fn apply_remote(&mut self, update: &[u8]) -> Result<(), SessionError> {
+        let update =
+            Update::decode_v1(update).map_err(|e| SessionError::BadUpdate(e.to_string()))?;
+        let mut txn = self
+            .doc()
+            .try_transact_mut_with(REMOTE)
+            .map_err(|e| SessionError::BadUpdate(format!("document busy: {e}")))?;
+        txn.apply_update(update)
+            .map_err(|e| SessionError::BadUpdate(e.to_string()))
+    }
+
+    fn apply_awareness(&mut self, update: AwarenessUpdate) -> Result<Vec<Event>, SessionError> {
+        let me = self.client_id();
+        let mut update = update;
+        // Our own entry comes back only as a stale copy from an earlier connection.
+        update.clients.remove(&me);
+        let summary = self
+            .awareness
+            .apply_update_summary_with(update, REMOTE)
+            .map_err(|e| SessionError::Malformed(format!("awareness: {e}")))?;
+        Ok(summary
+            .map(|s| Event::Awareness {
+                added: s.added,
+                updated: s.updated,
+                removed: s.removed,
+                local: false,
+            })
+            .into_iter()
+            .collect())
+    }
+
+    /// Sets (Some JSON text) or clears (None) this client's awareness state. Returns the frame
+    /// to send if connected, and the event.
+    pub fn set_local_state(&mut self, json: Option<String>) -> (Option<Vec<u8>>, Event) {
+        let me = self.client_id();
+        let had = self.awareness.local_state_raw().is_some();
+        let event = match json {
+            Some(json) => {
+                self.awareness.set_local_state_raw(json);
+                Event::Awareness {
+                    added: if had { vec![] } else { vec![me] },
+                    updated: if had { vec![me] } else { vec![] },
+                    removed: vec![],
+                    local: true,
+                }
+            }
+            None => {
+                self.awareness.clean_local_state();
+                Event::Awareness {
+                    added: vec![],
+                    updated: vec![],
+                    removed: if had { vec![me] } else { vec![] },
+                    local: true,
+                }
+            }
+        };
+        let frame = if self.online {
+            self.own_awareness_frame()
+        } else {
+            None
+        };
+        (frame, event)
+    }
+
+    /// Re-sends the local state with a new clock so peers do not time it out (every 15 s).
+    pub fn refresh_awareness(&mut self) -> Option<Vec<u8>> {
+        let state = self.awareness.local_state_raw()?;
+        self.awareness.set_local_state_raw(state);
+        self.online.then(|| self.own_awareness_frame()).flatten()
+    }
+
+    fn local_awareness_frame(&self) -> Option<Vec<u8>> {
+        self.awareness.local_state_raw()?;
+        self.own_awareness_frame()
+    }
+
+    fn own_awareness_frame(&self) -> Option<Vec<u8>> {
+        let update = self
+            .awareness
+            .update_with_clients([self.client_id()])
+            .ok()?;
+        Some(Message::Awareness(update).encode_v1())
+    }
+
+    /// Every known awareness state (ours included), as JSON text.
+    pub fn states(&self) -> Vec<(ClientID, Arc<str>)> {
+        self.awareness
+            .iter()
+            .filter_map(|(id, state)| state.data.map(|d| (id, d)))
+            .collect()
+    }
+
+    /// The state vector of the local document (for tests and diagnostics).
+    pub fn state_vector(&self) -> StateVector {
+        self.doc().transact().state_vector()
+    }
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Builds the browser side: the WASM client (client-wasm/, for wasm32-unknown-unknown) into
+# web/pkg/, then the web pages into web/dist/ (served by `quire serve` at /).
+#
+# rustup cannot add the wasm32 target on these machines, so this uses Debian's own newer
+# toolchain (rustc-web + the exact std source, rust-web-src) to rebuild std with -Zbuild-std,
+# and Debian's wasm-ld to link (docs: ../shared/notes/wasm-toolchain.md, README "Browser
+# client"). Idempotent: every step is skipped when its output is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+DEB_RUSTC=/usr/bin/rustc
+DEB_CARGO=/usr/bin/cargo
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/wasm-debian"
+TOOLS="${QUIRE_WASM_TOOLS:-$HOME/.cache/wasm-tools}"
+
+apt_install() {
+  echo "--- installing $* (Debian packages)"
+  if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# 1. Debian's toolchain: rustc-web (/usr/bin/rustc), cargo-web, the std source, a wasm linker.
+if ! [ -x "$DEB_RUSTC" ] || ! [ -x "$DEB_CARGO" ] || ! [ -d /usr/lib/rustlib/src/rust/library ]; then
+  apt_install rustc-web cargo-web rust-web-src
+fi
+LLVM_MAJOR=$("$DEB_RUSTC" -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+LINKER=/usr/bin/wasm-ld-$LLVM_MAJOR
+if ! [ -x "$LINKER" ]; then
+  apt_install "lld-$LLVM_MAJOR"
+fi
+
+# 2. wasm-bindgen-cli of exactly the version in Cargo.lock (the glue must match the library).
+WB_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3; exit }' Cargo.lock)
+[ -n "$WB_VERSION" ] || { echo "wasm-bindgen not found in Cargo.lock" >&2; exit 1; }
+WASM_BINDGEN="$TOOLS/wasm-bindgen-$WB_VERSION/bin/wasm-bindgen"
+if ! [ -x "$WASM_BINDGEN" ]; then
+  echo "--- installing wasm-bindgen-cli $WB_VERSION (once per version, a few minutes)"
+  # --locked can fail when the registry lacks a locked dependency; resolve afresh then.
+  cargo install wasm-bindgen-cli --version "=$WB_VERSION" --root "$TOOLS/wasm-bindgen-$WB_VERSION" --locked \
+    || cargo install wasm-bindgen-cli --version "=$WB_VERSION" --root "$TOOLS/wasm-bindgen-$WB_VERSION"
+fi
+
+# 3. The client as a wasm32 cdylib (the crate is an rlib for native users; a cdylib+rlib
+#    list would switch LTO off). The linker setting stays constant: changing it rebuilds all.
+echo "--- building client-wasm for wasm32-unknown-unknown"
+env RUSTC="$DEB_RUSTC" RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 \
+    CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER="$LINKER" \
+  "$DEB_CARGO" rustc -p quire-client --lib --profile wasm-release --target wasm32-unknown-unknown \
+    --crate-type cdylib -Zbuild-std=std,panic_abort --target-dir "$TARGET_DIR" --quiet
+WASM="$TARGET_DIR/wasm32-unknown-unknown/wasm-release/quire_client.wasm"
+
+# 4. JavaScript glue; the hand-written TypeScript declarations replace the generated ones.
+rm -rf web/pkg.tmp
+"$WASM_BINDGEN" --target web --no-typescript --out-dir web/pkg.tmp "$WASM"
+cp client-wasm/quire-client.d.ts web/pkg.tmp/quire_client.d.ts
+
+# 5. The web pages (CodeMirror, the stock-Yjs page) and wasm-opt from npm's binaryen (Debian's
+#    binaryen 108 breaks wasm-bindgen's output at load).
+npm ci --prefix web --no-audit --no-fund --silent
+if [ -x web/node_modules/.bin/wasm-opt ]; then
+  web/node_modules/.bin/wasm-opt -Oz --enable-bulk-memory --enable-nontrapping-float-to-int \
+    --enable-sign-ext --enable-mutable-globals --enable-reference-types --enable-multivalue \
+    web/pkg.tmp/quire_client_bg.wasm -o web/pkg.tmp/quire_client_bg.wasm
+fi
+rm -rf web/pkg && mv web/pkg.tmp web/pkg
+node web/bundle.mjs
