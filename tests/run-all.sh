@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: installs the test tools (schemathesis, the JavaScript packages), then
 # runs every Rust test twice, once on SQLite and once on PostgreSQL (each test gets a database
-# of its own there). PostgreSQL is expected at QUIRE_TEST_PG_URL (default
+# of its own there). Between the two passes it builds the WASM client (web/build.sh, which
+# installs its toolchain when missing) and runs its tests in Node and both web pages in
+# Chromium (installed from Debian when missing). PostgreSQL is expected at QUIRE_TEST_PG_URL (default
 # postgres://postgres@127.0.0.1:5432/test). Under CI=true a missing PostgreSQL fails the run;
 # elsewhere the PostgreSQL pass is skipped with a warning.
 set -euo pipefail
@@ -14,6 +16,25 @@ npm ci --prefix tests/js --no-audit --no-fund
 
 echo "--- tests on SQLite"
 cargo test --workspace
+
+# The browser client: the WASM build loaded in Node, then both web pages in real Chromium.
+echo "--- building the WASM client and the web pages (web/build.sh)"
+web/build.sh
+if ! [ -x /usr/bin/chromium ]; then
+  echo "--- installing Chromium (Debian package) for the end-to-end tests"
+  if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
+  ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium) >/dev/null || true
+fi
+if ! [ -x /usr/bin/chromium ]; then
+  echo "Chromium is missing at /usr/bin/chromium: the browser tests cannot run" >&2
+  exit 1
+fi
+cargo build -p quire-server --bin quire
+export QUIRE_BIN="${CARGO_TARGET_DIR:-target}/debug/quire"
+echo "--- the WASM client's tests in Node"
+node --test web/test/wasm-node.test.mjs
+echo "--- end to end in Chromium (screenshots in target/screenshots/)"
+node --test web/test/e2e.mjs
 
 pg_up() {
   local hostport=${PG_URL#*@}; hostport=${hostport%%/*}

@@ -140,8 +140,14 @@ impl Client {
         self.doc.client_id()
     }
 
+    /// The current state. `synced` and `unsaved` are read from the session itself, so a change
+    /// made just now counts even before the connection task has seen it.
     pub fn state(&self) -> ClientState {
-        self.state.borrow().clone()
+        let mut state = self.state.borrow().clone();
+        let session = lock(&self.session);
+        state.synced = session.synced();
+        state.unsaved = session.unsaved();
+        state
     }
 
     pub fn watch_state(&self) -> watch::Receiver<ClientState> {
@@ -156,9 +162,17 @@ impl Client {
     /// Waits until the state satisfies `done`.
     pub async fn wait_for(&self, done: impl Fn(&ClientState) -> bool) -> ClientState {
         let mut rx = self.state.clone();
-        let reached = rx.wait_for(|s| done(s)).await.map(|s| s.clone());
-        // Err: the task ended, and its last state is final.
-        reached.unwrap_or_else(|_| self.state())
+        loop {
+            rx.borrow_and_update();
+            let state = self.state();
+            if done(&state) {
+                return state;
+            }
+            if rx.changed().await.is_err() {
+                // The task ended: its last state is final.
+                return self.state();
+            }
+        }
     }
 
     /// Waits until connected and synced.

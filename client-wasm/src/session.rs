@@ -15,9 +15,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use yrs::encoding::read::{Cursor, Read};
 use yrs::encoding::write::Write;
-use yrs::sync::protocol::{Message, MessageReader, SyncMessage};
+use yrs::sync::protocol::{
+    Message, SyncMessage, MSG_AUTH, MSG_QUERY_AWARENESS, MSG_SYNC, PERMISSION_DENIED,
+};
 use yrs::sync::{Awareness, AwarenessUpdate, Clock};
-use yrs::updates::decoder::{Decode, DecoderV1};
+use yrs::updates::decoder::Decode;
 use yrs::updates::encoder::Encode;
 use yrs::{ClientID, Doc, Origin, ReadTxn, StateVector, Transact, Update};
 
@@ -89,7 +91,7 @@ pub struct Session {
 
 impl Session {
     /// A session over `doc`. `clock` stamps awareness states; `wake` is called (from inside the
-    /// transaction commit) whenever a local change is queued.
+    /// transaction commit) after every local change.
     pub fn new<C: Clock + 'static>(doc: Doc, clock: C, wake: Option<Wake>) -> Session {
         let local = Arc::new(Mutex::new(Local::default()));
         let recorder = local.clone();
@@ -101,10 +103,11 @@ impl Session {
             local.seq += 1;
             if local.online {
                 local.queued.push(e.update.clone());
-                drop(local);
-                if let Some(wake) = &wake {
-                    wake();
-                }
+            }
+            drop(local);
+            // Offline too: the driver reports the new unsaved count.
+            if let Some(wake) = &wake {
+                wake();
             }
         });
         if let Err(e) = observed {
@@ -265,9 +268,9 @@ impl Session {
     pub fn receive(&mut self, frame: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<Event>), SessionError> {
         let mut replies = Vec::new();
         let mut events = Vec::new();
-        let mut decoder = DecoderV1::new(Cursor::new(frame));
-        for msg in MessageReader::new(&mut decoder) {
-            let msg = msg.map_err(|e| SessionError::Malformed(e.to_string()))?;
+        for raw in split_messages(frame)? {
+            let msg =
+                Message::decode_v1(raw).map_err(|e| SessionError::Malformed(e.to_string()))?;
             self.handle(msg, &mut replies, &mut events)?;
         }
         Ok((replies, events))
@@ -416,5 +419,228 @@ impl Session {
     /// The state vector of the local document (for tests and diagnostics).
     pub fn state_vector(&self) -> StateVector {
         self.doc().transact().state_vector()
+    }
+}
+
+/// Splits a frame into its messages. yrs' `MessageReader` stops silently at a message cut
+/// short; here that is an error, like on the server.
+fn split_messages(frame: &[u8]) -> Result<Vec<&[u8]>, SessionError> {
+    let cut = |e: yrs::encoding::read::Error| SessionError::Malformed(e.to_string());
+    let mut cur = Cursor::new(frame);
+    let mut out = Vec::with_capacity(1);
+    while cur.has_content() {
+        let start = cur.next;
+        let tag: u8 = cur.read_var().map_err(cut)?;
+        match tag {
+            MSG_SYNC => {
+                let _kind: u8 = cur.read_var().map_err(cut)?;
+                cur.read_buf().map_err(cut)?;
+            }
+            MSG_AUTH => {
+                let denied: u8 = cur.read_var().map_err(cut)?;
+                if denied == PERMISSION_DENIED {
+                    cur.read_string().map_err(cut)?;
+                }
+            }
+            MSG_QUERY_AWARENESS => {}
+            _ => {
+                cur.read_buf().map_err(cut)?;
+            }
+        }
+        out.push(&frame[start..cur.next]);
+    }
+    if out.is_empty() {
+        return Err(SessionError::Malformed("empty frame".into()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use yrs::{GetString, Text};
+
+    fn session(id: u64) -> Session {
+        let doc = Doc::with_client_id(id);
+        Session::new(doc, || 1_000u64, None)
+    }
+
+    fn decode(frame: &[u8]) -> Message {
+        Message::decode_v1(frame).expect("a message")
+    }
+
+    fn insert(s: &Session, index: u32, chunk: &str) {
+        let text = s.doc().get_or_insert_text("t");
+        text.insert(&mut s.doc().transact_mut(), index, chunk);
+    }
+
+    fn text(doc: &Doc) -> String {
+        let text = doc.get_or_insert_text("t");
+        let txn = doc.transact();
+        text.get_string(&txn)
+    }
+
+    fn echo(n: u64) -> Vec<u8> {
+        let mut payload = Vec::new();
+        payload.write_var(n);
+        Message::Custom(MSG_DURABLE_ACK, payload).encode_v1()
+    }
+
+    fn ack_of(frame: &[u8]) -> u64 {
+        match decode(frame) {
+            Message::Custom(MSG_DURABLE_ACK, payload) => {
+                Cursor::new(&payload).read_var().expect("counter")
+            }
+            other => panic!("expected an ack request, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn handshake_answers_with_what_the_server_lacks_then_asks_for_an_echo() {
+        let mut s = session(1);
+        insert(&s, 0, "offline");
+        assert_eq!(s.unsaved(), 1);
+        let first = s.connected();
+        assert!(matches!(
+            decode(&first[0]),
+            Message::Sync(SyncMessage::SyncStep1(_))
+        ));
+        // The server knows nothing: step 1 with an empty state vector.
+        let server = Doc::with_client_id(9);
+        let step1 = Message::Sync(SyncMessage::SyncStep1(StateVector::default())).encode_v1();
+        let (replies, events) = s.receive(&step1).expect("step 1");
+        assert!(events.is_empty());
+        let Message::Sync(SyncMessage::SyncStep2(diff)) = decode(&replies[0]) else {
+            panic!("expected step 2");
+        };
+        server
+            .transact_mut()
+            .apply_update(Update::decode_v1(&diff).expect("update"))
+            .expect("apply");
+        assert_eq!(text(&server), "offline");
+        assert_eq!(ack_of(&replies[1]), 1);
+        // Until the echo the change is unsaved; the echo saves it.
+        assert_eq!(s.unsaved(), 1);
+        let (replies, _) = s.receive(&echo(1)).expect("echo");
+        assert!(replies.is_empty());
+        assert_eq!(s.unsaved(), 0);
+        assert_eq!(s.unsaved_changed(), None);
+    }
+
+    #[test]
+    fn local_changes_go_out_merged_with_one_ack_request() {
+        let mut s = session(1);
+        s.connected();
+        s.receive(&Message::Sync(SyncMessage::SyncStep1(StateVector::default())).encode_v1())
+            .expect("step 1");
+        insert(&s, 0, "a");
+        insert(&s, 1, "b");
+        insert(&s, 2, "c");
+        let out = s.outgoing();
+        assert_eq!(out.len(), 2, "one merged update and one ack request");
+        let Message::Sync(SyncMessage::Update(update)) = decode(&out[0]) else {
+            panic!("expected an update");
+        };
+        let peer = Doc::with_client_id(2);
+        peer.transact_mut()
+            .apply_update(Update::decode_v1(&update).expect("update"))
+            .expect("apply");
+        assert_eq!(text(&peer), "abc");
+        assert_eq!(ack_of(&out[1]), 3);
+        assert!(s.outgoing().is_empty(), "nothing new, nothing sent");
+        assert_eq!(s.unsaved_changed(), Some(3));
+        // An echo of an older request saves only what was sent before it.
+        s.receive(&echo(2)).expect("echo");
+        assert_eq!(s.unsaved(), 1);
+        s.receive(&echo(3)).expect("echo");
+        assert_eq!(s.unsaved_changed(), Some(0));
+    }
+
+    #[test]
+    fn no_ack_request_before_the_handshake_answer() {
+        let mut s = session(1);
+        insert(&s, 0, "offline");
+        s.connected();
+        insert(&s, 0, "x");
+        let out = s.outgoing();
+        assert_eq!(out.len(), 1, "the update goes out, the ack request waits");
+        assert!(matches!(
+            decode(&out[0]),
+            Message::Sync(SyncMessage::Update(_))
+        ));
+    }
+
+    #[test]
+    fn remote_updates_apply_without_counting_as_local() {
+        let mut s = session(1);
+        s.connected();
+        let peer = Doc::with_client_id(2);
+        let t = peer.get_or_insert_text("t");
+        t.insert(&mut peer.transact_mut(), 0, "remote");
+        let update = peer
+            .transact()
+            .encode_state_as_update_v1(&StateVector::default());
+        let (_, events) = s
+            .receive(&Message::Sync(SyncMessage::SyncStep2(update)).encode_v1())
+            .expect("step 2");
+        assert_eq!(events, vec![Event::Synced(true)]);
+        assert_eq!(text(s.doc()), "remote");
+        assert_eq!(s.unsaved(), 0);
+        assert!(s.outgoing().is_empty());
+        assert_eq!(s.disconnected(), vec![Event::Synced(false)]);
+    }
+
+    #[test]
+    fn malformed_frames_and_bad_updates_are_errors_not_panics() {
+        let mut s = session(1);
+        s.connected();
+        assert!(matches!(
+            s.receive(&[0, 2, 5, 1]),
+            Err(SessionError::Malformed(_))
+        ));
+        let bad = Message::Sync(SyncMessage::Update(vec![1, 2, 3])).encode_v1();
+        assert!(matches!(s.receive(&bad), Err(SessionError::BadUpdate(_))));
+        assert!(matches!(s.receive(&[]), Err(SessionError::Malformed(_))));
+        assert!(matches!(
+            s.receive(&[MSG_DURABLE_ACK, 1, 0x80]),
+            Err(SessionError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn awareness_peers_come_and_go_with_the_connection() {
+        let mut s = session(1);
+        s.set_local_state(Some(r#"{"name":"me"}"#.into()));
+        let first = s.connected();
+        assert_eq!(first.len(), 2, "step 1 and our awareness state");
+        let peer = Doc::with_client_id(2);
+        let mut peer_awareness = Awareness::with_clock(peer, || 5u64);
+        peer_awareness.set_local_state_raw(r#"{"name":"peer"}"#);
+        let update = peer_awareness.update().expect("update");
+        let (_, events) = s
+            .receive(&Message::Awareness(update).encode_v1())
+            .expect("awareness");
+        assert_eq!(
+            events,
+            vec![Event::Awareness {
+                added: vec![ClientID::new(2)],
+                updated: vec![],
+                removed: vec![],
+                local: false
+            }]
+        );
+        assert_eq!(s.states().len(), 2);
+        let events = s.disconnected();
+        assert!(events.contains(&Event::Awareness {
+            added: vec![],
+            updated: vec![],
+            removed: vec![ClientID::new(2)],
+            local: false
+        }));
+        assert_eq!(s.states().len(), 1, "only our own state is left");
+        // Offline, a new local state produces no frame; the next handshake sends it.
+        let (frame, _) = s.set_local_state(Some(r#"{"name":"me2"}"#.into()));
+        assert!(frame.is_none());
+        assert_eq!(s.connected().len(), 2);
     }
 }

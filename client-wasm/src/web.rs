@@ -418,6 +418,9 @@ impl Inner {
         }
         if is_permanent_close(code) {
             this.want_online.set(false);
+            if let Some(t) = this.refresh_timer.borrow_mut().take() {
+                clear_timeout(&t);
+            }
             this.session.borrow_mut().disconnected();
             this.status.set(Status::Closed);
             this.queue("status", vec![JsValue::from_str("closed")]);

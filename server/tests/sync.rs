@@ -265,11 +265,14 @@ async fn bad_document_names_get_400_before_the_upgrade() {
     let server = TestServer::start(test_config(dir.path())).await;
     let long = format!("/{}", "x".repeat(300));
     for path in ["/", "/bad%0Aname", "/%FF%FE", long.as_str()] {
+        let err = tokio_tungstenite::connect_async(format!("ws://{}{}", server.addr, path)).await;
+        assert!(err.is_err(), "upgrade refused for {path}");
+        if path == "/" {
+            continue; // a plain GET of / is the web editor's page (tests/web.rs)
+        }
         let (status, body) = http_get(server.addr, path).await;
         assert_eq!(status, 400, "{path}");
         assert!(body.contains("invalid-document-name"), "{body}");
-        let err = tokio_tungstenite::connect_async(format!("ws://{}{}", server.addr, path)).await;
-        assert!(err.is_err(), "upgrade refused for {path}");
     }
     // A query string is accepted and not part of the name; names are URL-decoded.
     let mut a = Client::connect(&server.url("my%20doc?token=abc&x=1"), 1).await;

@@ -9,10 +9,9 @@
 //   positions ({ anchor, head }, the y-codemirror.next format); every other client's cursor is
 //   resolved and drawn as a caret widget with a name label plus a selection mark.
 //
-// The QuireText observers run inside the document transaction, where the text cannot be read
-// or written. So while a remote delta is being applied, nothing here touches the text: remote
-// cursor decorations are only mapped through the change and recomputed right after (in a
-// microtask, once the transaction has ended).
+// QuireText observers run right after the document transaction that caused them (as in
+// Yjs). A remote delta is dispatched to the editor from there; decorations are mapped through
+// that change and recomputed in a microtask.
 
 import { Annotation, StateEffect, Transaction } from '@codemirror/state'
 import { Decoration, EditorView, ViewPlugin, WidgetType } from '@codemirror/view'
@@ -34,30 +33,6 @@ function safeColor (value, fallback) {
 /** Turns a colour into a translucent one for selections, when the user gave none. */
 function lightColor (color) {
   return /^#[0-9a-fA-F]{6}$/.test(color) ? color + '33' : 'rgba(48, 188, 237, 0.2)'
-}
-
-/**
- * Writes a relative position the way y-codemirror.next does: it stores the Y.RelativePosition
- * object itself, which serialises with all four fields, `null` where absent, and reads the
- * fields back without defaults (a missing `item` breaks it). So never omit a field.
- */
-function fullRelativePosition (json) {
-  const j = json && typeof json === 'object' ? json : {}
-  return {
-    type: j.type ?? null,
-    tname: j.tname ?? null,
-    item: j.item ?? null,
-    assoc: typeof j.assoc === 'number' ? j.assoc : 0
-  }
-}
-
-/**
- * A relative position for `index` that sticks to the character after it (assoc 0, what
- * y-codemirror.next uses). At the very end of the text there is no such character and the
- * client may return null there; the position sticking to the character before is used then.
- */
-function stickyIndex (text, index) {
-  return text.stickyIndex(index, 0) ?? text.stickyIndex(index, -1) ?? null
 }
 
 function statesAsMap (states) {
@@ -180,7 +155,7 @@ export function quireCollab (text, client, options = {}) {
       this.scheduleRefresh()
     }
 
-    /** Remote (or local) delta from the QuireText; runs inside the Yjs transaction. */
+    /** A delta from the QuireText, called after the transaction; local ones are ours. */
     onRemoteDelta (delta, local) {
       if (local || this.destroyed) return
       const changes = []
@@ -220,7 +195,7 @@ export function quireCollab (text, client, options = {}) {
     update (update) {
       if (this.destroyed) return
       if (this.inObserver) {
-        // Inside the Yjs transaction: keep the decorations in place, recompute later.
+        // Applying a remote delta: keep the decorations in place, recompute them afterwards.
         this.decorations = this.decorations.map(update.changes)
         return
       }
@@ -260,9 +235,9 @@ export function quireCollab (text, client, options = {}) {
       const sel = view.state.selection.main
       let cursor
       try {
-        const anchor = stickyIndex(text, sel.anchor)
-        const head = stickyIndex(text, sel.head)
-        cursor = anchor && head ? { anchor: fullRelativePosition(anchor), head: fullRelativePosition(head) } : null
+        // Y.RelativePosition-shaped objects (every key present): y-codemirror.next reads
+        // them back without defaults. assoc 0 sticks to the character after, as it does.
+        cursor = { anchor: text.stickyIndex(sel.anchor, 0), head: text.stickyIndex(sel.head, 0) }
       } catch (e) {
         console.warn('quire: could not compute the cursor position', e)
         return

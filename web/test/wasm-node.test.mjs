@@ -61,10 +61,17 @@ async function until (what, done) {
   }
 }
 
-const within = (what, promise) => Promise.race([
-  promise,
-  new Promise((resolve, reject) => setTimeout(() => reject(new Error(`timed out: ${what}`)), PATIENCE))
-])
+async function within (what, promise) {
+  let timer
+  const timeout = new Promise((resolve, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out: ${what}`)), PATIENCE)
+  })
+  try {
+    return await Promise.race([promise, timeout])
+  } finally {
+    clearTimeout(timer)
+  }
+}
 
 function client (doc, url = server.url) {
   return new QuireClient(url, doc, { minBackoffMs: 20, maxBackoffMs: 200 })
@@ -112,6 +119,7 @@ test('two clients converge on concurrent edits and report them saved', async () 
   await until('yjs sync', () => provider.synced)
   assert.equal(ydoc.getText('content').toString(), ta.toString())
   provider.destroy()
+  ydoc.destroy() // stops the awareness timer the provider started
   a.destroy()
   b.destroy()
 })
@@ -278,6 +286,7 @@ test('sticky indices follow the text and read Yjs relative positions', async () 
   await until('yjs has the !', () => ydoc.getText('content').length === t.length)
   assert.equal(Y.createAbsolutePositionFromRelativePosition(end, ydoc).index, t.length)
   provider.destroy()
+  ydoc.destroy() // stops the awareness timer the provider started
   a.destroy()
 })
 

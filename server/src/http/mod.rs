@@ -53,7 +53,8 @@ pub fn router(app: AppState) -> Router {
 }
 
 /// Every other path: a WebSocket upgrade opens the document the path names; a plain `GET` or
-/// `HEAD` gets the web editor's files (`web_root`), `/` being its index page.
+/// `HEAD` gets the web editor's file at that path (`web_root`; `/` is its index page), and
+/// anything else is answered like a document request (a bad name gets 400).
 async fn web_or_document(State(app): State<AppState>, req: Request) -> Response {
     let upgrade = req
         .headers()
@@ -64,7 +65,7 @@ async fn web_or_document(State(app): State<AppState>, req: Request) -> Response 
     if upgrade || !read {
         return axum::handler::Handler::call(document_socket, req, app).await;
     }
-    let root = &app.config.web_root;
+    let root = app.config.web_root.clone();
     if req.uri().path() == "/" && !root.join("index.html").is_file() {
         return (
             StatusCode::NOT_FOUND,
@@ -77,7 +78,8 @@ async fn web_or_document(State(app): State<AppState>, req: Request) -> Response 
         )
             .into_response();
     }
-    match ServeDir::new(root).oneshot(req).await {
+    let documents = axum::handler::Handler::with_state(document_socket, app);
+    match ServeDir::new(root).fallback(documents).oneshot(req).await {
         Ok(response) => response.into_response(),
         Err(never) => match never {},
     }

@@ -197,8 +197,13 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(config: Config) -> TestServer {
+        TestServer::start_at(config, "127.0.0.1:0".parse().expect("addr")).await
+    }
+
+    /// Starts on `addr` (a stopped server's address, to restart it where clients expect it).
+    pub async fn start_at(config: Config, addr: SocketAddr) -> TestServer {
         init_tracing();
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn(quire_server::run(listener, config, shutdown.clone()));

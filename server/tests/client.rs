@@ -1,0 +1,245 @@
+//! The native build of Quire's own client (`client-wasm/`, crate `quire-client`) against a real
+//! server: the foundation's convergence and reconnect scenarios, offline edits across a server
+//! restart, durable acknowledgements, awareness and permanent closes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use quire_client::{Client as QuireClient, ClientConfig, Status};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use yrs::{GetString, Text, Transact};
+
+fn config(server: &str, doc: &str, client_id: u64) -> ClientConfig {
+    let mut cfg = ClientConfig::new(server, doc);
+    cfg.client_id = Some(yrs::ClientID::new(client_id));
+    cfg.min_backoff = Duration::from_millis(20);
+    cfg.max_backoff = Duration::from_millis(200);
+    cfg
+}
+
+fn ws_base(addr: std::net::SocketAddr) -> String {
+    format!("ws://{addr}")
+}
+
+fn text(c: &QuireClient) -> String {
+    let t = c.doc().get_or_insert_text("content");
+    let txn = c.doc().transact();
+    t.get_string(&txn)
+}
+
+fn insert(c: &QuireClient, index: u32, chunk: &str) {
+    let t = c.doc().get_or_insert_text("content");
+    t.insert(&mut c.doc().transact_mut(), index, chunk);
+}
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+async fn until(what: &str, done: impl Fn() -> bool) {
+    within(what, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn native_clients_converge_on_random_concurrent_edits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let base = ws_base(server.addr);
+    let clients: Vec<QuireClient> = (0..5)
+        .map(|i| QuireClient::connect(config(&base, "converge", 100 + i)))
+        .collect();
+    for c in &clients {
+        within("synced", c.synced()).await;
+    }
+    for round in 0..30 {
+        for c in &clients {
+            let len = text(c).len() as u32;
+            if len > 4 && rng.random_bool(0.25) {
+                let at = rng.random_range(0..len - 2);
+                let t = c.doc().get_or_insert_text("content");
+                t.remove_range(&mut c.doc().transact_mut(), at, 2);
+            } else {
+                insert(c, rng.random_range(0..=len), &format!("{round}"));
+            }
+        }
+        if rng.random_bool(0.3) {
+            tokio::task::yield_now().await;
+        }
+    }
+    for c in &clients {
+        within("saved", c.saved()).await;
+    }
+    let expected = text(&clients[0]);
+    until("convergence", || {
+        clients.iter().all(|c| text(c) == expected)
+    })
+    .await;
+    assert!(!expected.is_empty());
+    // Saved means committed: a late joiner loads it from the server.
+    let late = QuireClient::connect(config(&base, "converge", 999));
+    within("late joiner synced", late.synced()).await;
+    assert_eq!(text(&late), expected, "seed {seed}");
+    assert!(log_rows(dir.path(), "converge").await > 0);
+    for c in clients {
+        c.close().await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn offline_edits_made_while_the_server_is_down_are_merged_after_it_restarts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let addr = server.addr;
+    let base = ws_base(addr);
+    let a = QuireClient::connect(config(&base, "restart", 1));
+    let b = QuireClient::connect(config(&base, "restart", 2));
+    within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
+    insert(&a, 0, "before ");
+    within("saved", a.saved()).await;
+
+    server.stop().await;
+    within("a offline", a.wait_for(|s| s.status != Status::Connected)).await;
+    within("b offline", b.wait_for(|s| s.status != Status::Connected)).await;
+    until("b has the text", || text(&b) == "before ").await;
+    let len = text(&a).len() as u32;
+    insert(&a, len, "offline-a ");
+    insert(&b, 0, "offline-b ");
+    assert!(a.state().unsaved > 0 && b.state().unsaved > 0);
+    assert!(!a.state().synced);
+
+    let server = TestServer::start_at(test_config(dir.path()), addr).await;
+    within("a saved", a.saved()).await;
+    within("b saved", b.saved()).await;
+    until("convergence", || text(&a) == text(&b)).await;
+    let merged = text(&a);
+    for part in ["before", "offline-a", "offline-b"] {
+        assert!(merged.contains(part), "{part} missing from {merged:?}");
+    }
+    a.close().await;
+    b.close().await;
+    server.stop().await;
+
+    // Everything acknowledged survived another restart.
+    let server = TestServer::start_at(test_config(dir.path()), addr).await;
+    let c = QuireClient::connect(config(&base, "restart", 3));
+    within("c synced", c.synced()).await;
+    assert_eq!(text(&c), merged);
+    c.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_acknowledged_edit_survives_a_crash() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut server = ServerProcess::start(dir.path(), &[]).await;
+    let base = ws_base(server.addr);
+    let a = QuireClient::connect(config(&base, "crash", 1));
+    within("synced", a.synced()).await;
+    for i in 0..50 {
+        insert(&a, 0, &format!("{i},"));
+    }
+    within("saved", a.saved()).await;
+    let acked = text(&a);
+    server.child.start_kill().expect("kill");
+    let _ = server.child.wait().await;
+    let server = ServerProcess::start(dir.path(), &[]).await;
+    let b = QuireClient::connect(config(&ws_base(server.addr), "crash", 2));
+    within("synced", b.synced()).await;
+    assert_eq!(text(&b), acked);
+    b.close().await;
+}
+
+#[tokio::test]
+async fn awareness_reaches_peers_and_leaves_with_the_client() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let base = ws_base(server.addr);
+    let a = QuireClient::connect(config(&base, "presence", 1));
+    let b = QuireClient::connect(config(&base, "presence", 2));
+    within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
+    a.set_local_state(Some(serde_json::json!({"user": {"name": "Ada"}})));
+    let has_ada = || {
+        b.states()
+            .iter()
+            .any(|(id, s)| id.get() == 1 && s["user"]["name"] == "Ada")
+    };
+    until("b sees a", has_ada).await;
+    a.close().await;
+    until("a's state removed at b", || {
+        b.states().iter().all(|(id, _)| id.get() != 1)
+    })
+    .await;
+    b.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn permanent_refusals_stop_the_client() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.room.max_doc_size = 1000;
+    cfg.auth_keys = vec!["k1:0123456789abcdef0123".into()];
+    let server = TestServer::start(cfg).await;
+    let base = ws_base(server.addr);
+
+    // No token: the upgrade is refused with 401, which retrying cannot fix.
+    let anonymous = QuireClient::connect(config(&base, "limits", 1));
+    let state = within("closed", anonymous.wait_for(|s| s.status == Status::Closed)).await;
+    assert_eq!(state.closed.map(|c| c.code), Some(401));
+    server.stop().await;
+
+    // A document too large: 4413 from the room.
+    let mut cfg = test_config(dir.path());
+    cfg.room.max_doc_size = 1000;
+    let server = TestServer::start(cfg).await;
+    let base = ws_base(server.addr);
+    let a = QuireClient::connect(config(&base, "limits", 2));
+    within("synced", a.synced()).await;
+    insert(&a, 0, &"x".repeat(5000));
+    let state = within("closed", a.wait_for(|s| s.status == Status::Closed)).await;
+    assert_eq!(state.closed.map(|c| c.code), Some(4413));
+    assert!(state.unsaved > 0, "a refused change is not reported saved");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn disconnect_and_reconnect_on_purpose() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let base = ws_base(server.addr);
+    let a = QuireClient::connect(config(&base, "toggle", 1));
+    let b = QuireClient::connect(config(&base, "toggle", 2));
+    within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
+    a.disconnect();
+    within("offline", a.wait_for(|s| s.status == Status::Offline)).await;
+    insert(&a, 0, "away");
+    insert(&b, 0, "here");
+    within("b saved", b.saved()).await;
+    // Offline stays offline: no reconnect without being asked.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(a.state().status, Status::Offline);
+    assert_eq!(a.state().unsaved, 1);
+    assert!(!text(&b).contains("away"));
+    a.reconnect();
+    within("a saved", a.saved()).await;
+    until("convergence", || {
+        text(&a) == text(&b) && text(&b).len() == 8
+    })
+    .await;
+    a.close().await;
+    b.close().await;
+    server.stop().await;
+}
