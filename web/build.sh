@@ -53,17 +53,28 @@ env RUSTC="$DEB_RUSTC" RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 \
 WASM="$TARGET_DIR/wasm32-unknown-unknown/wasm-release/quire_client.wasm"
 
 # 4. JavaScript glue; the hand-written TypeScript declarations replace the generated ones.
-rm -rf web/pkg.tmp
-"$WASM_BINDGEN" --target web --no-typescript --out-dir web/pkg.tmp "$WASM"
-cp client-wasm/quire-client.d.ts web/pkg.tmp/quire_client.d.ts
+#    Skipped when neither the .wasm nor the declarations changed.
+STAMP=$(cat "$WASM" client-wasm/quire-client.d.ts | sha256sum | cut -d' ' -f1)
 
-# 5. The web pages (CodeMirror, the stock-Yjs page) and wasm-opt from npm's binaryen (Debian's
-#    binaryen 108 breaks wasm-bindgen's output at load).
-npm ci --prefix web --no-audit --no-fund --silent
-if [ -x web/node_modules/.bin/wasm-opt ]; then
+# 5. npm packages (CodeMirror, the stock Yjs stack, esbuild, binaryen's wasm-opt, the test
+#    tools), reinstalled only when package-lock.json changed.
+LOCK_STAMP=$(sha256sum web/package-lock.json | cut -d' ' -f1)
+if [ "$(cat web/node_modules/.quire-lock 2>/dev/null)" != "$LOCK_STAMP" ]; then
+  npm ci --prefix web --no-audit --no-fund --silent
+  echo "$LOCK_STAMP" > web/node_modules/.quire-lock
+fi
+
+if [ "$(cat web/pkg/.quire-stamp 2>/dev/null)" != "$STAMP" ]; then
+  rm -rf web/pkg.tmp
+  "$WASM_BINDGEN" --target web --no-typescript --out-dir web/pkg.tmp "$WASM"
+  cp client-wasm/quire-client.d.ts web/pkg.tmp/quire_client.d.ts
+  # npm's binaryen: Debian's binaryen 108 breaks wasm-bindgen's output at load.
   web/node_modules/.bin/wasm-opt -Oz --enable-bulk-memory --enable-nontrapping-float-to-int \
     --enable-sign-ext --enable-mutable-globals --enable-reference-types --enable-multivalue \
     web/pkg.tmp/quire_client_bg.wasm -o web/pkg.tmp/quire_client_bg.wasm
+  echo "$STAMP" > web/pkg.tmp/.quire-stamp
+  rm -rf web/pkg && mv web/pkg.tmp web/pkg
 fi
-rm -rf web/pkg && mv web/pkg.tmp web/pkg
+
+# 6. The web pages -> web/dist (prints each file's raw and gzipped size).
 node web/bundle.mjs
