@@ -229,6 +229,21 @@ pub struct RoomConfig {
     pub ping_interval: Duration,
 }
 
+/// `web/dist` under the working directory, else the one in the source tree this binary was
+/// built from (so `cargo run` serves the editor from any directory).
+fn default_web_root() -> PathBuf {
+    let local = PathBuf::from("web/dist");
+    if local.is_dir() {
+        return local;
+    }
+    let built = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../web/dist"));
+    if built.is_dir() {
+        built
+    } else {
+        local
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Settings::default().resolve()
@@ -329,7 +344,7 @@ impl Settings {
                 .node_id
                 .unwrap_or_else(|| format!("node-{:08x}", rand::random::<u32>())),
             lease_ttl: d(self.lease_ttl, Duration::from_secs(5)).max(Duration::from_millis(100)),
-            web_root: self.web_root.unwrap_or_else(|| PathBuf::from("web/dist")),
+            web_root: self.web_root.unwrap_or_else(default_web_root),
             webhooks: WebhookConfig {
                 urls: self.webhook_urls.unwrap_or_default(),
                 secret: self.webhook_secret,

@@ -99,6 +99,64 @@ async fn native_clients_converge_on_random_concurrent_edits() {
 }
 
 #[tokio::test]
+async fn native_clients_converge_through_random_disconnects() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let base = ws_base(server.addr);
+    let clients: Vec<QuireClient> = (0..4)
+        .map(|i| QuireClient::connect(config(&base, "flaky", 200 + i)))
+        .collect();
+    let mut online = [true; 4];
+    for round in 0..40 {
+        for (i, c) in clients.iter().enumerate() {
+            // At either end, so no edit lands inside another one and each stays findable.
+            let at = if rng.random_bool(0.5) {
+                0
+            } else {
+                text(c).len() as u32
+            };
+            insert(c, at, &format!("<{i}.{round}>"));
+            // Go offline or come back now and then, in the middle of the edits.
+            if rng.random_bool(0.1) {
+                if online[i] {
+                    c.disconnect();
+                } else {
+                    c.reconnect();
+                }
+                online[i] = !online[i];
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..3))).await;
+    }
+    for c in &clients {
+        c.reconnect();
+    }
+    for c in &clients {
+        within("saved", c.saved()).await;
+    }
+    let expected = text(&clients[0]);
+    until("convergence", || {
+        clients.iter().all(|c| text(c) == expected)
+    })
+    .await;
+    for i in 0..4 {
+        for round in 0..40 {
+            let part = format!("<{i}.{round}>");
+            assert!(expected.contains(&part), "{part} lost (seed {seed})");
+        }
+    }
+    let late = QuireClient::connect(config(&base, "flaky", 999));
+    within("late joiner synced", late.synced()).await;
+    assert_eq!(text(&late), expected, "seed {seed}");
+    for c in clients {
+        c.close().await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn offline_edits_made_while_the_server_is_down_are_merged_after_it_restarts() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start(test_config(dir.path())).await;
