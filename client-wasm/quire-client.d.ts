@@ -52,14 +52,23 @@ export class QuireClient {
   on(event: 'awareness', cb: (change: AwarenessChange, origin: 'local' | 'remote') => void): void;
   /** The server closed with a permanent code (4400-4499); the client does not reconnect. */
   on(event: 'closed', cb: (info: { code: number; reason: string }) => void): void;
+  /** The server refused a change (read-only access); refused changes stay unsaved. */
+  on(event: 'denied', cb: (reason: string) => void): void;
   off(event: string, cb: Function): void;
 
+  /** Resolves once synced; rejects if the client closes first. */
   whenSynced(): Promise<void>;
+  /** Resolves once every local change is committed; rejects if the client closes with
+   * changes unsaved. */
   whenSaved(): Promise<void>;
   /** Goes offline on purpose; edits keep working locally and are sent by `connect()`. */
   disconnect(): void;
+  /** Back online; also restarts a client stopped by a permanent close (e.g. after setToken). */
   connect(): void;
-  /** Clears the awareness state, closes the connection and stops for good. */
+  /** The token used from the next connection on. */
+  setToken(token: string | null): void;
+  /** Sends pending changes, clears the awareness state, closes the connection and stops
+   * for good. */
   destroy(): void;
   free(): void;
 }

@@ -15,6 +15,7 @@ pub mod session;
 mod native;
 #[cfg(not(target_arch = "wasm32"))]
 pub use native::{Client, ClientConfig, ClientState, Closed};
+pub use session::Shared;
 
 #[cfg(target_arch = "wasm32")]
 mod web;
@@ -83,6 +84,9 @@ pub const MIN_BACKOFF: Duration = Duration::from_millis(200);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often the local awareness state is re-sent (peers drop states older than 30 s).
 pub const AWARENESS_REFRESH: Duration = Duration::from_secs(15);
+/// A connection from which nothing arrived for this long is reopened (a keep-alive whose echo
+/// proves the connection goes out with every awareness refresh).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(45);
 
 #[cfg(test)]
 mod tests {

@@ -1,8 +1,8 @@
 //! The native transport: one tokio task per client owns the WebSocket; the application edits the
 //! shared [`Doc`] directly and hears about the connection through a watch channel.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{broadcast, mpsc, watch, Notify};
@@ -13,7 +13,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
 use yrs::sync::time::SystemClock;
 use yrs::{ClientID, Doc, Options};
 
-use crate::session::{Event, Session};
+use crate::session::{Event, Session, Shared};
 use crate::{backoff_delay, document_url, is_permanent_close, Status};
 
 /// Where and how to connect.
@@ -27,7 +27,10 @@ pub struct ClientConfig {
     pub client_id: Option<ClientID>,
     pub min_backoff: Duration,
     pub max_backoff: Duration,
+    /// How often the awareness state is re-sent; a keep-alive goes with it.
     pub awareness_refresh: Duration,
+    /// A connection from which nothing arrived for this long is dropped and reopened.
+    pub idle_timeout: Duration,
     /// How long opening a connection may take before it counts as failed.
     pub connect_timeout: Duration,
 }
@@ -42,6 +45,7 @@ impl ClientConfig {
             min_backoff: crate::MIN_BACKOFF,
             max_backoff: crate::MAX_BACKOFF,
             awareness_refresh: crate::AWARENESS_REFRESH,
+            idle_timeout: crate::IDLE_TIMEOUT,
             connect_timeout: Duration::from_secs(10),
         }
     }
@@ -76,16 +80,12 @@ enum Command {
 
 /// A connected (or reconnecting) document. Dropping it stops the connection task.
 pub struct Client {
-    session: Arc<Mutex<Session>>,
+    shared: Arc<Shared>,
     doc: Doc,
     state: watch::Receiver<ClientState>,
     events: broadcast::Sender<Event>,
     commands: mpsc::UnboundedSender<Command>,
     task: Option<JoinHandle<()>>,
-}
-
-fn lock(session: &Mutex<Session>) -> MutexGuard<'_, Session> {
-    session.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Client {
@@ -103,7 +103,7 @@ impl Client {
             SystemClock,
             Some(Arc::new(move || waker.notify_one())),
         );
-        let session = Arc::new(Mutex::new(session));
+        let shared = session.shared().clone();
         let (state_tx, state) = watch::channel(ClientState {
             status: Status::Connecting,
             synced: false,
@@ -113,7 +113,7 @@ impl Client {
         let (events, _) = broadcast::channel(256);
         let (commands, rx) = mpsc::unbounded_channel();
         let driver = Driver {
-            session: session.clone(),
+            session,
             config,
             commands: rx,
             state: state_tx,
@@ -122,7 +122,7 @@ impl Client {
         };
         let task = tokio::spawn(driver.run());
         Client {
-            session,
+            shared,
             doc,
             state,
             events,
@@ -140,13 +140,13 @@ impl Client {
         self.doc.client_id()
     }
 
-    /// The current state. `synced` and `unsaved` are read from the session itself, so a change
-    /// made just now counts even before the connection task has seen it.
+    /// The current state. `synced` and `unsaved` are read from the session's counters, so a
+    /// change made just now counts even before the connection task has seen it. Never waits
+    /// for the document: safe to call from an observer or inside a transaction.
     pub fn state(&self) -> ClientState {
         let mut state = self.state.borrow().clone();
-        let session = lock(&self.session);
-        state.synced = session.synced();
-        state.unsaved = session.unsaved();
+        state.synced = self.shared.synced();
+        state.unsaved = self.shared.unsaved();
         state
     }
 
@@ -175,29 +175,36 @@ impl Client {
         }
     }
 
-    /// Waits until connected and synced.
-    pub async fn synced(&self) {
-        self.wait_for(|s| s.synced || s.closed.is_some()).await;
+    /// Waits until connected and synced; `Err` if the client stopped for good first.
+    pub async fn synced(&self) -> Result<(), Closed> {
+        let state = self
+            .wait_for(|s| s.synced || s.status == Status::Closed)
+            .await;
+        stopped(state, |s| s.synced)
     }
 
-    /// Waits until connected, synced and every local change is committed on the server.
-    pub async fn saved(&self) {
-        self.wait_for(|s| (s.synced && s.unsaved == 0) || s.closed.is_some())
+    /// Waits until connected, synced and every local change is committed on the server;
+    /// `Err` if the client stopped for good with changes unsaved.
+    pub async fn saved(&self) -> Result<(), Closed> {
+        let state = self
+            .wait_for(|s| (s.synced && s.unsaved == 0) || s.status == Status::Closed)
             .await;
+        stopped(state, |s| s.unsaved == 0)
     }
 
     /// Sets this client's awareness state (any JSON value); `None` clears it.
     pub fn set_local_state(&self, state: Option<serde_json::Value>) {
-        let (frame, event) = lock(&self.session).set_local_state(state.map(|s| s.to_string()));
+        let (frame, event) = self.shared.set_local_state(state.map(|s| s.to_string()));
         let _ = self.events.send(event);
         if let Some(frame) = frame {
             let _ = self.commands.send(Command::Frame(frame));
         }
     }
 
-    /// Every known awareness state, this client's included.
+    /// Every known awareness state, this client's included (entries that are not JSON are
+    /// skipped).
     pub fn states(&self) -> Vec<(ClientID, serde_json::Value)> {
-        lock(&self.session)
+        self.shared
             .states()
             .into_iter()
             .filter_map(|(id, json)| Some((id, serde_json::from_str(&json).ok()?)))
@@ -213,13 +220,25 @@ impl Client {
         let _ = self.commands.send(Command::Connect);
     }
 
-    /// Clears the awareness state, closes the connection (1000) and waits for the task.
+    /// Sends pending changes, clears the awareness state, closes the connection (1000) and
+    /// waits for the task.
     pub async fn close(mut self) {
         let _ = self.commands.send(Command::Shutdown);
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
     }
+}
+
+/// `Ok` if `done` holds, else why the client stopped.
+fn stopped(state: ClientState, done: impl Fn(&ClientState) -> bool) -> Result<(), Closed> {
+    if done(&state) {
+        return Ok(());
+    }
+    Err(state.closed.unwrap_or(Closed {
+        code: 1000,
+        reason: "client closed".into(),
+    }))
 }
 
 impl Drop for Client {
@@ -243,7 +262,7 @@ enum End {
 }
 
 struct Driver {
-    session: Arc<Mutex<Session>>,
+    session: Session,
     config: ClientConfig,
     commands: mpsc::UnboundedReceiver<Command>,
     state: watch::Sender<ClientState>,
@@ -268,7 +287,7 @@ impl Driver {
                     }
                     Err(end) => end,
                 };
-                let events = lock(&self.session).disconnected();
+                let events = self.session.disconnected();
                 self.emit(events);
                 match end {
                     End::Dropped { synced } => {
@@ -323,8 +342,25 @@ impl Driver {
             &self.config.document,
             self.config.token.as_deref(),
         );
-        let connecting = tokio_tungstenite::connect_async(url);
-        match tokio::time::timeout(self.config.connect_timeout, connecting).await {
+        let connecting = tokio::time::timeout(
+            self.config.connect_timeout,
+            tokio_tungstenite::connect_async(url),
+        );
+        tokio::pin!(connecting);
+        let result = loop {
+            tokio::select! {
+                result = &mut connecting => break result,
+                // Commands are not held up by a slow connect.
+                cmd = self.commands.recv() => match cmd {
+                    Some(Command::Shutdown) | None => return Err(End::Shutdown),
+                    Some(Command::Disconnect) => return Err(End::Disconnect),
+                    // Awareness goes out with the handshake.
+                    Some(Command::Frame(_)) | Some(Command::Connect) => {}
+                },
+                _ = self.notify.notified() => self.publish(None, None),
+            }
+        };
+        match result {
             Ok(Ok((socket, _))) => Ok(socket),
             Ok(Err(WsError::Http(response))) => {
                 let code = response.status().as_u16();
@@ -351,7 +387,7 @@ impl Driver {
 
     async fn connection(&mut self, socket: Socket) -> End {
         let (mut sink, mut stream) = socket.split();
-        let first = lock(&self.session).connected();
+        let first = self.session.connected();
         for frame in first {
             if sink.send(WsMessage::binary(frame)).await.is_err() {
                 return End::Dropped { synced: false };
@@ -359,12 +395,14 @@ impl Driver {
         }
         let mut refresh = tokio::time::interval(self.config.awareness_refresh);
         refresh.reset();
+        let mut heard = Instant::now();
         loop {
-            let synced = lock(&self.session).synced();
+            let synced = self.session.synced();
             let frames: Vec<Vec<u8>> = tokio::select! {
                 msg = stream.next() => match msg {
                     Some(Ok(WsMessage::Binary(data))) => {
-                        let received = lock(&self.session).receive(&data);
+                        heard = Instant::now();
+                        let received = self.session.receive(&data);
                         match received {
                             Ok((replies, events)) => {
                                 self.emit(events);
@@ -388,10 +426,13 @@ impl Driver {
                             End::Dropped { synced }
                         };
                     }
-                    Some(Ok(_)) => Vec::new(),
+                    Some(Ok(_)) => {
+                        heard = Instant::now(); // pings, pongs
+                        Vec::new()
+                    }
                     Some(Err(_)) | None => return End::Dropped { synced },
                 },
-                _ = self.notify.notified() => lock(&self.session).outgoing(),
+                _ = self.notify.notified() => self.session.outgoing(),
                 cmd = self.commands.recv() => match cmd {
                     Some(Command::Frame(frame)) => vec![frame],
                     Some(Command::Connect) => Vec::new(),
@@ -400,15 +441,26 @@ impl Driver {
                         return End::Disconnect;
                     }
                     Some(Command::Shutdown) | None => {
-                        let (frame, _) = lock(&self.session).set_local_state(None);
-                        if let Some(frame) = frame {
-                            let _ = sink.send(WsMessage::binary(frame)).await;
+                        // Changes made just before closing still go out.
+                        let mut last = self.session.outgoing();
+                        last.extend(self.session.set_local_state(None).0);
+                        for frame in last {
+                            let _ = sink.feed(WsMessage::binary(frame)).await;
                         }
                         let _ = sink.send(close(CloseCode::Normal, "client closed")).await;
                         return End::Shutdown;
                     }
                 },
-                _ = refresh.tick() => lock(&self.session).refresh_awareness().into_iter().collect(),
+                _ = refresh.tick() => {
+                    if heard.elapsed() >= self.config.idle_timeout {
+                        tracing::debug!("nothing heard from the server: reconnecting");
+                        return End::Dropped { synced };
+                    }
+                    // The keep-alive's echo proves the connection still works.
+                    let mut frames: Vec<Vec<u8>> = self.session.refresh_awareness().into_iter().collect();
+                    frames.extend(self.session.keepalive());
+                    frames
+                }
             };
             for frame in frames {
                 if sink.feed(WsMessage::binary(frame)).await.is_err() {
@@ -416,7 +468,7 @@ impl Driver {
                 }
             }
             // Local changes made while handling this step go out in the same burst.
-            let more = lock(&self.session).outgoing();
+            let more = self.session.outgoing();
             for frame in more {
                 if sink.feed(WsMessage::binary(frame)).await.is_err() {
                     return End::Dropped { synced };
@@ -436,10 +488,7 @@ impl Driver {
     }
 
     fn publish(&self, status: Option<Status>, closed: Option<Closed>) {
-        let (synced, unsaved) = {
-            let session = lock(&self.session);
-            (session.synced(), session.unsaved())
-        };
+        let (synced, unsaved) = (self.session.synced(), self.session.unsaved());
         self.state.send_if_modified(|s| {
             let next = ClientState {
                 status: status.unwrap_or(s.status),

@@ -11,6 +11,7 @@
 //!   before it is committed, so `unsaved = newest - echoed`;
 //! - awareness: the local state and the peers' states (removed when the connection drops).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use yrs::encoding::read::{Cursor, Read};
@@ -68,23 +69,107 @@ struct Local {
     online: bool,
 }
 
-fn lock(local: &Mutex<Local>) -> MutexGuard<'_, Local> {
-    // The observer cannot panic while holding the lock, but a poisoned lock still holds
-    // consistent data: keep going.
-    local.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while holding these locks, but a poisoned lock still holds consistent
+    // data: keep going.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-pub struct Session {
-    awareness: Awareness,
-    local: Arc<Mutex<Local>>,
+/// The part of a session the application reads and writes while the driver runs: progress
+/// counters and awareness. No method here touches the document, so none can wait for (or
+/// deadlock with) a document transaction, and none can be called back into from yrs.
+pub struct Shared {
+    local: Mutex<Local>,
     /// Newest sequence number the server has confirmed as committed.
-    saved: u64,
+    saved: AtomicU64,
+    synced: AtomicBool,
+    awareness: Mutex<Awareness>,
+    client_id: ClientID,
+}
+
+impl Shared {
+    /// Local transactions the server has not yet confirmed as committed.
+    pub fn unsaved(&self) -> u64 {
+        lock(&self.local)
+            .seq
+            .saturating_sub(self.saved.load(Ordering::Acquire))
+    }
+
+    /// The handshake of the current connection finished.
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    pub fn client_id(&self) -> ClientID {
+        self.client_id
+    }
+
+    /// Sets (Some JSON text) or clears (None) this client's awareness state. Returns the frame
+    /// to send if connected, and the event.
+    pub fn set_local_state(&self, json: Option<String>) -> (Option<Vec<u8>>, Event) {
+        let me = self.client_id;
+        let mut awareness = lock(&self.awareness);
+        let had = awareness.local_state_raw().is_some();
+        let event = match json {
+            Some(json) => {
+                awareness.set_local_state_raw(json);
+                Event::Awareness {
+                    added: if had { vec![] } else { vec![me] },
+                    updated: if had { vec![me] } else { vec![] },
+                    removed: vec![],
+                    local: true,
+                }
+            }
+            None => {
+                awareness.clean_local_state();
+                Event::Awareness {
+                    added: vec![],
+                    updated: vec![],
+                    removed: if had { vec![me] } else { vec![] },
+                    local: true,
+                }
+            }
+        };
+        let online = lock(&self.local).online;
+        let frame = if online {
+            own_awareness_frame(&awareness, me)
+        } else {
+            None
+        };
+        (frame, event)
+    }
+
+    /// This client's awareness state as JSON text.
+    pub fn local_state(&self) -> Option<Arc<str>> {
+        lock(&self.awareness).local_state_raw()
+    }
+
+    /// Every known awareness state (ours included), as JSON text.
+    pub fn states(&self) -> Vec<(ClientID, Arc<str>)> {
+        lock(&self.awareness)
+            .iter()
+            .filter_map(|(id, state)| state.data.map(|d| (id, d)))
+            .collect()
+    }
+}
+
+fn own_awareness_frame(awareness: &Awareness, me: ClientID) -> Option<Vec<u8>> {
+    awareness.local_state_raw()?;
+    let update = awareness.update_with_clients([me]).ok()?;
+    Some(Message::Awareness(update).encode_v1())
+}
+
+/// The engine, owned by the driver.
+pub struct Session {
+    doc: Doc,
+    shared: Arc<Shared>,
     /// Newest sequence number asked for on this connection (0 = none).
     requested: u64,
     /// Our answer to the server's step 1 went out on this connection.
     answered: bool,
-    synced: bool,
-    online: bool,
+    /// The server refused a change on this connection (read-only access): its echoes no
+    /// longer mean our changes are saved.
+    denied: bool,
     /// Last `unsaved` value handed out by [`Session::unsaved_changed`].
     reported_unsaved: u64,
 }
@@ -93,13 +178,24 @@ impl Session {
     /// A session over `doc`. `clock` stamps awareness states; `wake` is called (from inside the
     /// transaction commit) after every local change.
     pub fn new<C: Clock + 'static>(doc: Doc, clock: C, wake: Option<Wake>) -> Session {
-        let local = Arc::new(Mutex::new(Local::default()));
-        let recorder = local.clone();
+        let shared = Arc::new(Shared {
+            local: Mutex::new(Local::default()),
+            saved: AtomicU64::new(0),
+            synced: AtomicBool::new(false),
+            awareness: Mutex::new(Awareness::with_clock(doc.clone(), clock)),
+            client_id: doc.client_id(),
+        });
+        // Weak: the document holds the observer, and the awareness in `shared` holds the
+        // document.
+        let recorder = Arc::downgrade(&shared);
         let observed = doc.observe_update_v1("quire-client", move |txn, e| {
             if txn.origin() == Some(&Origin::from(REMOTE)) {
                 return;
             }
-            let mut local = lock(&recorder);
+            let Some(shared) = recorder.upgrade() else {
+                return;
+            };
+            let mut local = lock(&shared.local);
             local.seq += 1;
             if local.online {
                 local.queued.push(e.update.clone());
@@ -115,40 +211,38 @@ impl Session {
             tracing::error!(error = %e, "could not observe the document");
         }
         Session {
-            awareness: Awareness::with_clock(doc, clock),
-            local,
-            saved: 0,
+            doc,
+            shared,
             requested: 0,
             answered: false,
-            synced: false,
-            online: false,
+            denied: false,
             reported_unsaved: 0,
         }
     }
 
     pub fn doc(&self) -> &Doc {
-        self.awareness.doc()
+        &self.doc
     }
 
-    pub fn awareness(&self) -> &Awareness {
-        &self.awareness
+    /// The handle the application keeps (progress, awareness).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     pub fn client_id(&self) -> ClientID {
-        self.awareness.client_id()
+        self.shared.client_id
     }
 
     pub fn synced(&self) -> bool {
-        self.synced
+        self.shared.synced()
     }
 
     pub fn online(&self) -> bool {
-        self.online
+        lock(&self.shared.local).online
     }
 
-    /// Local transactions the server has not yet confirmed as committed.
     pub fn unsaved(&self) -> u64 {
-        lock(&self.local).seq.saturating_sub(self.saved)
+        self.shared.unsaved()
     }
 
     /// `Some(unsaved)` if it changed since the last call: the driver reports it as an event.
@@ -162,21 +256,22 @@ impl Session {
 
     /// The transport opened: frames to send first (our state vector, our awareness state).
     pub fn connected(&mut self) -> Vec<Vec<u8>> {
-        self.online = true;
-        self.synced = false;
+        self.shared.synced.store(false, Ordering::Release);
         self.requested = 0;
         self.answered = false;
+        self.denied = false;
         {
-            let mut local = lock(&self.local);
+            let mut local = lock(&self.shared.local);
             local.online = true;
             // Anything queued before is covered by the handshake.
             local.queued.clear();
         }
-        let sv = self.doc().transact().state_vector();
+        let sv = self.doc.transact().state_vector();
         let mut out = vec![Message::Sync(SyncMessage::SyncStep1(sv)).encode_v1()];
-        if let Some(frame) = self.local_awareness_frame() {
-            out.push(frame);
-        }
+        out.extend(own_awareness_frame(
+            &lock(&self.shared.awareness),
+            self.client_id(),
+        ));
         out
     }
 
@@ -184,25 +279,23 @@ impl Session {
     /// reconnect); local changes from now on wait for the next handshake.
     pub fn disconnected(&mut self) -> Vec<Event> {
         let mut events = Vec::new();
-        self.online = false;
         {
-            let mut local = lock(&self.local);
+            let mut local = lock(&self.shared.local);
             local.online = false;
             local.queued.clear();
         }
-        if self.synced {
-            self.synced = false;
+        if self.shared.synced.swap(false, Ordering::AcqRel) {
             events.push(Event::Synced(false));
         }
         let me = self.client_id();
-        let peers: Vec<ClientID> = self
-            .awareness
+        let mut awareness = lock(&self.shared.awareness);
+        let peers: Vec<ClientID> = awareness
             .iter()
             .filter(|(id, state)| *id != me && state.data.is_some())
             .map(|(id, _)| id)
             .collect();
         for id in &peers {
-            self.awareness.remove_state(*id);
+            awareness.remove_state(*id);
         }
         if !peers.is_empty() {
             events.push(Event::Awareness {
@@ -218,11 +311,11 @@ impl Session {
     /// Local changes to send now: at most one update message (queued updates merged) and, if
     /// anything is unconfirmed, a durable-acknowledgement request for the newest one.
     pub fn outgoing(&mut self) -> Vec<Vec<u8>> {
-        if !self.online {
-            return Vec::new();
-        }
         let (queued, seq) = {
-            let mut local = lock(&self.local);
+            let mut local = lock(&self.shared.local);
+            if !local.online {
+                return Vec::new();
+            }
             (std::mem::take(&mut local.queued), local.seq)
         };
         let mut out = Vec::new();
@@ -255,13 +348,18 @@ impl Session {
     }
 
     fn ack_request(&mut self, seq: u64) -> Option<Vec<u8>> {
-        if seq <= self.saved || seq <= self.requested {
+        if seq <= self.shared.saved.load(Ordering::Acquire) || seq <= self.requested {
             return None;
         }
         self.requested = seq;
-        let mut payload = Vec::with_capacity(4);
-        payload.write_var(seq);
-        Some(Message::Custom(MSG_DURABLE_ACK, payload).encode_v1())
+        Some(durable_ack(seq))
+    }
+
+    /// A message whose echo proves the connection is alive (sent when nothing else arrived for
+    /// a while: browsers cannot see the server's pings). Its echo saves nothing new.
+    pub fn keepalive(&self) -> Option<Vec<u8>> {
+        self.online()
+            .then(|| durable_ack(self.shared.saved.load(Ordering::Acquire)))
     }
 
     /// Handles one frame from the server. Returns the frames to send back and the events.
@@ -284,40 +382,50 @@ impl Session {
     ) -> Result<(), SessionError> {
         match msg {
             Message::Sync(SyncMessage::SyncStep1(sv)) => {
-                let diff = self.doc().transact().encode_state_as_update_v1(&sv);
+                // Counter first, then the document: a change counted here has finished its
+                // commit (the observer runs inside it), so the diff below includes it; a change
+                // made after stays queued and goes out as an update (a harmless duplicate).
                 let seq = {
-                    let mut local = lock(&self.local);
+                    let mut local = lock(&self.shared.local);
                     local.queued.clear();
                     local.seq
                 };
+                let diff = self.doc.transact().encode_state_as_update_v1(&sv);
                 replies.push(Message::Sync(SyncMessage::SyncStep2(diff)).encode_v1());
-                // Every local change is in that answer: one echo confirms all of them.
+                // Every local change up to `seq` is in that answer: one echo confirms them.
                 self.answered = true;
                 self.requested = 0;
                 replies.extend(self.ack_request(seq));
             }
             Message::Sync(SyncMessage::SyncStep2(update)) => {
                 self.apply_remote(&update)?;
-                if !self.synced {
-                    self.synced = true;
+                if !self.shared.synced.swap(true, Ordering::AcqRel) {
                     events.push(Event::Synced(true));
                 }
             }
             Message::Sync(SyncMessage::Update(update)) => self.apply_remote(&update)?,
             Message::Awareness(update) => events.extend(self.apply_awareness(update)?),
             Message::AwarenessQuery => {
-                if let Ok(update) = self.awareness.update() {
+                if let Ok(update) = lock(&self.shared.awareness).update() {
                     replies.push(Message::Awareness(update).encode_v1());
                 }
             }
-            Message::Auth(Some(reason)) => events.push(Event::PermissionDenied(reason)),
+            Message::Auth(Some(reason)) => {
+                // The refusal arrives before the echo that follows the refused change (the
+                // server handles a connection's messages in order): from here on, echoes on
+                // this connection do not mean our changes are saved.
+                self.denied = true;
+                events.push(Event::PermissionDenied(reason));
+            }
             Message::Auth(None) => {}
             Message::Custom(MSG_DURABLE_ACK, payload) => {
                 let mut cur = Cursor::new(&payload);
                 let n: u64 = cur
                     .read_var()
                     .map_err(|e| SessionError::Malformed(format!("durable ack: {e}")))?;
-                self.saved = self.saved.max(n);
+                if !self.denied {
+                    self.shared.saved.fetch_max(n, Ordering::AcqRel);
+                }
             }
             Message::Custom(tag, _) => tracing::debug!(tag, "ignoring unknown message"),
         }
@@ -327,10 +435,8 @@ impl Session {
     fn apply_remote(&mut self, update: &[u8]) -> Result<(), SessionError> {
         let update =
             Update::decode_v1(update).map_err(|e| SessionError::BadUpdate(e.to_string()))?;
-        let mut txn = self
-            .doc()
-            .try_transact_mut_with(REMOTE)
-            .map_err(|e| SessionError::BadUpdate(format!("document busy: {e}")))?;
+        // Blocking: the application may hold a transaction on another thread for a moment.
+        let mut txn = self.doc.transact_mut_with(REMOTE);
         txn.apply_update(update)
             .map_err(|e| SessionError::BadUpdate(e.to_string()))
     }
@@ -340,8 +446,7 @@ impl Session {
         let mut update = update;
         // Our own entry comes back only as a stale copy from an earlier connection.
         update.clients.remove(&me);
-        let summary = self
-            .awareness
+        let summary = lock(&self.shared.awareness)
             .apply_update_summary_with(update, REMOTE)
             .map_err(|e| SessionError::Malformed(format!("awareness: {e}")))?;
         Ok(summary
@@ -355,71 +460,38 @@ impl Session {
             .collect())
     }
 
-    /// Sets (Some JSON text) or clears (None) this client's awareness state. Returns the frame
-    /// to send if connected, and the event.
+    /// Sets or clears this client's awareness state (see [`Shared::set_local_state`]).
     pub fn set_local_state(&mut self, json: Option<String>) -> (Option<Vec<u8>>, Event) {
-        let me = self.client_id();
-        let had = self.awareness.local_state_raw().is_some();
-        let event = match json {
-            Some(json) => {
-                self.awareness.set_local_state_raw(json);
-                Event::Awareness {
-                    added: if had { vec![] } else { vec![me] },
-                    updated: if had { vec![me] } else { vec![] },
-                    removed: vec![],
-                    local: true,
-                }
-            }
-            None => {
-                self.awareness.clean_local_state();
-                Event::Awareness {
-                    added: vec![],
-                    updated: vec![],
-                    removed: if had { vec![me] } else { vec![] },
-                    local: true,
-                }
-            }
-        };
-        let frame = if self.online {
-            self.own_awareness_frame()
-        } else {
-            None
-        };
-        (frame, event)
+        self.shared.set_local_state(json)
     }
 
     /// Re-sends the local state with a new clock so peers do not time it out (every 15 s).
     pub fn refresh_awareness(&mut self) -> Option<Vec<u8>> {
-        let state = self.awareness.local_state_raw()?;
-        self.awareness.set_local_state_raw(state);
-        self.online.then(|| self.own_awareness_frame()).flatten()
-    }
-
-    fn local_awareness_frame(&self) -> Option<Vec<u8>> {
-        self.awareness.local_state_raw()?;
-        self.own_awareness_frame()
-    }
-
-    fn own_awareness_frame(&self) -> Option<Vec<u8>> {
-        let update = self
-            .awareness
-            .update_with_clients([self.client_id()])
-            .ok()?;
-        Some(Message::Awareness(update).encode_v1())
+        let mut awareness = lock(&self.shared.awareness);
+        let state = awareness.local_state_raw()?;
+        awareness.set_local_state_raw(state);
+        if self.online() {
+            own_awareness_frame(&awareness, self.client_id())
+        } else {
+            None
+        }
     }
 
     /// Every known awareness state (ours included), as JSON text.
     pub fn states(&self) -> Vec<(ClientID, Arc<str>)> {
-        self.awareness
-            .iter()
-            .filter_map(|(id, state)| state.data.map(|d| (id, d)))
-            .collect()
+        self.shared.states()
     }
 
     /// The state vector of the local document (for tests and diagnostics).
     pub fn state_vector(&self) -> StateVector {
-        self.doc().transact().state_vector()
+        self.doc.transact().state_vector()
     }
+}
+
+fn durable_ack(n: u64) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(4);
+    payload.write_var(n);
+    Message::Custom(MSG_DURABLE_ACK, payload).encode_v1()
 }
 
 /// Splits a frame into its messages. yrs' `MessageReader` stops silently at a message cut
@@ -481,9 +553,7 @@ mod tests {
     }
 
     fn echo(n: u64) -> Vec<u8> {
-        let mut payload = Vec::new();
-        payload.write_var(n);
-        Message::Custom(MSG_DURABLE_ACK, payload).encode_v1()
+        durable_ack(n)
     }
 
     fn ack_of(frame: &[u8]) -> u64 {
@@ -554,6 +624,31 @@ mod tests {
         assert_eq!(s.unsaved(), 1);
         s.receive(&echo(3)).expect("echo");
         assert_eq!(s.unsaved_changed(), Some(0));
+    }
+
+    #[test]
+    fn echoes_after_a_refusal_do_not_count_as_saved() {
+        let mut s = session(1);
+        s.connected();
+        s.receive(&Message::Sync(SyncMessage::SyncStep1(StateVector::default())).encode_v1())
+            .expect("step 1");
+        insert(&s, 0, "read-only user typing");
+        let out = s.outgoing();
+        assert_eq!(ack_of(&out[1]), 1);
+        let (_, events) = s
+            .receive(&Message::Auth(Some("read-only access".into())).encode_v1())
+            .expect("auth");
+        assert_eq!(
+            events,
+            vec![Event::PermissionDenied("read-only access".into())]
+        );
+        s.receive(&echo(1)).expect("echo");
+        assert_eq!(s.unsaved(), 1, "refused, so not saved");
+        // A new connection starts trusting echoes again.
+        s.disconnected();
+        s.connected();
+        s.receive(&echo(1)).expect("echo");
+        assert_eq!(s.unsaved(), 0);
     }
 
     #[test]

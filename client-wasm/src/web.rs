@@ -25,7 +25,9 @@ use yrs::{
     TransactionMut,
 };
 
-use crate::session::{Event, Session, REMOTE};
+use std::sync::Arc;
+
+use crate::session::{Event, Session, Shared, REMOTE};
 use crate::{backoff_delay, document_url, is_permanent_close, Status};
 
 #[wasm_bindgen]
@@ -85,9 +87,18 @@ struct Listeners {
 
 struct Inner {
     session: RefCell<Session>,
+    /// Counters and awareness, readable without borrowing the session.
+    shared: Arc<Shared>,
     doc: Doc,
     deferred: Deferred,
-    url: String,
+    /// True while deferred observer calls are being delivered (nested calls wait their turn).
+    delivering: Cell<bool>,
+    server: String,
+    document: String,
+    token: RefCell<Option<String>>,
+    /// When the current socket last received anything (ms since the epoch).
+    heard: Cell<f64>,
+    destroyed: Cell<bool>,
     min_backoff: Duration,
     max_backoff: Duration,
     socket: RefCell<Option<Socket>>,
@@ -102,7 +113,8 @@ struct Inner {
     refresh_timer: RefCell<Option<JsValue>>,
     flush_scheduled: Cell<bool>,
     listeners: RefCell<Listeners>,
-    waiters: RefCell<Vec<(Function, bool)>>,
+    /// whenSynced / whenSaved promises: (resolve, reject, wants saved).
+    waiters: RefCell<Vec<(Function, Function, bool)>>,
     /// Events collected while state was borrowed, delivered by `dispatch`.
     pending: RefCell<Vec<(String, Vec<JsValue>)>>,
 }
@@ -140,10 +152,16 @@ impl QuireClient {
                 .unwrap_or(default)
         };
         let inner = Rc::new(Inner {
+            shared: session.shared().clone(),
             session: RefCell::new(session),
             doc,
             deferred: Rc::default(),
-            url: document_url(server_url, document, options.token.as_deref()),
+            delivering: Cell::new(false),
+            server: server_url.to_owned(),
+            document: document.to_owned(),
+            token: RefCell::new(options.token),
+            heard: Cell::new(0.0),
+            destroyed: Cell::new(false),
             min_backoff: ms(options.min_backoff_ms, crate::MIN_BACKOFF),
             max_backoff: ms(options.max_backoff_ms, crate::MAX_BACKOFF),
             socket: RefCell::new(None),
@@ -161,7 +179,6 @@ impl QuireClient {
             pending: RefCell::default(),
         });
         Inner::open(&inner);
-        Inner::schedule_refresh(&inner);
         Ok(QuireClient { inner })
     }
 
@@ -235,7 +252,7 @@ impl QuireClient {
 
     #[wasm_bindgen(js_name = getLocalState)]
     pub fn get_local_state(&self) -> Result<JsValue, JsValue> {
-        let json = self.inner.session.borrow().awareness().local_state_raw();
+        let json = self.inner.shared.local_state();
         match json {
             Some(json) => js_sys::JSON::parse(&json),
             None => Ok(JsValue::NULL),
@@ -245,13 +262,13 @@ impl QuireClient {
     /// Every present client's awareness state (this one's included), keyed by client id.
     #[wasm_bindgen(js_name = getStates)]
     pub fn get_states(&self) -> Result<js_sys::Map, JsValue> {
-        let states = self.inner.session.borrow().states();
+        let states = self.inner.shared.states();
         let map = js_sys::Map::new();
         for (id, json) in states {
-            map.set(
-                &JsValue::from_f64(id.get() as f64),
-                &js_sys::JSON::parse(&json)?,
-            );
+            // A peer's state that is not JSON is skipped, not fatal for everyone else.
+            if let Ok(state) = js_sys::JSON::parse(&json) {
+                map.set(&JsValue::from_f64(id.get() as f64), &state);
+            }
         }
         Ok(map)
     }
@@ -293,8 +310,10 @@ impl QuireClient {
         Inner::went_offline(&self.inner);
     }
 
+    /// Back online; also restarts a client stopped by a permanent close (say, after
+    /// `setToken` following 4403). Not after `destroy()`.
     pub fn connect(&self) {
-        if self.inner.status.get() == Status::Closed {
+        if self.inner.destroyed.get() {
             return;
         }
         self.inner.want_online.set(true);
@@ -305,20 +324,28 @@ impl QuireClient {
         }
     }
 
-    /// Clears this client's awareness state, closes the connection and stops for good.
+    /// The token for the next connection (`?token=`); call `connect()` to use it now.
+    #[wasm_bindgen(js_name = setToken)]
+    pub fn set_token(&self, token: Option<String>) {
+        *self.inner.token.borrow_mut() = token;
+    }
+
+    /// Sends pending changes, clears this client's awareness state, closes the connection and
+    /// stops for good. Pending `whenSynced`/`whenSaved` promises that cannot resolve reject.
     pub fn destroy(&self) {
         let inner = &self.inner;
-        inner.set_local_state(None);
-        inner.want_online.set(false);
-        Inner::cancel_reconnect(inner);
-        if let Some(t) = inner.refresh_timer.borrow_mut().take() {
-            clear_timeout(&t);
+        if inner.destroyed.replace(true) {
+            return;
         }
+        let pending = inner.session.borrow_mut().outgoing();
+        inner.send_all(pending);
+        inner.set_local_state(None);
+        Inner::stop(inner);
         Inner::drop_socket(inner, 1000, "client closed");
-        inner.session.borrow_mut().disconnected();
-        inner.status.set(Status::Closed);
-        inner.queue("status", vec![JsValue::from_str("closed")]);
+        inner.set_status(Status::Closed);
+        Inner::went_offline(inner);
         inner.dispatch();
+        inner.listeners.borrow_mut().by_event.clear();
     }
 }
 
@@ -327,7 +354,11 @@ impl Inner {
         let generation = this.generation.get() + 1;
         this.generation.set(generation);
         this.set_status(Status::Connecting);
-        let ws = match WebSocket::new(&this.url) {
+        let url = document_url(&this.server, &this.document, this.token.borrow().as_deref());
+        if this.refresh_timer.borrow().is_none() {
+            Inner::schedule_refresh(this);
+        }
+        let ws = match WebSocket::new(&url) {
             Ok(ws) => ws,
             Err(e) => {
                 web_sys::console::warn_2(&JsValue::from_str("quire: cannot open"), &e);
@@ -377,6 +408,7 @@ impl Inner {
     }
 
     fn opened(this: &Rc<Inner>) {
+        this.heard.set(js_sys::Date::now());
         let frames = this.session.borrow_mut().connected();
         this.send_all(frames);
         this.set_status(Status::Connected);
@@ -388,6 +420,7 @@ impl Inner {
         let Some(buffer) = data.dyn_ref::<js_sys::ArrayBuffer>() else {
             return; // text frames are not part of the protocol
         };
+        self.heard.set(js_sys::Date::now());
         let bytes = Uint8Array::new(buffer).to_vec();
         let result = self.session.borrow_mut().receive(&bytes);
         match result {
@@ -401,7 +434,8 @@ impl Inner {
             }
             Err(e) => {
                 web_sys::console::warn_1(&JsValue::from_str(&format!("quire: {e}")));
-                Inner::drop_socket(self, 1007, "malformed message");
+                // Browsers only let scripts close with 1000 or 3000-4999.
+                Inner::drop_socket(self, 4000, "malformed message");
                 Inner::went_offline(self);
                 Inner::schedule_reconnect(self);
             }
@@ -417,13 +451,9 @@ impl Inner {
             wasm_bindgen_futures::spawn_local(async move { drop(socket) });
         }
         if is_permanent_close(code) {
-            this.want_online.set(false);
-            if let Some(t) = this.refresh_timer.borrow_mut().take() {
-                clear_timeout(&t);
-            }
-            this.session.borrow_mut().disconnected();
-            this.status.set(Status::Closed);
-            this.queue("status", vec![JsValue::from_str("closed")]);
+            Inner::stop(this);
+            this.set_status(Status::Closed);
+            Inner::went_offline(this);
             let info = Object::new();
             let _ = Reflect::set(&info, &"code".into(), &JsValue::from(code));
             let _ = Reflect::set(&info, &"reason".into(), &JsValue::from_str(&reason));
@@ -454,7 +484,18 @@ impl Inner {
         this.generation.set(this.generation.get() + 1);
         if let Some(socket) = this.socket.borrow_mut().take() {
             socket.detach();
-            let _ = socket.ws.close_with_code_and_reason(code, reason);
+            if socket.ws.close_with_code_and_reason(code, reason).is_err() {
+                let _ = socket.ws.close();
+            }
+        }
+    }
+
+    /// No more reconnects or refreshes.
+    fn stop(this: &Rc<Inner>) {
+        this.want_online.set(false);
+        Inner::cancel_reconnect(this);
+        if let Some(t) = this.refresh_timer.borrow_mut().take() {
+            clear_timeout(&t);
         }
     }
 
@@ -490,11 +531,30 @@ impl Inner {
         let weak = Rc::downgrade(this);
         let callback = Closure::once_into_js(move || {
             if let Some(inner) = weak.upgrade() {
+                inner.refresh_timer.borrow_mut().take();
                 if inner.status.get() == Status::Closed {
                     return;
                 }
-                let frame = inner.session.borrow_mut().refresh_awareness();
-                inner.send_all(frame);
+                let idle = js_sys::Date::now() - inner.heard.get();
+                if inner.status.get() == Status::Connected
+                    && idle >= crate::IDLE_TIMEOUT.as_millis() as f64
+                {
+                    // A half-open connection (sleep, network change): open a new one.
+                    Inner::drop_socket(&inner, 4000, "idle");
+                    Inner::went_offline(&inner);
+                    Inner::schedule_reconnect(&inner);
+                } else {
+                    let mut frames: Vec<Vec<u8>> = inner
+                        .session
+                        .borrow_mut()
+                        .refresh_awareness()
+                        .into_iter()
+                        .collect();
+                    // Its echo proves the connection works (scripts cannot see pings).
+                    frames.extend(inner.session.borrow().keepalive());
+                    inner.send_all(frames);
+                }
+                inner.dispatch();
                 Inner::schedule_refresh(&inner);
             }
         });
@@ -539,7 +599,7 @@ impl Inner {
     }
 
     fn set_local_state(self: &Rc<Inner>, json: Option<String>) {
-        let (frame, event) = self.session.borrow_mut().set_local_state(json);
+        let (frame, event) = self.shared.set_local_state(json);
         self.send_all(frame);
         self.queue_event(event);
         self.dispatch();
@@ -592,6 +652,7 @@ impl Inner {
                 web_sys::console::warn_1(&JsValue::from_str(&format!(
                     "quire: the server refused a change: {reason}"
                 )));
+                self.queue("denied", vec![JsValue::from_str(&reason)]);
             }
         }
     }
@@ -601,9 +662,15 @@ impl Inner {
     }
 
     fn deliver_deferred(&self) {
+        // A callback's own edit queues more calls; the running loop delivers them after the
+        // current batch, so every observer sees one transaction's delta before the next one.
+        if self.delivering.replace(true) {
+            return;
+        }
         loop {
             let calls = std::mem::take(&mut *self.deferred.borrow_mut());
             if calls.is_empty() {
+                self.delivering.set(false);
                 return;
             }
             for (callback, delta, local) in calls {
@@ -643,26 +710,51 @@ impl Inner {
 
     fn waiter(self: &Rc<Inner>, saved: bool) -> js_sys::Promise {
         let inner = self.clone();
-        js_sys::Promise::new(&mut move |resolve, _reject| {
-            inner.waiters.borrow_mut().push((resolve, saved));
+        js_sys::Promise::new(&mut move |resolve, reject| {
+            inner.waiters.borrow_mut().push((resolve, reject, saved));
             inner.resolve_waiters();
         })
     }
 
     fn resolve_waiters(&self) {
         let synced = self.synced.get();
-        let saved = synced && self.unsaved.get() == 0;
+        let saved = self.unsaved.get() == 0;
         let closed = self.status.get() == Status::Closed;
-        let ready: Vec<Function> = {
+        let done: Vec<(Function, Function, bool)> = {
             let mut waiters = self.waiters.borrow_mut();
-            let (done, wait): (Vec<_>, Vec<_>) = waiters
-                .drain(..)
-                .partition(|(_, want_saved)| closed || if *want_saved { saved } else { synced });
+            let (done, wait): (Vec<_>, Vec<_>) =
+                waiters.drain(..).partition(|(_, _, want_saved)| {
+                    closed || if *want_saved { synced && saved } else { synced }
+                });
             *waiters = wait;
-            done.into_iter().map(|(f, _)| f).collect()
+            done
         };
-        for resolve in ready {
-            let _ = resolve.call0(&JsValue::NULL);
+        for (resolve, reject, want_saved) in done {
+            let ok = if want_saved {
+                saved && (synced || closed)
+            } else {
+                synced
+            };
+            if ok {
+                let _ = resolve.call0(&JsValue::NULL);
+            } else {
+                let _ = reject.call1(&JsValue::NULL, &js_err("the client closed"));
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Freed without destroy(): close the socket and stop the timers.
+        if let Some(socket) = self.socket.borrow_mut().take() {
+            socket.detach();
+            let _ = socket.ws.close();
+        }
+        for timer in [&self.reconnect_timer, &self.refresh_timer] {
+            if let Some(t) = timer.borrow_mut().take() {
+                clear_timeout(&t);
+            }
         }
     }
 }

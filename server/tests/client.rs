@@ -10,7 +10,7 @@ use common::*;
 use quire_client::{Client as QuireClient, ClientConfig, Status};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use yrs::{GetString, Text, Transact};
+use yrs::{GetString, Observable, Text, Transact};
 
 fn config(server: &str, doc: &str, client_id: u64) -> ClientConfig {
     let mut cfg = ClientConfig::new(server, doc);
@@ -61,7 +61,7 @@ async fn native_clients_converge_on_random_concurrent_edits() {
         .map(|i| QuireClient::connect(config(&base, "converge", 100 + i)))
         .collect();
     for c in &clients {
-        within("synced", c.synced()).await;
+        within("synced", c.synced()).await.expect("synced");
     }
     for round in 0..30 {
         for c in &clients {
@@ -79,7 +79,7 @@ async fn native_clients_converge_on_random_concurrent_edits() {
         }
     }
     for c in &clients {
-        within("saved", c.saved()).await;
+        within("saved", c.saved()).await.expect("saved");
     }
     let expected = text(&clients[0]);
     until("convergence", || {
@@ -89,7 +89,9 @@ async fn native_clients_converge_on_random_concurrent_edits() {
     assert!(!expected.is_empty());
     // Saved means committed: a late joiner loads it from the server.
     let late = QuireClient::connect(config(&base, "converge", 999));
-    within("late joiner synced", late.synced()).await;
+    within("late joiner synced", late.synced())
+        .await
+        .expect("synced");
     assert_eq!(text(&late), expected, "seed {seed}");
     assert!(log_rows(dir.path(), "converge").await > 0);
     for c in clients {
@@ -134,7 +136,7 @@ async fn native_clients_converge_through_random_disconnects() {
         c.reconnect();
     }
     for c in &clients {
-        within("saved", c.saved()).await;
+        within("saved", c.saved()).await.expect("saved");
     }
     let expected = text(&clients[0]);
     until("convergence", || {
@@ -148,7 +150,9 @@ async fn native_clients_converge_through_random_disconnects() {
         }
     }
     let late = QuireClient::connect(config(&base, "flaky", 999));
-    within("late joiner synced", late.synced()).await;
+    within("late joiner synced", late.synced())
+        .await
+        .expect("synced");
     assert_eq!(text(&late), expected, "seed {seed}");
     for c in clients {
         c.close().await;
@@ -164,9 +168,10 @@ async fn offline_edits_made_while_the_server_is_down_are_merged_after_it_restart
     let base = ws_base(addr);
     let a = QuireClient::connect(config(&base, "restart", 1));
     let b = QuireClient::connect(config(&base, "restart", 2));
-    within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
+    let (sa, sb) = within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
+    sa.and(sb).expect("synced");
     insert(&a, 0, "before ");
-    within("saved", a.saved()).await;
+    within("saved", a.saved()).await.expect("saved");
 
     server.stop().await;
     within("a offline", a.wait_for(|s| s.status != Status::Connected)).await;
@@ -179,8 +184,8 @@ async fn offline_edits_made_while_the_server_is_down_are_merged_after_it_restart
     assert!(!a.state().synced);
 
     let server = TestServer::start_at(test_config(dir.path()), addr).await;
-    within("a saved", a.saved()).await;
-    within("b saved", b.saved()).await;
+    within("a saved", a.saved()).await.expect("saved");
+    within("b saved", b.saved()).await.expect("saved");
     until("convergence", || text(&a) == text(&b)).await;
     let merged = text(&a);
     for part in ["before", "offline-a", "offline-b"] {
@@ -193,7 +198,7 @@ async fn offline_edits_made_while_the_server_is_down_are_merged_after_it_restart
     // Everything acknowledged survived another restart.
     let server = TestServer::start_at(test_config(dir.path()), addr).await;
     let c = QuireClient::connect(config(&base, "restart", 3));
-    within("c synced", c.synced()).await;
+    within("c synced", c.synced()).await.expect("synced");
     assert_eq!(text(&c), merged);
     c.close().await;
     server.stop().await;
@@ -205,17 +210,17 @@ async fn an_acknowledged_edit_survives_a_crash() {
     let mut server = ServerProcess::start(dir.path(), &[]).await;
     let base = ws_base(server.addr);
     let a = QuireClient::connect(config(&base, "crash", 1));
-    within("synced", a.synced()).await;
+    within("synced", a.synced()).await.expect("synced");
     for i in 0..50 {
         insert(&a, 0, &format!("{i},"));
     }
-    within("saved", a.saved()).await;
+    within("saved", a.saved()).await.expect("saved");
     let acked = text(&a);
     server.child.start_kill().expect("kill");
     let _ = server.child.wait().await;
     let server = ServerProcess::start(dir.path(), &[]).await;
     let b = QuireClient::connect(config(&ws_base(server.addr), "crash", 2));
-    within("synced", b.synced()).await;
+    within("synced", b.synced()).await.expect("synced");
     assert_eq!(text(&b), acked);
     b.close().await;
 }
@@ -227,7 +232,8 @@ async fn awareness_reaches_peers_and_leaves_with_the_client() {
     let base = ws_base(server.addr);
     let a = QuireClient::connect(config(&base, "presence", 1));
     let b = QuireClient::connect(config(&base, "presence", 2));
-    within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
+    let (sa, sb) = within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
+    sa.and(sb).expect("synced");
     a.set_local_state(Some(serde_json::json!({"user": {"name": "Ada"}})));
     let has_ada = || {
         b.states()
@@ -265,7 +271,7 @@ async fn permanent_refusals_stop_the_client() {
     let server = TestServer::start(cfg).await;
     let base = ws_base(server.addr);
     let a = QuireClient::connect(config(&base, "limits", 2));
-    within("synced", a.synced()).await;
+    within("synced", a.synced()).await.expect("synced");
     insert(&a, 0, &"x".repeat(5000));
     let state = within("closed", a.wait_for(|s| s.status == Status::Closed)).await;
     assert_eq!(state.closed.map(|c| c.code), Some(4413));
@@ -280,24 +286,107 @@ async fn disconnect_and_reconnect_on_purpose() {
     let base = ws_base(server.addr);
     let a = QuireClient::connect(config(&base, "toggle", 1));
     let b = QuireClient::connect(config(&base, "toggle", 2));
-    within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
+    let (sa, sb) = within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
+    sa.and(sb).expect("synced");
     a.disconnect();
     within("offline", a.wait_for(|s| s.status == Status::Offline)).await;
     insert(&a, 0, "away");
     insert(&b, 0, "here");
-    within("b saved", b.saved()).await;
+    within("b saved", b.saved()).await.expect("saved");
     // Offline stays offline: no reconnect without being asked.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(a.state().status, Status::Offline);
     assert_eq!(a.state().unsaved, 1);
     assert!(!text(&b).contains("away"));
     a.reconnect();
-    within("a saved", a.saved()).await;
+    within("a saved", a.saved()).await.expect("saved");
     until("convergence", || {
         text(&a) == text(&b) && text(&b).len() == 8
     })
     .await;
     a.close().await;
+    b.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_read_only_clients_refused_edits_are_never_reported_saved() {
+    use quire_server::auth::{now_secs, Auth, Permission};
+    const KEY: &str = "k1:test-secret-0123456789";
+    let token = |user: &str, perm| {
+        let auth = Auth::new(&[KEY.into()], None).expect("key");
+        auth.issue(user, "shared", perm, 3600, now_secs())
+            .expect("issue")
+            .0
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.auth_keys = vec![KEY.into()];
+    let server = TestServer::start(cfg).await;
+    let base = ws_base(server.addr);
+    let mut writer_cfg = config(&base, "shared", 1);
+    writer_cfg.token = Some(token("owner", Permission::Write));
+    let writer = QuireClient::connect(writer_cfg);
+    within("writer synced", writer.synced())
+        .await
+        .expect("synced");
+    insert(&writer, 0, "owner's text");
+    within("writer saved", writer.saved()).await.expect("saved");
+
+    let mut reader_cfg = config(&base, "shared", 2);
+    reader_cfg.token = Some(token("reader", Permission::Read));
+    let reader = QuireClient::connect(reader_cfg);
+    let mut events = reader.events();
+    within("reader synced", reader.synced())
+        .await
+        .expect("synced");
+    assert_eq!(text(&reader), "owner's text");
+    insert(&reader, 0, "not allowed ");
+    let denied = within("denied", async {
+        loop {
+            if let Ok(quire_client::Event::PermissionDenied(reason)) = events.recv().await {
+                return reason;
+            }
+        }
+    })
+    .await;
+    assert!(denied.contains("read-only"), "{denied}");
+    // The server echoes the acknowledgement right after refusing: it must not count.
+    let refused = tokio::time::timeout(Duration::from_millis(500), reader.saved()).await;
+    assert!(
+        refused.is_err(),
+        "saved() must not resolve for a refused change"
+    );
+    assert_eq!(reader.state().unsaved, 1);
+    assert_eq!(text(&writer), "owner's text");
+    reader.close().await;
+    writer.close().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_client_can_be_read_from_inside_document_observers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let base = ws_base(server.addr);
+    let a = std::sync::Arc::new(QuireClient::connect(config(&base, "observed", 1)));
+    let b = QuireClient::connect(config(&base, "observed", 2));
+    within("synced", a.synced()).await.expect("synced");
+    within("synced", b.synced()).await.expect("synced");
+    // The observer runs inside the transaction that applies the remote change, on the
+    // connection task: reading the client there must not wait for that task.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (client, log) = (a.clone(), seen.clone());
+    a.doc()
+        .get_or_insert_text("content")
+        .observe("test", move |_txn, _e| {
+            let state = client.state();
+            let peers = client.states().len();
+            log.lock().expect("log").push((state.unsaved, peers));
+        });
+    insert(&b, 0, "remote");
+    until("observer ran", || !seen.lock().expect("log").is_empty()).await;
+    until("a has it", || text(&a) == "remote").await;
     b.close().await;
     server.stop().await;
 }

@@ -257,6 +257,19 @@ test('a server restart: clients go offline, keep editing, reconnect and converge
   for (const x of [a, b, c]) x.destroy()
 })
 
+test('an edit made just before destroy() still reaches the server', async () => {
+  const doc = fresh('destroy')
+  const a = client(doc)
+  await within('synced', a.whenSynced())
+  a.getText('content').insert(0, 'last words')
+  a.destroy()
+  assert.equal(a.status, 'closed')
+  const b = client(doc)
+  await within('b synced', b.whenSynced())
+  await until('b has it', () => b.getText('content').toString() === 'last words')
+  b.destroy()
+})
+
 test('sticky indices follow the text and read Yjs relative positions', async () => {
   const doc = fresh('sticky')
   const a = client(doc)
@@ -303,6 +316,7 @@ test('a permanent close code stops the client', async () => {
     assert.equal(closed.code, 4413)
     assert.equal(a.status, 'closed')
     assert.ok(a.unsaved > 0, 'the refused change is not reported saved')
+    await assert.rejects(a.whenSaved(), /closed/)
   } finally {
     await small.kill()
   }
