@@ -38,9 +38,23 @@ async fn plain_gets_serve_the_web_root_and_upgrades_open_documents() {
     assert_eq!(log_rows(dir.path(), "assets/app.js").await, 1);
 
     // A path with no file is answered as a document request: bad names still get 400.
-    let (status, body) = http_get(server.addr, "/bad%0Aname").await;
-    assert_eq!(status, 400);
-    assert!(body.contains("invalid-document-name"), "{body}");
+    let long = format!("/{}", "x".repeat(300));
+    for path in ["/bad%0Aname", long.as_str()] {
+        let (status, body) = http_get(server.addr, path).await;
+        assert_eq!(status, 400, "{path}");
+        assert!(body.contains("invalid-document-name"), "{body}");
+    }
+    // Nothing outside the web root is served, however the path is spelt.
+    std::fs::write(dir.path().join("secret.txt"), "do not serve").expect("write");
+    for path in [
+        "/..%2Fsecret.txt",
+        "/%2E%2E/secret.txt",
+        "/assets/..%2F..%2Fsecret.txt",
+    ] {
+        let (status, body) = http_get(server.addr, path).await;
+        assert_ne!(status, 200, "{path}");
+        assert!(!body.contains("do not serve"), "{path}: {body}");
+    }
     // The API and health routes are unaffected.
     assert_eq!(http_get(server.addr, "/healthz").await.0, 200);
     server.stop().await;

@@ -91,6 +91,9 @@ async function openEditor (name) {
     const reason = info && info.reason ? `: ${info.reason}` : ''
     showFatal(`The server closed this document (code ${info ? info.code : '?'}${reason}). Reload to try again.`)
   })
+  client.on('denied', (reason) => {
+    showFatal(`This document is read-only for you (${reason}): your changes stay in this tab and are not saved.`)
+  })
   onStatus(client.status)
   refreshPeers()
 

@@ -66,7 +66,8 @@ async fn web_or_document(State(app): State<AppState>, req: Request) -> Response 
         return axum::handler::Handler::call(document_socket, req, app).await;
     }
     let root = app.config.web_root.clone();
-    if req.uri().path() == "/" && !root.join("index.html").is_file() {
+    let path = req.uri().path();
+    if path == "/" && !root.join("index.html").is_file() {
         return (
             StatusCode::NOT_FOUND,
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
@@ -78,11 +79,33 @@ async fn web_or_document(State(app): State<AppState>, req: Request) -> Response 
         )
             .into_response();
     }
-    let documents = axum::handler::Handler::with_state(document_socket, app);
-    match ServeDir::new(root).fallback(documents).oneshot(req).await {
-        Ok(response) => response.into_response(),
-        Err(never) => match never {},
+    if path == "/" || web_file(&root, path).is_some() {
+        return match ServeDir::new(root).oneshot(req).await {
+            Ok(response) => response.into_response(),
+            Err(never) => match never {},
+        };
     }
+    axum::handler::Handler::call(document_socket, req, app).await
+}
+
+/// The file under `root` that a URL path names, if there is one. Only plain segments count
+/// (no `..`, no empty or hidden ones), so nothing outside `root` is ever looked at.
+fn web_file(root: &std::path::Path, url_path: &str) -> Option<std::path::PathBuf> {
+    let decoded = percent_encoding::percent_decode_str(url_path)
+        .decode_utf8()
+        .ok()?;
+    let mut file = root.to_path_buf();
+    for segment in decoded.trim_start_matches('/').split('/') {
+        let plain = !segment.is_empty()
+            && !segment.starts_with('.')
+            && segment.len() <= 255
+            && !segment.contains(['\\', '\0']);
+        if !plain {
+            return None;
+        }
+        file.push(segment);
+    }
+    file.is_file().then_some(file)
 }
 
 /// Largest JSON request body the API reads (axum's default limit for its extractors).
