@@ -65,6 +65,11 @@ export class QuireClient {
   disconnect(): void;
   /** Back online; also restarts a client stopped by a permanent close (e.g. after setToken). */
   connect(): void;
+  /** The whole document as a Yjs v1 update (keep unsaved work across reloads). */
+  encodeStateAsUpdate(): Uint8Array;
+  /** Applies a Yjs v1 update as a local change: what the server lacks is sent, and counts as
+   * unsaved until committed. */
+  applyUpdate(update: Uint8Array): void;
   /** The token used from the next connection on. */
   setToken(token: string | null): void;
   /** Sends pending changes, clears the awareness state, closes the connection and stops

@@ -19,6 +19,8 @@ use wasm_bindgen::JsCast;
 use web_sys::{BinaryType, CloseEvent, MessageEvent, WebSocket};
 use yrs::types::text::TextEvent;
 use yrs::types::{Change, Delta, EntryChange, ToJson};
+use yrs::updates::decoder::Decode;
+use yrs::ReadTxn;
 use yrs::{
     Any, Array as _, ArrayRef, Assoc, Doc, GetString, IndexedSequence, Map as _, MapRef,
     Observable, OffsetKind, Options, Origin, Out, StickyIndex, Text as _, TextRef, Transact,
@@ -322,6 +324,26 @@ impl QuireClient {
             Inner::cancel_reconnect(&self.inner);
             Inner::open(&self.inner);
         }
+    }
+
+    /// The whole document as a Yjs v1 update (to keep unsaved work, e.g. in IndexedDB).
+    #[wasm_bindgen(js_name = encodeStateAsUpdate)]
+    pub fn encode_state_as_update(&self) -> Result<Vec<u8>, JsValue> {
+        let txn = self.inner.doc.try_transact().map_err(busy)?;
+        Ok(txn.encode_state_as_update_v1(&yrs::StateVector::default()))
+    }
+
+    /// Applies a Yjs v1 update (from `encodeStateAsUpdate` or Yjs) as a local change: what the
+    /// server lacks of it is sent and counts as unsaved until committed.
+    #[wasm_bindgen(js_name = applyUpdate)]
+    pub fn apply_update(&self, update: &[u8]) -> Result<(), JsValue> {
+        let update = yrs::Update::decode_v1(update).map_err(js_err)?;
+        {
+            let mut txn = self.inner.doc.try_transact_mut().map_err(busy)?;
+            txn.apply_update(update).map_err(js_err)?;
+        }
+        self.inner.changed();
+        Ok(())
     }
 
     /// The token for the next connection (`?token=`); call `connect()` to use it now.
