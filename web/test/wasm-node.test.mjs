@@ -326,6 +326,40 @@ test('sticky indices follow the text and read Yjs relative positions', async () 
   a.destroy()
 })
 
+test('tokens: without one the client keeps retrying; setToken() and connect() get it in', async () => {
+  const ADMIN = 'admin-key-for-wasm-tests'
+  const secured = new Server('secured.db', ['--auth-key', 'k1:wasm-test-secret-0123456789', '--admin-key', ADMIN])
+  await secured.start()
+  try {
+    const doc = fresh('token')
+    const http = secured.url.replace('ws://', 'http://')
+    const issued = await fetch(`${http}/api/v1/tokens`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ user: 'ada', doc, permission: 'write' })
+    })
+    assert.equal(issued.status, 201)
+    const { token } = await issued.json()
+    const a = client(doc, secured.url)
+    const statuses = []
+    a.on('status', (st) => statuses.push(st))
+    // The refused upgrade looks like a network failure to a browser client: it retries.
+    await until('two refused attempts', () => statuses.filter((st) => st === 'offline').length >= 2)
+    assert.ok(!a.synced)
+    a.getText('content').insert(0, 'written before the token')
+    a.setToken(token)
+    a.connect()
+    await within('saved with the token', a.whenSaved())
+    const b = new QuireClient(secured.url, doc, { token })
+    await within('b synced', b.whenSynced())
+    assert.equal(b.getText('content').toString(), 'written before the token')
+    a.destroy()
+    b.destroy()
+  } finally {
+    await secured.kill()
+  }
+})
+
 test('a permanent close code stops the client', async () => {
   const small = new Server('small.db', ['--max-doc-size', '2000'])
   await small.start()
