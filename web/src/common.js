@@ -11,6 +11,9 @@ export const token = params.get('token') || null
 
 /** y-websocket convention: the document's socket is serverUrl + '/' + encoded name. */
 export function serverUrl () {
+  // `?server=ws://host:port` points the page at another Quire (the page's own by default).
+  const other = params.get('server')
+  if (other && /^wss?:\/\/[^/?#]+$/.test(other)) return other
   return (window.location.protocol === 'https:' ? 'wss://' : 'ws://') + window.location.host
 }
 

@@ -27,6 +27,42 @@ function renderSaved (client) {
   el.dataset.saved = String(saved)
 }
 
+/** Largest document kept in localStorage while unsaved (its quota is a few MB). */
+const KEEP_LIMIT = 2 << 20
+
+/**
+ * Keeps the document in localStorage while it has unsaved changes, so closing or reloading
+ * the tab while offline loses nothing: on the next load the kept state is applied as a local
+ * change (the client sends whatever the server lacks). Removed once everything is saved.
+ */
+function unsavedKeeper (client, key) {
+  try {
+    const kept = window.localStorage.getItem(key)
+    if (kept) client.applyUpdate(Uint8Array.from(atob(kept), (c) => c.charCodeAt(0)))
+  } catch (e) {
+    console.warn('quire: could not restore unsaved work', e)
+  }
+  const store = () => {
+    try {
+      if (client.unsaved === 0) {
+        window.localStorage.removeItem(key)
+        return
+      }
+      const bytes = client.encodeStateAsUpdate()
+      if (bytes.length > KEEP_LIMIT) return
+      let binary = ''
+      for (let i = 0; i < bytes.length; i += 0x8000) {
+        binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000))
+      }
+      window.localStorage.setItem(key, btoa(binary))
+    } catch (e) {
+      console.warn('quire: could not keep unsaved work', e)
+    }
+  }
+  client.on('saved', store)
+  return { store }
+}
+
 function showFatal (message) {
   const el = document.getElementById('fatal')
   el.textContent = message
@@ -50,6 +86,8 @@ async function openEditor (name) {
   }
   const client = new QuireClient(serverUrl(), name, options)
   const text = client.getText('content')
+  // Work not yet saved when the tab closed comes back (and is sent) before the editor opens.
+  const keeper = unsavedKeeper(client, `quire:unsaved:${serverUrl()}/${name}`)
   const user = loadUser()
   client.setLocalState({ user: { ...user }, cursor: null })
 
@@ -103,6 +141,7 @@ async function openEditor (name) {
   })
 
   window.addEventListener('beforeunload', (e) => {
+    keeper.store()
     if (client.unsaved > 0) e.preventDefault()
   })
 

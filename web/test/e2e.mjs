@@ -391,6 +391,51 @@ async function assertBannerHidden (page) {
   assert.notEqual(await page.getAttribute('#offline-banner', 'hidden'), null, 'the offline banner is shown')
 }
 
+test('unsaved work survives a reload while offline and is saved once back', { timeout: TEST_TIMEOUT }, async (t) => {
+  const doc = freshDoc('reload')
+  const proxy = new CutProxy(port)
+  await proxy.listen()
+  try {
+    const alice = await newPage(t)
+    const bob = await newPage(t)
+    // The page comes from the server itself; only its sync connection goes through the proxy,
+    // so the page can be reloaded while the document is unreachable.
+    const viaProxy = { server: `ws://127.0.0.1:${proxy.port}`, minBackoffMs: '100', maxBackoffMs: '1000' }
+    await openWasm(alice, base, doc, 'Alice', viaProxy)
+    await openWasm(bob, base, doc, 'Bob')
+    await caretAtLineEnd(alice, 1)
+    await alice.keyboard.type('saved part', { delay: 5 })
+    await waitConverged([alice, bob], ['saved part'])
+    await waitSaved(alice)
+
+    await proxy.cut()
+    await waitForText(alice, '#status', 'offline')
+    await caretAtLineEnd(alice, 1)
+    const kept = ' + typed offline, kept across a reload'
+    await alice.keyboard.type(kept, { delay: 5 })
+    await alice.waitForFunction(() => window.quire.client.unsaved > 0, null, { timeout: WAIT })
+    await alice.reload()
+    await alice.waitForFunction(() => window.quire && window.quire.view, null, { timeout: WAIT })
+    await waitForText(alice, '#status', 'offline')
+    const reloaded = await readTexts(alice)
+    assert.equal(reloaded.model, `saved part${kept}`, 'the offline edit is back after the reload')
+    assert.equal(reloaded.editor, reloaded.model)
+    assert.ok(!(await readTexts(bob)).model.includes(kept))
+    await shot(alice, 'g-reloaded-offline-alice')
+
+    await proxy.restore()
+    await waitForText(alice, '#status', 'connected')
+    await waitConverged([alice, bob], [kept])
+    await waitSaved(alice)
+    await alice.waitForFunction(() => Object.keys(window.localStorage).every((k) => !k.startsWith('quire:unsaved:')), null, { timeout: WAIT })
+    await assertBindingClean(alice)
+    await alice.closeContext()
+    await bob.closeContext()
+  } finally {
+    await proxy.cut()
+  }
+})
+
 test('the WASM editor and the stock y-websocket editor converge', { timeout: TEST_TIMEOUT }, async (t) => {
   const doc = freshDoc('stock')
   const wasm = await newPage(t)
