@@ -22,7 +22,7 @@ use yrs::sync::protocol::{
 use yrs::sync::{Awareness, AwarenessUpdate, Clock};
 use yrs::updates::decoder::Decode;
 use yrs::updates::encoder::Encode;
-use yrs::{ClientID, Doc, Origin, ReadTxn, StateVector, Transact, Update};
+use yrs::{ClientID, Doc, Origin, ReadTxn, Transact, Update};
 
 /// Transaction origin of changes that came from the server. Everything else is local.
 pub const REMOTE: &str = "quire-remote";
@@ -476,16 +476,6 @@ impl Session {
             None
         }
     }
-
-    /// Every known awareness state (ours included), as JSON text.
-    pub fn states(&self) -> Vec<(ClientID, Arc<str>)> {
-        self.shared.states()
-    }
-
-    /// The state vector of the local document (for tests and diagnostics).
-    pub fn state_vector(&self) -> StateVector {
-        self.doc.transact().state_vector()
-    }
 }
 
 fn durable_ack(n: u64) -> Vec<u8> {
@@ -530,7 +520,7 @@ fn split_messages(frame: &[u8]) -> Result<Vec<&[u8]>, SessionError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use yrs::{GetString, Text};
+    use yrs::{GetString, StateVector, Text};
 
     fn session(id: u64) -> Session {
         let doc = Doc::with_client_id(id);
@@ -724,7 +714,7 @@ mod tests {
                 local: false
             }]
         );
-        assert_eq!(s.states().len(), 2);
+        assert_eq!(s.shared().states().len(), 2);
         let events = s.disconnected();
         assert!(events.contains(&Event::Awareness {
             added: vec![],
@@ -732,7 +722,7 @@ mod tests {
             removed: vec![ClientID::new(2)],
             local: false
         }));
-        assert_eq!(s.states().len(), 1, "only our own state is left");
+        assert_eq!(s.shared().states().len(), 1, "only our own state is left");
         // Offline, a new local state produces no frame; the next handshake sends it.
         let (frame, _) = s.set_local_state(Some(r#"{"name":"me2"}"#.into()));
         assert!(frame.is_none());

@@ -35,6 +35,15 @@ fn insert(c: &QuireClient, index: u32, chunk: &str) {
     t.insert(&mut c.doc().transact_mut(), index, chunk);
 }
 
+/// Clients 1 and 2 on `doc`, both synced.
+async fn connected_pair(base: &str, doc: &str) -> (QuireClient, QuireClient) {
+    let a = QuireClient::connect(config(base, doc, 1));
+    let b = QuireClient::connect(config(base, doc, 2));
+    let (sa, sb) = within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
+    sa.and(sb).expect("synced");
+    (a, b)
+}
+
 async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(PATIENCE, f)
         .await
@@ -166,10 +175,7 @@ async fn offline_edits_made_while_the_server_is_down_are_merged_after_it_restart
     let server = TestServer::start(test_config(dir.path())).await;
     let addr = server.addr;
     let base = ws_base(addr);
-    let a = QuireClient::connect(config(&base, "restart", 1));
-    let b = QuireClient::connect(config(&base, "restart", 2));
-    let (sa, sb) = within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
-    sa.and(sb).expect("synced");
+    let (a, b) = connected_pair(&base, "restart").await;
     insert(&a, 0, "before ");
     within("saved", a.saved()).await.expect("saved");
 
@@ -230,10 +236,7 @@ async fn awareness_reaches_peers_and_leaves_with_the_client() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start(test_config(dir.path())).await;
     let base = ws_base(server.addr);
-    let a = QuireClient::connect(config(&base, "presence", 1));
-    let b = QuireClient::connect(config(&base, "presence", 2));
-    let (sa, sb) = within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
-    sa.and(sb).expect("synced");
+    let (a, b) = connected_pair(&base, "presence").await;
     a.set_local_state(Some(serde_json::json!({"user": {"name": "Ada"}})));
     let has_ada = || {
         b.states()
@@ -284,10 +287,7 @@ async fn disconnect_and_reconnect_on_purpose() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start(test_config(dir.path())).await;
     let base = ws_base(server.addr);
-    let a = QuireClient::connect(config(&base, "toggle", 1));
-    let b = QuireClient::connect(config(&base, "toggle", 2));
-    let (sa, sb) = within("synced", async { tokio::join!(a.synced(), b.synced()) }).await;
-    sa.and(sb).expect("synced");
+    let (a, b) = connected_pair(&base, "toggle").await;
     a.disconnect();
     within("offline", a.wait_for(|s| s.status == Status::Offline)).await;
     insert(&a, 0, "away");
