@@ -398,6 +398,14 @@ async fn commit_batch(
     conn: &mut SqliteConnection,
     batch: &mut [WriteRequest],
 ) -> Result<Vec<Result<WriteOutcome, StorageError>>, sqlx::Error> {
+    if let Some(rows) = plain_appends(batch) {
+        // One statement is its own transaction: no BEGIN and COMMIT round trips to sqlx's
+        // SQLite thread. It either writes every row or none, so on failure the batch simply
+        // takes the general path below, which finds the failing request.
+        if insert_rows(&mut *conn, &rows, now_ms()).await.is_ok() {
+            return Ok(batch.iter().map(|_| Ok(WriteOutcome::Appended)).collect());
+        }
+    }
     let mut tx = conn.begin().await?;
     if let Ok(results) = fast_path(&mut tx, batch).await {
         tx.commit().await?;
@@ -420,8 +428,80 @@ async fn commit_batch(
     Ok(results)
 }
 
-/// Most rows in one multi-row INSERT (4 bound values each, well under SQLite's limit).
+/// Most rows in one multi-row INSERT (5 bound values each, well under SQLite's limit).
 const ROWS_PER_INSERT: usize = 500;
+
+/// One appended row: document, fence, log position, update.
+type LogRow<'a> = (DocId, Option<Epoch>, i64, &'a Bytes);
+
+/// The rows of a batch made only of appends that write no outbox event, when they fit in one
+/// INSERT: such a batch needs no transaction of its own.
+fn plain_appends(batch: &[WriteRequest]) -> Option<Vec<LogRow<'_>>> {
+    let mut rows = Vec::new();
+    for req in batch {
+        match &req.op {
+            WriteOp::Append {
+                doc,
+                fence,
+                first_seq,
+                updates,
+                event_debounce_ms: None,
+            } => rows.extend(
+                updates
+                    .iter()
+                    .enumerate()
+                    .map(|(i, data)| (*doc, *fence, first_seq + i as i64, data)),
+            ),
+            _ => return None,
+        }
+        if rows.len() > ROWS_PER_INSERT {
+            return None;
+        }
+    }
+    Some(rows)
+}
+
+/// Inserts `rows` with one multi-row INSERT that also checks them, all or nothing: a snapshot
+/// may cover (and have deleted) the rows at a requested position, which the primary key alone
+/// would not notice, so a row at or below its document's `snapshot_seq`, or a fenced row whose
+/// document's lease epoch is no longer the one it names, or a row of an unknown document, gets
+/// a NULL `data`, and the NOT NULL constraint aborts the whole statement (as a taken position
+/// does through the key).
+async fn insert_rows(
+    conn: &mut SqliteConnection,
+    rows: &[LogRow<'_>],
+    now: i64,
+) -> Result<(), StorageError> {
+    let fenced = rows.iter().any(|(_, fence, _, _)| fence.is_some());
+    let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+        "INSERT INTO doc_updates (doc_id, seq, data, created_at) \
+         SELECT v.column1, v.column2, ",
+    );
+    // The lease join only when a row carries a fence (never on a single node).
+    q.push(if fenced {
+        "CASE WHEN d.snapshot_seq < v.column2 \
+           AND (v.column5 IS NULL OR l.epoch = v.column5) THEN v.column3 END, "
+    } else {
+        "CASE WHEN d.snapshot_seq < v.column2 THEN v.column3 END, "
+    });
+    q.push("v.column4 FROM (");
+    q.push_values(rows, |mut b, (doc, fence, seq, data)| {
+        b.push_bind(*doc)
+            .push_bind(*seq)
+            .push_bind(data.as_ref())
+            .push_bind(now)
+            .push_bind(*fence);
+    });
+    q.push(") AS v LEFT JOIN documents d ON d.id = v.column1");
+    if fenced {
+        q.push(" LEFT JOIN room_leases l ON l.doc_id = v.column1");
+    }
+    let done = q.build().execute(&mut *conn).await?;
+    if done.rows_affected() != rows.len() as u64 {
+        return Err(StorageError::Conflict);
+    }
+    Ok(())
+}
 
 /// Every request of the batch with as few statements as possible: multi-row INSERTs (which
 /// also check the covered log positions) for all appended rows, then the per-request
@@ -457,7 +537,7 @@ async fn fast_path(
         }
     }
     if !appends.is_empty() {
-        let rows: Vec<(DocId, Option<Epoch>, i64, &Bytes)> = appends
+        let rows: Vec<LogRow<'_>> = appends
             .iter()
             .flat_map(|(doc, fence, first, updates)| {
                 updates
@@ -466,41 +546,8 @@ async fn fast_path(
                     .map(move |(i, data)| (*doc, *fence, first + i as i64, data))
             })
             .collect();
-        // One statement inserts the rows and checks them: a snapshot may cover (and have
-        // deleted) the rows at a requested position, which the primary key alone would not
-        // notice, so only rows above their document's `snapshot_seq` are inserted, and a
-        // short count means a conflict. A fenced row is written only while its document's
-        // lease epoch is still the one it names.
         for chunk in rows.chunks(ROWS_PER_INSERT) {
-            let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-                "INSERT INTO doc_updates (doc_id, seq, data, created_at) \
-                 SELECT v.column1, v.column2, v.column3, v.column4 FROM (",
-            );
-            q.push_values(chunk, |mut b, (doc, fence, seq, data)| {
-                b.push_bind(*doc)
-                    .push_bind(*seq)
-                    .push_bind(data.as_ref())
-                    .push_bind(now)
-                    .push_bind(*fence);
-            });
-            // The lease join only when a row carries a fence (never on a single node).
-            if chunk.iter().any(|(_, fence, _, _)| fence.is_some()) {
-                q.push(
-                    ") AS v JOIN documents d ON d.id = v.column1 \
-                     LEFT JOIN room_leases l ON l.doc_id = v.column1 \
-                     WHERE d.snapshot_seq < v.column2 \
-                       AND (v.column5 IS NULL OR l.epoch = v.column5)",
-                );
-            } else {
-                q.push(
-                    ") AS v JOIN documents d ON d.id = v.column1 \
-                     WHERE d.snapshot_seq < v.column2",
-                );
-            }
-            let done = q.build().execute(&mut *conn).await?;
-            if done.rows_affected() != chunk.len() as u64 {
-                return Err(StorageError::Conflict);
-            }
+            insert_rows(&mut *conn, chunk, now).await?;
         }
     }
     let mut results = Vec::with_capacity(batch.len());
@@ -643,5 +690,110 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
                 new_version: expected_version + 1,
             }))
         }
+    }
+}
+
+/// Store-level checks of what the integration tests cannot force: the batch a writer commits.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn append(doc: DocId, fence: Option<Epoch>, first_seq: i64, n: usize) -> WriteRequest {
+        let updates = (0..n)
+            .map(|i| Bytes::from(format!("u{doc}-{}", first_seq + i as i64)))
+            .collect();
+        WriteRequest {
+            op: WriteOp::Append {
+                doc,
+                fence,
+                first_seq,
+                updates,
+                event_debounce_ms: None,
+            },
+            reply: oneshot::channel().0,
+        }
+    }
+
+    async fn outcomes(
+        conn: &mut SqliteConnection,
+        mut batch: Vec<WriteRequest>,
+    ) -> Vec<&'static str> {
+        let results = commit_batch(conn, &mut batch).await.expect("batch");
+        results
+            .iter()
+            .map(|r| match r {
+                Ok(WriteOutcome::Appended) => "ok",
+                Ok(WriteOutcome::Snapshot(_)) => "snapshot",
+                Err(StorageError::Conflict) => "conflict",
+                Err(StorageError::Fenced) => "fenced",
+                Err(_) => "error",
+            })
+            .collect()
+    }
+
+    async fn seqs(store: &SqliteStore, name: &str) -> Vec<i64> {
+        let d = store.load(name).await.expect("load");
+        d.updates.iter().map(|(s, _)| *s).collect()
+    }
+
+    /// Batches of plain appends go out as one statement; when one request in them is stale
+    /// (covered by a snapshot, a taken position, an old fence), nothing of that statement is
+    /// written and the batch runs again request by request, so only that request fails.
+    #[tokio::test]
+    async fn a_plain_append_batch_is_all_or_nothing_and_fails_only_its_stale_requests() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let store = SqliteStore::connect(&url, SqliteSync::Full)
+            .await
+            .expect("open");
+        let opts = SqliteConnectOptions::from_str(&url).expect("url");
+        let mut conn = SqliteConnection::connect_with(&opts).await.expect("conn");
+        let d1 = store.load("d1").await.expect("load").id;
+        let d2 = store.load("d2").await.expect("load").id;
+        let d3 = store.load("d3").await.expect("load").id;
+
+        // The one-statement path proper.
+        let got = outcomes(
+            &mut conn,
+            vec![append(d1, None, 1, 2), append(d2, None, 1, 1)],
+        )
+        .await;
+        assert_eq!(got, ["ok", "ok"]);
+
+        // d1's rows 1-2 covered by a snapshot (and deleted): a request at position 2 is stale.
+        let written = store.write_snapshot(d1, None, 0, b"snap".to_vec(), 2).await;
+        assert_eq!(
+            written.expect("snapshot"),
+            SnapshotOutcome::Written { new_version: 1 }
+        );
+        let batch = vec![
+            append(d2, None, 2, 2),
+            append(d1, None, 2, 1),
+            append(d3, None, 1, 1),
+        ];
+        assert_eq!(outcomes(&mut conn, batch).await, ["ok", "conflict", "ok"]);
+
+        // A taken position (the key) fails alone too.
+        let batch = vec![append(d3, None, 1, 1), append(d2, None, 4, 1)];
+        assert_eq!(outcomes(&mut conn, batch).await, ["conflict", "ok"]);
+
+        // A fenced request whose epoch is no longer the lease's fails alone, as fenced.
+        let LeaseGrant::Granted { epoch } = store
+            .acquire_lease(d3, "n1", Duration::from_secs(60))
+            .await
+            .expect("lease")
+        else {
+            panic!("lease not granted");
+        };
+        let batch = vec![
+            append(d3, Some(epoch), 2, 1),
+            append(d3, Some(epoch - 1), 3, 1),
+            append(d2, None, 5, 1),
+        ];
+        assert_eq!(outcomes(&mut conn, batch).await, ["ok", "fenced", "ok"]);
+
+        assert!(seqs(&store, "d1").await.is_empty());
+        assert_eq!(seqs(&store, "d2").await, vec![1, 2, 3, 4, 5]);
+        assert_eq!(seqs(&store, "d3").await, vec![1, 2]);
     }
 }
