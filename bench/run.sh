@@ -17,9 +17,9 @@ cargo build --release -p quire-server -p quire-bench
 BENCH=target/release/quire-bench
 
 if [ "$MODE" = quick ]; then
-  DUR=5s; FAN="10 50"; IDLE="2000"; SEARCH_STEPS=4
+  DUR=5s; FAN="10 50"; IDLE="2000"; SEARCH_STEPS=4; REFINE=1
 else
-  DUR=20s; FAN="10 50 200"; IDLE="2000 5000 10000"; SEARCH_STEPS=10
+  DUR=20s; FAN="10 50 200"; IDLE="2000 5000 10000"; SEARCH_STEPS=10; REFINE=3
 fi
 
 start_server() { # name port dir -> sets PID
@@ -48,17 +48,22 @@ run() { # label flavor port dir args...
 port=4600
 for server in quire y-websocket hocuspocus; do
   flavor=y-websocket; [ "$server" = hocuspocus ] && flavor=hocuspocus
-  ack=""; [ "$server" = quire ] && ack="--ack"
   port=$((port + 1)); dir=$(mktemp -d)
   start_server "$server" "$port" "$dir"
   echo "=== $server (pid $PID) ===" >&2
-  run "$server" "$flavor" "$port" typing --rooms 200 --clients 4 --rate 5 --duration "$DUR" $ack --prefix typing
+  # The same load for every server (the CPU and latency figures compare this run); then, for
+  # Quire only, the same load with a durable-ack request (tag 102) after every update.
+  run "$server" "$flavor" "$port" typing --rooms 200 --clients 4 --rate 5 --duration "$DUR" --prefix typing
+  if [ "$server" = quire ]; then
+    run "$server" "$flavor" "$port" typing --rooms 200 --clients 4 --rate 5 --duration "$DUR" --ack \
+      --prefix typingack
+  fi
   for n in $FAN; do
     run "$server" "$flavor" "$port" typing --rooms 1 --clients $((n + 1)) --writers 1 --rate 20 \
       --duration "$DUR" --prefix "fan$n"
   done
   run "$server" "$flavor" "$port" search --rooms 50 --clients 4 --rate 5 --step 1.6 \
-    --steps "$SEARCH_STEPS" --duration 8s --warmup 2s --prefix search
+    --steps "$SEARCH_STEPS" --refine "$REFINE" --duration 8s --warmup 2s --prefix search
   # Each size on a fresh process: memory freed by earlier connections is rarely returned to
   # the system, so a reused process would understate the growth.
   for n in $IDLE; do

@@ -6,8 +6,9 @@
 //! - `typing`: R rooms × C clients, W of them typing at a fixed rate; every other client of the
 //!   room records delivery latency. `--ack` adds a durable-ack request (tag 102) per update.
 //!   Fan-out is `typing --rooms 1 --clients N+1 --writers 1`.
-//! - `search`: repeated `typing` runs at rising rates; the highest with p99 under a bound and
-//!   every update delivered.
+//! - `search`: repeated `typing` runs at rising rates (× `--step`), then `--refine`
+//!   bisections between the last passing and the first failing rate; the highest with p99
+//!   under a bound and every update delivered.
 //! - `idle`: N connections over R rooms, connected and synced, then idle: time to connect and
 //!   server RSS per connection.
 //! - `coldload`: replays the editing trace through one client (ingest rate), or (with
@@ -111,6 +112,10 @@ struct SearchArgs {
     /// Most steps
     #[arg(long, default_value_t = 12)]
     steps: usize,
+    /// After the first failing step, this many bisections (geometric) between the last
+    /// passing rate and the failing one, so the result is not quantised by `--step`
+    #[arg(long, default_value_t = 3)]
+    refine: usize,
 }
 
 #[derive(clap::Args, Clone)]
@@ -486,39 +491,65 @@ fn record_delivery(update: &[u8], me: u64, times: &SendTimes, shared: &Shared, n
 }
 
 async fn search(args: SearchArgs) -> anyhow::Result<()> {
+    // Coarse steps up by `--step` until one fails, then `--refine` geometric bisections
+    // between the best passing rate and the lowest failing one. Rates are per client.
+    let mut best: Option<(f64, f64, f64)> = None; // (rate, offered updates/s, p99)
+    let mut failed: Option<f64> = None;
     let mut rate = args.typing.rate;
-    let mut best: Option<(f64, f64)> = None;
     for step in 0..args.steps {
-        let mut t = args.typing.clone();
-        t.rate = rate;
-        t.common.prefix = format!("{}-s{step}", args.typing.common.prefix);
-        let r = typing(&t).await?;
-        r.print();
-        let total = rate * (t.rooms * r.writers) as f64;
-        let ok = r.complete() && r.p99() <= args.p99_ms;
-        println!(
-            "{}",
-            serde_json::json!({
-                "scenario": "search-step", "label": r.label, "offered_per_s": total,
-                "p99_ms": r.p99(), "complete": r.complete(), "ok": ok,
-                "server_cpu_s": r.server_cpu, "bench_cpu_s": r.bench_cpu,
-            })
-        );
-        if !ok {
+        if search_step(&args, rate, step, &mut best).await? {
+            rate *= args.step;
+        } else {
+            failed = Some(rate);
             break;
         }
-        best = Some((total, r.p99()));
-        rate *= args.step;
+    }
+    if let (Some(mut fail), Some(_)) = (failed, best) {
+        for i in 0..args.refine {
+            let low = best.map_or(args.typing.rate, |b| b.0);
+            let mid = (low * fail).sqrt();
+            if !search_step(&args, mid, args.steps + i, &mut best).await? {
+                fail = mid;
+            }
+        }
     }
     println!(
         "{}",
         serde_json::json!({
             "scenario": "search", "label": args.typing.common.label,
-            "best_rate_per_s": best.map(|b| b.0), "p99_ms_at_best": best.map(|b| b.1),
+            "best_rate_per_s": best.map(|b| b.1), "p99_ms_at_best": best.map(|b| b.2),
             "bound_ms": args.p99_ms,
         })
     );
     Ok(())
+}
+
+/// One typing run of the search at `rate` per client; whether it passed. Updates `best`.
+async fn search_step(
+    args: &SearchArgs,
+    rate: f64,
+    step: usize,
+    best: &mut Option<(f64, f64, f64)>,
+) -> anyhow::Result<bool> {
+    let mut t = args.typing.clone();
+    t.rate = rate;
+    t.common.prefix = format!("{}-s{step}", args.typing.common.prefix);
+    let r = typing(&t).await?;
+    r.print();
+    let total = rate * (t.rooms * r.writers) as f64;
+    let ok = r.complete() && r.p99() <= args.p99_ms;
+    println!(
+        "{}",
+        serde_json::json!({
+            "scenario": "search-step", "label": r.label, "offered_per_s": total,
+            "p99_ms": r.p99(), "complete": r.complete(), "ok": ok,
+            "server_cpu_s": r.server_cpu, "bench_cpu_s": r.bench_cpu,
+        })
+    );
+    if ok && best.is_none_or(|b| total > b.1) {
+        *best = Some((rate, total, r.p99()));
+    }
+    Ok(ok)
 }
 
 async fn idle(args: IdleArgs) -> anyhow::Result<()> {
