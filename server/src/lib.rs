@@ -28,7 +28,7 @@ pub mod ws;
 
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -192,8 +192,8 @@ pub async fn run_with_stores(
     background.close();
     let connections = app.connections.clone();
     let router = http::router(app);
-    let serve =
-        axum::serve(listener, router).with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let serve = axum::serve(nodelay(listener), router)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let server = tokio::spawn(async move { serve.await });
 
     shutdown.cancelled().await;
@@ -234,5 +234,39 @@ async fn cleanup_idempotency_keys(
             _ = tokio::time::sleep(EVERY) => {}
             _ = shutdown.cancelled() => return,
         }
+    }
+}
+
+/// `listener` with `TCP_NODELAY` set on every accepted socket: small frames (a one-character
+/// update is about 20 bytes) leave at once. With Nagle's algorithm, a frame sent while the
+/// previous one to the same client was not yet acknowledged waited for that ACK, which the
+/// client delays (measured: about 13 ms on loopback for one delivery in three when four
+/// clients type in one document).
+pub fn nodelay(listener: TcpListener) -> axum::serve::TapIo<TcpListener, fn(&mut TcpStream)> {
+    use axum::serve::ListenerExt;
+    fn set(tcp: &mut TcpStream) {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    }
+    listener.tap_io(set as fn(&mut TcpStream))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::serve::Listener;
+
+    /// Every socket the server accepts has Nagle's algorithm off.
+    #[tokio::test]
+    async fn accepted_sockets_have_tcp_nodelay() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let mut wrapped = super::nodelay(listener);
+        let client = tokio::spawn(tokio::net::TcpStream::connect(addr));
+        let (stream, _) = wrapped.accept().await;
+        assert!(stream.nodelay().expect("nodelay"));
+        let _ = client.await;
     }
 }
