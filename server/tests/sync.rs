@@ -392,3 +392,45 @@ async fn a_message_over_the_size_limit_closes_only_its_sender_with_1009() {
     assert_eq!(log_rows(dir.path(), "big").await, 1);
     server.stop().await;
 }
+
+/// Every WebSocket the running server accepted has Nagle's algorithm off: small frames (an
+/// update is a few dozen bytes) must not wait for the client's delayed ACK. Checked on the
+/// server's own sockets, which this process holds (the server runs in-process): each open
+/// descriptor that is a TCP socket on the server's address with a peer is an accepted one.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_server_turns_off_nagle_on_every_accepted_socket() {
+    use std::os::fd::{BorrowedFd, RawFd};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let url = server.url("nodelay");
+    let _a = Client::connect(&url, 1).await;
+    let _b = Client::connect(&url, 2).await;
+    let mut accepted = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").expect("fds") {
+        let Ok(entry) = entry else { continue };
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<RawFd>().ok())
+        else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .map(|l| l.to_string_lossy().starts_with("socket:"))
+            .unwrap_or(false);
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: the descriptor was open a moment ago and is only borrowed for getsockname,
+        // getpeername and getsockopt, which fail harmlessly (EBADF) if it has closed since.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let sock = socket2::SockRef::from(&fd);
+        let local = sock.local_addr().ok().and_then(|a| a.as_socket());
+        let has_peer = sock.peer_addr().is_ok();
+        if local == Some(server.addr) && has_peer {
+            accepted.push(sock.tcp_nodelay().expect("TCP_NODELAY"));
+        }
+    }
+    assert_eq!(accepted, vec![true, true], "one entry per accepted socket");
+}
