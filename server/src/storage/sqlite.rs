@@ -439,26 +439,41 @@ type LogRow<'a> = (DocId, Option<Epoch>, i64, &'a Bytes);
 fn plain_appends(batch: &[WriteRequest]) -> Option<Vec<LogRow<'_>>> {
     let mut rows = Vec::new();
     for req in batch {
-        match &req.op {
+        if !matches!(
+            req.op,
             WriteOp::Append {
-                doc,
-                fence,
-                first_seq,
-                updates,
                 event_debounce_ms: None,
-            } => rows.extend(
-                updates
-                    .iter()
-                    .enumerate()
-                    .map(|(i, data)| (*doc, *fence, first_seq + i as i64, data)),
-            ),
-            _ => return None,
+                ..
+            }
+        ) {
+            return None;
         }
+        rows.extend(log_rows(&req.op));
         if rows.len() > ROWS_PER_INSERT {
             return None;
         }
     }
     Some(rows)
+}
+
+/// The log rows an append writes (none for a snapshot).
+fn log_rows(op: &WriteOp) -> impl Iterator<Item = LogRow<'_>> {
+    let append = match op {
+        WriteOp::Append {
+            doc,
+            fence,
+            first_seq,
+            updates,
+            ..
+        } => Some((*doc, *fence, *first_seq, updates)),
+        WriteOp::Snapshot { .. } => None,
+    };
+    append.into_iter().flat_map(|(doc, fence, first, updates)| {
+        updates
+            .iter()
+            .enumerate()
+            .map(move |(i, data)| (doc, fence, first + i as i64, data))
+    })
 }
 
 /// Inserts `rows` with one multi-row INSERT that also checks them, all or nothing: a snapshot
@@ -512,19 +527,7 @@ async fn fast_path(
     batch: &[WriteRequest],
 ) -> Result<Vec<Result<WriteOutcome, StorageError>>, StorageError> {
     let now = now_ms();
-    let appends: Vec<(DocId, Option<Epoch>, i64, &Vec<Bytes>)> = batch
-        .iter()
-        .filter_map(|r| match &r.op {
-            WriteOp::Append {
-                doc,
-                fence,
-                first_seq,
-                updates,
-                ..
-            } => Some((*doc, *fence, *first_seq, updates)),
-            _ => None,
-        })
-        .collect();
+    let rows: Vec<LogRow<'_>> = batch.iter().flat_map(|r| log_rows(&r.op)).collect();
     // Appends are written before snapshots here; that is only the same as the requests' order
     // when no snapshot in the batch concerns a document that is also appended to.
     let snapshotted = batch.iter().filter_map(|r| match &r.op {
@@ -532,23 +535,12 @@ async fn fast_path(
         _ => None,
     });
     for doc in snapshotted {
-        if appends.iter().any(|(d, _, _, _)| *d == doc) {
+        if rows.iter().any(|(d, _, _, _)| *d == doc) {
             return Err(StorageError::Conflict);
         }
     }
-    if !appends.is_empty() {
-        let rows: Vec<LogRow<'_>> = appends
-            .iter()
-            .flat_map(|(doc, fence, first, updates)| {
-                updates
-                    .iter()
-                    .enumerate()
-                    .map(move |(i, data)| (*doc, *fence, first + i as i64, data))
-            })
-            .collect();
-        for chunk in rows.chunks(ROWS_PER_INSERT) {
-            insert_rows(&mut *conn, chunk, now).await?;
-        }
+    for chunk in rows.chunks(ROWS_PER_INSERT) {
+        insert_rows(&mut *conn, chunk, now).await?;
     }
     let mut results = Vec::with_capacity(batch.len());
     for req in batch {
