@@ -504,9 +504,10 @@ async fn search(args: SearchArgs) -> anyhow::Result<()> {
             break;
         }
     }
-    if let (Some(mut fail), Some(_)) = (failed, best) {
+    // Refine only between a pass and a failure (nothing to bisect otherwise).
+    if let (Some(mut fail), true) = (failed, best.is_some()) {
         for i in 0..args.refine {
-            let low = best.map_or(args.typing.rate, |b| b.0);
+            let Some((low, _, _)) = best else { break };
             let mid = (low * fail).sqrt();
             if !search_step(&args, mid, args.steps + i, &mut best).await? {
                 fail = mid;
