@@ -22,7 +22,7 @@ mod wire;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -168,8 +168,58 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("static histogram bounds are valid")
 }
 
-/// Send times of updates, keyed by (client id, start clock of the insert).
-type SendTimes = Mutex<HashMap<(u64, u32), Instant>>;
+/// Send times of updates, keyed by (client id, start clock of the insert). Read by every
+/// receiver of a room at once, written by its typists.
+type SendTimes = RwLock<HashMap<(u64, u32), Instant>>;
+
+/// Latencies a client measured and has not yet added to the shared histogram: one client's
+/// receptions do not contend on the shared lock with the room's other receivers (200 of them
+/// receiving the same update at the same moment in the fan-out scenario).
+struct Measured {
+    shared: Arc<Shared>,
+    delivered: u64,
+    latencies: Vec<u64>,
+}
+
+/// Latencies kept locally before a client takes the shared lock.
+const MEASURED_BATCH: usize = 256;
+
+impl Measured {
+    fn new(shared: Arc<Shared>) -> Measured {
+        Measured {
+            shared,
+            delivered: 0,
+            latencies: Vec::with_capacity(MEASURED_BATCH),
+        }
+    }
+
+    fn record(&mut self, latency: Duration) {
+        self.delivered += 1;
+        self.latencies.push(latency.as_micros().max(1) as u64);
+        if self.latencies.len() >= MEASURED_BATCH {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        self.shared
+            .delivered
+            .fetch_add(std::mem::take(&mut self.delivered), Ordering::Relaxed);
+        if let Ok(mut h) = self.shared.latency.lock() {
+            for us in &self.latencies {
+                let _ = h.record(*us);
+            }
+        }
+        self.latencies.clear();
+    }
+}
+
+impl Drop for Measured {
+    /// Whatever way the client ends (an error included), its measurements count.
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
 
 struct Shared {
     measuring_from: Instant,
@@ -306,7 +356,7 @@ async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
         errors: AtomicU64::new(0),
     });
     let room_maps: Vec<Arc<SendTimes>> = (0..args.rooms)
-        .map(|_| Arc::new(Mutex::new(HashMap::new())))
+        .map(|_| Arc::new(RwLock::new(HashMap::new())))
         .collect();
     let stop_at = start + args.duration + Duration::from_secs(2);
     let server_cpu_start = c.server_pid.and_then(process_cpu_seconds);
@@ -399,23 +449,29 @@ async fn run_client(
     let phase = period.mul_f64((plan.index as f64 * 0.618_034) % 1.0);
     let mut tick = tokio::time::interval_at((Instant::now() + phase).into(), period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut measured = Measured::new(shared.clone());
     let mut pending_acks: HashMap<u64, Instant> = HashMap::new();
     let mut ack_seq = 0u64;
     let mut n = 0u32;
     let send_until = plan.stop_at - Duration::from_secs(2);
+    // Readers have no timer of their own but this one: a reader woken every period for
+    // nothing would cost the generator CPU and add noise to every delivery it measures.
+    let stop = tokio::time::sleep_until(plan.stop_at.into());
+    tokio::pin!(stop);
     loop {
         tokio::select! {
-            _ = tick.tick() => {
+            _ = &mut stop => break,
+            _ = tick.tick(), if plan.writes => {
                 let now = Instant::now();
                 if now >= plan.stop_at { break; }
-                if !plan.writes || now >= send_until { continue; }
+                if now >= send_until { continue; }
                 let update = {
                     let mut txn = doc.transact_mut();
                     text.insert(&mut txn, 0, "x");
                     txn.encode_update_v1()
                 };
                 // Keyed by the insert's start clock, which receivers read back from the update.
-                times.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.insert((plan.client_id, n), now);
+                times.write().map_err(|_| anyhow::anyhow!("poisoned"))?.insert((plan.client_id, n), now);
                 n += 1;
                 let frame = wire::wrap(plan.flavor, &plan.doc, protocol::encode_update(&update));
                 sink.send(WsMessage::Binary(frame)).await?;
@@ -446,7 +502,7 @@ async fn run_client(
                             sink.send(WsMessage::Binary(frame)).await?;
                         }
                         Incoming::Update(u) | Incoming::Step2(u) => {
-                            record_delivery(&u, plan.client_id, &times, &shared, now)
+                            record_delivery(&u, plan.client_id, &times, &mut measured, now)
                         }
                         Incoming::Ack(raw) => {
                             let mut cur = yrs::encoding::read::Cursor::new(raw.get(2..).unwrap_or(&[]));
@@ -472,19 +528,22 @@ async fn run_client(
 
 /// Records the latency of every send in `update` made by another client. Servers that echo
 /// updates to their sender (the reference server does) are not credited for the echo.
-fn record_delivery(update: &[u8], me: u64, times: &SendTimes, shared: &Shared, now: Instant) {
+fn record_delivery(
+    update: &[u8],
+    me: u64,
+    times: &SendTimes,
+    measured: &mut Measured,
+    now: Instant,
+) {
     let ids = wire::update_ids(update);
-    let Ok(map) = times.lock() else { return };
+    let Ok(map) = times.read() else { return };
     for key in ids {
         if key.0 == me {
             continue;
         }
         if let Some(sent) = map.get(&key).copied() {
-            if shared.measuring(sent) {
-                shared.delivered.fetch_add(1, Ordering::Relaxed);
-                if let Ok(mut h) = shared.latency.lock() {
-                    let _ = h.record(now.duration_since(sent).as_micros().max(1) as u64);
-                }
+            if measured.shared.measuring(sent) {
+                measured.record(now.duration_since(sent));
             }
         }
     }
