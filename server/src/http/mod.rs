@@ -292,6 +292,11 @@ async fn document_socket(
     };
     let limits = &app.config.limits;
     let tracker = app.connections.clone();
+    let conn = Box::new(crate::ws::Conn {
+        name,
+        auth,
+        app: app.clone(),
+    });
     ws.max_message_size(limits.max_message_size)
         .max_frame_size(limits.max_message_size)
         // tungstenite reads in 128 KiB chunks by default, allocated up front: per idle
@@ -301,7 +306,7 @@ async fn document_socket(
         // Frames collect in the write buffer until the connection flushes its burst (or the
         // buffer reaches this size), so a burst leaves in one write.
         .write_buffer_size(WRITE_BUFFER)
-        .on_upgrade(move |socket| tracker.track_future(crate::ws::serve(socket, name, auth, app)))
+        .on_upgrade(move |socket| tracker.track_future(crate::ws::serve(socket, conn)))
 }
 
 /// What `principal` may do on document `name` over a socket: read at least, or 403.
