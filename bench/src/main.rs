@@ -734,7 +734,7 @@ async fn coldload(args: ColdArgs) -> anyhow::Result<()> {
     // measured.
     let doc = Doc::with_client_id(424_242);
     let text = doc.get_or_insert_text("text");
-    let frames: Vec<Bytes> = trace
+    let updates: Vec<Vec<u8>> = trace
         .edits
         .iter()
         .map(|(pos, del, ins)| {
@@ -745,13 +745,26 @@ async fn coldload(args: ColdArgs) -> anyhow::Result<()> {
             if !ins.is_empty() {
                 text.insert(&mut txn, *pos, ins);
             }
-            wire::wrap(
-                c.flavor,
-                &doc_name,
-                protocol::encode_update(&txn.encode_update_v1()),
-            )
+            txn.encode_update_v1()
         })
         .collect();
+    // The same updates decoded and applied by yrs alone, on this machine, now: the reference
+    // the ingest rate is read against (the machine's speed varies from day to day).
+    let local = {
+        let started = Instant::now();
+        let alone = Doc::new();
+        for update in &updates {
+            if let Ok(u) = <yrs::Update as yrs::updates::decoder::Decode>::decode_v1(update) {
+                let _ = alone.transact_mut().apply_update(u);
+            }
+        }
+        total_edits as f64 / started.elapsed().as_secs_f64()
+    };
+    let frames: Vec<Bytes> = updates
+        .iter()
+        .map(|u| wire::wrap(c.flavor, &doc_name, protocol::encode_update(u)))
+        .collect();
+    drop(updates);
     let started = Instant::now();
     let (mut sink, mut stream) = ws.split();
     // Drain whatever the server sends the writer (echoes), so its socket never stalls.
@@ -799,7 +812,8 @@ async fn coldload(args: ColdArgs) -> anyhow::Result<()> {
     drain.abort();
     let rate = total_edits as f64 / elapsed.as_secs_f64();
     println!(
-        "{} ingest: {total_edits} edits in {elapsed:.2?} ({rate:.0} updates/s), generator CPU {:.2} s",
+        "{} ingest: {total_edits} edits in {elapsed:.2?} ({rate:.0} updates/s; yrs alone \
+         here: {local:.0}/s), generator CPU {:.2} s",
         c.label,
         own_cpu_seconds() - cpu_start
     );
@@ -808,6 +822,7 @@ async fn coldload(args: ColdArgs) -> anyhow::Result<()> {
         serde_json::json!({
             "scenario": "coldload-ingest", "label": c.label, "edits": total_edits,
             "secs": elapsed.as_secs_f64(), "updates_per_s": rate,
+            "yrs_alone_per_s": local,
             "bench_cpu_s": own_cpu_seconds() - cpu_start,
             "server_rss_kib": c.server_pid.and_then(process_rss_kib),
         })
