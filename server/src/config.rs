@@ -121,6 +121,11 @@ pub struct Settings {
     /// Snapshot after this many logged bytes [default: 4194304]
     #[arg(long, env = "QUIRE_SNAPSHOT_BYTES")]
     pub snapshot_bytes: Option<u64>,
+    /// A snapshot due by update count also waits until the log since the last snapshot holds
+    /// this percentage of the snapshot's size, so a large document is not re-encoded every
+    /// `snapshot_updates` small updates [default: 50]
+    #[arg(long, env = "QUIRE_SNAPSHOT_LOG_PERCENT")]
+    pub snapshot_log_percent: Option<u64>,
     /// Time allowed for a graceful shutdown [default: 10s]
     #[arg(long, env = "QUIRE_SHUTDOWN_GRACE")]
     pub shutdown_grace: Option<HumanDuration>,
@@ -218,6 +223,7 @@ pub struct RoomConfig {
     pub load_retry_delay: Duration,
     pub snapshot_updates: u64,
     pub snapshot_bytes: u64,
+    pub snapshot_log_percent: u64,
     /// Room leases (PostgreSQL: several nodes may share the database): this node's name and
     /// the lease time. `None`: no leases (SQLite, one process).
     pub lease: Option<LeaseConfig>,
@@ -288,6 +294,7 @@ impl Settings {
             load_retry_delay,
             snapshot_updates,
             snapshot_bytes,
+            snapshot_log_percent,
             shutdown_grace,
             auth_keys,
             admin_key,
@@ -335,6 +342,7 @@ impl Settings {
                 load_retry_delay: d(self.load_retry_delay, Duration::from_secs(2)),
                 snapshot_updates: self.snapshot_updates.unwrap_or(1000).max(1),
                 snapshot_bytes: self.snapshot_bytes.unwrap_or(4 << 20).max(1),
+                snapshot_log_percent: self.snapshot_log_percent.unwrap_or(50),
             },
             auth_keys: self.auth_keys.unwrap_or_default(),
             admin_key: self.admin_key,

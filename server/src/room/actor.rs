@@ -945,8 +945,12 @@ impl Room {
         let c = &self.registry.config;
         !self.snapshot_failed
             && self.reload_needed.is_none()
-            && (self.since_snapshot_updates >= c.snapshot_updates
-                || self.since_snapshot_bytes >= c.snapshot_bytes)
+            && snapshot_due(
+                c,
+                self.since_snapshot_updates,
+                self.since_snapshot_bytes,
+                self.stored_bytes.saturating_sub(self.since_snapshot_bytes),
+            )
     }
 
     /// Encodes the whole document (v2, compact) and writes it with the version check. Called
@@ -1192,6 +1196,22 @@ async fn wait_renewal(renewing: &mut Option<StorageOp<bool>>) -> Result<bool, St
     }
 }
 
+/// Whether a snapshot is due, given what was logged since the last one and that snapshot's
+/// size: by bytes logged at once, by update count only once the log is also a fair share of
+/// the snapshot (re-encoding a large document after every `snapshot_updates` small updates
+/// would write far more snapshot than log).
+fn snapshot_due(
+    c: &crate::config::RoomConfig,
+    updates: u64,
+    log_bytes: u64,
+    snapshot_size: u64,
+) -> bool {
+    log_bytes >= c.snapshot_bytes
+        || (updates >= c.snapshot_updates
+            && u128::from(log_bytes) * 100
+                >= u128::from(snapshot_size) * u128::from(c.snapshot_log_percent))
+}
+
 /// A Yjs v1 update with no structs and an empty delete set.
 fn is_empty_update(update: &[u8]) -> bool {
     update == [0, 0]
@@ -1219,4 +1239,42 @@ pub(crate) fn doc_json(doc: &Doc) -> serde_json::Value {
         out.insert(name.to_owned(), json);
     }
     serde_json::Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::snapshot_due;
+    use crate::config::RoomConfig;
+
+    fn config(updates: u64, bytes: u64, percent: u64) -> RoomConfig {
+        let mut c = crate::config::Settings::default().resolve().room;
+        c.snapshot_updates = updates;
+        c.snapshot_bytes = bytes;
+        c.snapshot_log_percent = percent;
+        c
+    }
+
+    #[test]
+    fn a_snapshot_by_update_count_waits_for_a_fair_share_of_log() {
+        let c = config(1000, 4 << 20, 50);
+        // A new document (no snapshot yet): the count alone decides.
+        assert!(!snapshot_due(&c, 999, 30_000, 0));
+        assert!(snapshot_due(&c, 1000, 30_000, 0));
+        // A small document: 1,000 updates of 30 bytes are more than half its snapshot.
+        assert!(snapshot_due(&c, 1000, 30_000, 20_000));
+        // A large one: the same log is a seventh of it, so not yet...
+        assert!(!snapshot_due(&c, 1000, 30_000, 210_000));
+        assert!(!snapshot_due(&c, 3000, 104_999, 210_000));
+        // ... until the log reaches half of it.
+        assert!(snapshot_due(&c, 3500, 105_000, 210_000));
+        // Bytes logged decide alone, whatever the count.
+        assert!(snapshot_due(&c, 1, 4 << 20, 64 << 20));
+    }
+
+    #[test]
+    fn zero_percent_is_the_plain_update_count() {
+        let c = config(10, 4 << 20, 0);
+        assert!(!snapshot_due(&c, 9, 1, u64::MAX));
+        assert!(snapshot_due(&c, 10, 1, u64::MAX));
+    }
 }
