@@ -51,7 +51,7 @@ type Stream = SplitStream<WebSocket>;
 /// halves' shared cell, instead of being copied into every layer of the future (which is
 /// most of an idle connection's memory). For the same reason the connection is one `async`
 /// block and not one wrapped in another: an outer block keeps its own copy of everything it
-/// hands the inner one (about 260 bytes per connection).
+/// hands the inner one (112 bytes per connection here, measured with `size_of_val`).
 #[allow(clippy::boxed_local)] // deliberately boxed: see `Conn`
 pub fn serve(socket: WebSocket, conn: Box<Conn>) -> impl Future<Output = ()> + Send {
     let Conn { name, auth, app } = *conn;
