@@ -783,8 +783,6 @@ async fn admin_outbox(
         return Err(ApiError::forbidden("administrators only"));
     }
     let limit = p.limit.unwrap_or(100).clamp(1, 1000);
-    Ok(Json(OutboxView {
-        events: app.api.list_outbox(limit).await?,
-        dead: app.api.list_dead(limit).await?,
-    }))
+    let (events, dead) = app.api.outbox_view(limit).await?;
+    Ok(Json(OutboxView { events, dead }))
 }

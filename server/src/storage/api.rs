@@ -250,6 +250,10 @@ pub trait ApiStore: Send + Sync + 'static {
         error: &str,
         now: i64,
     ) -> Result<(), StorageError>;
-    async fn list_outbox(&self, limit: u32) -> Result<Vec<OutboxEvent>, StorageError>;
-    async fn list_dead(&self, limit: u32) -> Result<Vec<DeadEvent>, StorageError>;
+    /// The newest `limit` outbox events and dead events, read from one snapshot so an event
+    /// moving to the dead-letter table meanwhile shows in exactly one of the two lists.
+    async fn outbox_view(
+        &self,
+        limit: u32,
+    ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError>;
 }

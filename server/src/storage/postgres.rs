@@ -1001,18 +1001,18 @@ mod tests {
         s.event_dead(first.id, first.revision + 1, "gone", 6)
             .await
             .expect("dead");
-        assert!(s.list_dead(10).await.expect("dead").is_empty());
+        assert!(s.outbox_view(10).await.expect("view").1.is_empty());
         s.event_dead(first.id, first.revision, "gone", 6)
             .await
             .expect("dead");
-        let dead = s.list_dead(10).await.expect("dead");
+        let (_, dead) = s.outbox_view(10).await.expect("view");
         assert_eq!(dead.len(), 1);
         assert_eq!((dead[0].attempts, dead[0].died_at), (2, 6));
         let second = &due[1];
         s.event_delivered(second.id, second.revision, 7)
             .await
             .expect("delivered");
-        let listed = s.list_outbox(100).await.expect("outbox");
+        let (listed, _) = s.outbox_view(100).await.expect("view");
         assert_eq!(listed.len(), 5);
         assert!(listed
             .iter()

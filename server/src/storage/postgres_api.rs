@@ -669,24 +669,30 @@ impl ApiStore for PgStore {
         Ok(())
     }
 
-    async fn list_outbox(&self, limit: u32) -> Result<Vec<OutboxEvent>, StorageError> {
+    async fn outbox_view(
+        &self,
+        limit: u32,
+    ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError> {
+        let mut tx = self.pool.begin().await?;
+        // One snapshot for both reads (READ COMMITTED would take one per statement).
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .execute(&mut *tx)
+            .await?;
         let rows = sqlx::query("SELECT * FROM outbox ORDER BY id DESC LIMIT $1")
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
-        Ok(rows.iter().map(event_row).collect::<Result<_, _>>()?)
-    }
-
-    async fn list_dead(&self, limit: u32) -> Result<Vec<DeadEvent>, StorageError> {
+        let events = rows.iter().map(event_row).collect::<Result<_, _>>()?;
         let rows: Vec<(i64, String, String, String, i64, Option<String>, i64, i64)> =
             sqlx::query_as(
                 "SELECT id, event_id, type, payload, attempts, last_error, created_at, died_at \
                  FROM outbox_dead ORDER BY id DESC LIMIT $1",
             )
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
-        Ok(rows
+        tx.commit().await?;
+        let dead = rows
             .into_iter()
             .map(
                 |(id, event_id, kind, payload, attempts, last_error, created_at, died_at)| {
@@ -702,6 +708,7 @@ impl ApiStore for PgStore {
                     }
                 },
             )
-            .collect())
+            .collect();
+        Ok((events, dead))
     }
 }

@@ -646,24 +646,27 @@ impl ApiStore for SqliteStore {
         Ok(())
     }
 
-    async fn list_outbox(&self, limit: u32) -> Result<Vec<OutboxEvent>, StorageError> {
+    async fn outbox_view(
+        &self,
+        limit: u32,
+    ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError> {
+        // In WAL mode a read transaction keeps the snapshot of its first read.
+        let mut tx = self.pool.begin().await?;
         let rows = sqlx::query("SELECT * FROM outbox ORDER BY id DESC LIMIT ?")
             .bind(limit)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
-        Ok(rows.iter().map(event_row).collect::<Result<_, _>>()?)
-    }
-
-    async fn list_dead(&self, limit: u32) -> Result<Vec<DeadEvent>, StorageError> {
+        let events = rows.iter().map(event_row).collect::<Result<_, _>>()?;
         let rows: Vec<(i64, String, String, String, i64, Option<String>, i64, i64)> =
             sqlx::query_as(
                 "SELECT id, event_id, type, payload, attempts, last_error, created_at, died_at \
-             FROM outbox_dead ORDER BY id DESC LIMIT ?",
+                 FROM outbox_dead ORDER BY id DESC LIMIT ?",
             )
             .bind(limit)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
-        Ok(rows
+        tx.commit().await?;
+        let dead = rows
             .into_iter()
             .map(
                 |(id, event_id, kind, payload, attempts, last_error, created_at, died_at)| {
@@ -679,6 +682,7 @@ impl ApiStore for SqliteStore {
                     }
                 },
             )
-            .collect())
+            .collect();
+        Ok((events, dead))
     }
 }
