@@ -1,11 +1,14 @@
 //! Storage faults, injected around the real store (SQLite or PostgreSQL): a failed commit is retried, and
 //! nothing is broadcast or acknowledged before it succeeds; a commit that keeps failing closes
 //! the document's connections with 1011, and the clients' resync brings their edits back.
+//! Appends held at a gate force the room's pipeline into its interleavings: a batch applied
+//! while the previous one commits, a sync request arriving while the room stays busy.
 
 mod common;
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -16,11 +19,33 @@ use quire_server::storage::{
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// The real store, with the next `fail_appends` appends failing as a disk error would.
+/// The real store, with the next `fail_appends` appends failing as a disk error would, and,
+/// while `hold_appends` is set, every append waiting for a `release` permit before it runs.
 struct FaultyStore {
     inner: Arc<dyn DocStore>,
     fail_appends: AtomicU32,
     appends_tried: AtomicU32,
+    hold_appends: AtomicBool,
+    release: tokio::sync::Semaphore,
+    /// (first sequence number, rows) of every append, in the order they arrived.
+    appends: Mutex<Vec<(i64, usize)>>,
+}
+
+impl FaultyStore {
+    fn appends(&self) -> Vec<(i64, usize)> {
+        self.appends.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+
+    /// Waits until `n` appends have arrived (held or not).
+    async fn wait_appends(&self, n: usize) {
+        let ok = tokio::time::timeout(PATIENCE, async {
+            while self.appends().len() < n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(ok.is_ok(), "append {n} never arrived: {:?}", self.appends());
+    }
 }
 
 #[async_trait]
@@ -36,6 +61,14 @@ impl DocStore for FaultyStore {
         rows: Vec<Bytes>,
     ) -> Result<(), StorageError> {
         self.appends_tried.fetch_add(1, Ordering::SeqCst);
+        if let Ok(mut a) = self.appends.lock() {
+            a.push((first, rows.len()));
+        }
+        if self.hold_appends.load(Ordering::SeqCst) {
+            if let Ok(permit) = self.release.acquire().await {
+                permit.forget();
+            }
+        }
         let failing = self
             .fail_appends
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -64,7 +97,7 @@ impl DocStore for FaultyStore {
         &self,
         doc: DocId,
         node: &str,
-        ttl: std::time::Duration,
+        ttl: Duration,
     ) -> Result<LeaseGrant, StorageError> {
         self.inner.acquire_lease(doc, node, ttl).await
     }
@@ -73,7 +106,7 @@ impl DocStore for FaultyStore {
         doc: DocId,
         node: &str,
         epoch: Epoch,
-        ttl: std::time::Duration,
+        ttl: Duration,
     ) -> Result<bool, StorageError> {
         self.inner.renew_lease(doc, node, epoch, ttl).await
     }
@@ -90,13 +123,22 @@ impl DocStore for FaultyStore {
 async fn start(
     dir: &std::path::Path,
 ) -> (std::net::SocketAddr, Arc<FaultyStore>, CancellationToken) {
+    start_with(dir, test_config(dir)).await
+}
+
+async fn start_with(
+    dir: &std::path::Path,
+    cfg: quire_server::config::Config,
+) -> (std::net::SocketAddr, Arc<FaultyStore>, CancellationToken) {
     init_tracing();
-    let cfg = test_config(dir);
     let real = open_test_stores(dir).await;
     let store = Arc::new(FaultyStore {
         inner: real.docs.clone(),
         fail_appends: AtomicU32::new(0),
         appends_tried: AtomicU32::new(0),
+        hold_appends: AtomicBool::new(false),
+        release: tokio::sync::Semaphore::new(0),
+        appends: Mutex::new(Vec::new()),
     });
     let stores = quire_server::Stores {
         docs: store.clone(),
@@ -162,5 +204,113 @@ async fn a_commit_that_keeps_failing_closes_the_room_with_1011_and_clients_resyn
     again.durable_ack(2).await;
     let fresh = Client::connect(&url, 3).await;
     assert_eq!(fresh.text(), "unsaved");
+    token.cancel();
+}
+
+/// Appends one character at the end of the shared text.
+async fn type_char(c: &mut Client, ch: &str) {
+    let end = c.text_len() as u32;
+    c.insert(end, ch).await;
+}
+
+async fn metric(addr: std::net::SocketAddr, name: &str) -> f64 {
+    let body = http_get(addr, "/metrics").await.1;
+    body.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == name).then(|| v.trim().parse().ok()).flatten()
+        })
+        .unwrap_or(0.0)
+}
+
+/// A full batch queued while an append is held is applied at once (overlapping the commit),
+/// appended right after the held one at the next sequence number, and broadcast only once it
+/// is committed.
+#[tokio::test]
+async fn a_full_batch_is_applied_while_the_previous_commits_and_sent_only_after_its_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.room.commit_batch = 2;
+    let (addr, store, token) = start_with(dir.path(), cfg).await;
+    let url = format!("ws://{addr}/pipelined");
+    let mut a = Client::connect(&url, 1).await;
+    let mut b = Client::connect(&url, 2).await;
+    store.hold_appends.store(true, Ordering::SeqCst);
+    type_char(&mut a, "x").await;
+    store.wait_appends(1).await;
+    type_char(&mut a, "y").await;
+    type_char(&mut a, "z").await;
+    // Both applied while the first append is still held.
+    let applied = tokio::time::timeout(PATIENCE, async {
+        while metric(addr, "quire_updates_applied_total").await < 3.0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        applied.is_ok(),
+        "the full batch was not applied during the commit"
+    );
+    assert_eq!(
+        store.appends(),
+        vec![(1, 1)],
+        "one append in flight at a time"
+    );
+    assert!(
+        !b.pump_until(Duration::from_millis(100), |c| c.updates_received > 0)
+            .await
+    );
+
+    store.release.add_permits(1);
+    store.wait_appends(2).await;
+    assert_eq!(store.appends(), vec![(1, 1), (2, 2)], "gapless, in order");
+    assert!(b.pump_until(PATIENCE, |c| c.text() == "x").await);
+    assert!(
+        !b.pump_until(Duration::from_millis(100), |c| c.text() != "x")
+            .await,
+        "the staged batch is not sent before it commits"
+    );
+    store.release.add_permits(1);
+    assert!(b.pump_until(PATIENCE, |c| c.text() == "xyz").await);
+    assert_eq!(log_rows(dir.path(), "pipelined").await, 3);
+    token.cancel();
+}
+
+/// A newcomer's Sync/Step1 arrives while the room has a commit in flight, a staged batch and a
+/// full batch queued behind it: it is answered as soon as the staged batch commits, before the
+/// room applies anything more (it used to wait until the room fell quiet).
+#[tokio::test]
+async fn a_sync_request_is_answered_while_updates_keep_arriving() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.room.commit_batch = 2;
+    let (addr, store, token) = start_with(dir.path(), cfg).await;
+    let url = format!("ws://{addr}/busy");
+    let mut a = Client::connect(&url, 1).await;
+    store.hold_appends.store(true, Ordering::SeqCst);
+    type_char(&mut a, "1").await;
+    store.wait_appends(1).await;
+    type_char(&mut a, "2").await;
+    type_char(&mut a, "3").await;
+    // The newcomer's Step1, then its awareness: once `a` sees the awareness, the room has
+    // handled the Step1 (one connection's messages are handled in order).
+    let mut c = Client::connect_unsynced(&url, 3).await;
+    c.send_raw(presence(3, r#"{"user":{"name":"cy"}}"#)).await;
+    assert!(
+        a.pump_until(PATIENCE, |a| a.awareness.contains_key(&3))
+            .await
+    );
+    assert!(!c.synced);
+    type_char(&mut a, "4").await;
+    type_char(&mut a, "5").await;
+    store.release.add_permits(1); // "1" commits; the staged "23" is appended
+    store.wait_appends(2).await;
+    store.release.add_permits(1); // "23" commits: the Step1 is answered before "45" is applied
+    c.sync().await;
+    assert_eq!(c.text(), "123", "exactly the committed state");
+    store.wait_appends(3).await;
+    assert_eq!(store.appends(), vec![(1, 1), (2, 2), (4, 2)]);
+    store.release.add_permits(1);
+    assert!(c.pump_until(PATIENCE, |c| c.text() == "12345").await);
     token.cancel();
 }

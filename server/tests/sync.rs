@@ -224,19 +224,7 @@ async fn awareness_is_relayed_and_removed_when_its_connection_closes() {
     let url = server.url("presence");
     let mut a = Client::connect(&url, 1).await;
     let mut b = Client::connect(&url, 2).await;
-    let state = yrs::sync::AwarenessUpdate {
-        clients: [(
-            yrs::ClientID::new(1),
-            yrs::sync::awareness::AwarenessUpdateEntry {
-                clock: 1,
-                json: r#"{"user":{"name":"ann"}}"#.into(),
-            },
-        )]
-        .into_iter()
-        .collect(),
-    };
-    a.send_raw(quire_server::protocol::encode_awareness(&state))
-        .await;
+    a.send_raw(presence(1, r#"{"user":{"name":"ann"}}"#)).await;
     assert!(
         b.pump_until(PATIENCE, |c| c.awareness.contains_key(&1))
             .await
@@ -344,18 +332,7 @@ async fn several_messages_in_one_frame_are_all_handled() {
             &txn.encode_update_v1(),
         ));
     }
-    let presence = yrs::sync::AwarenessUpdate {
-        clients: [(
-            yrs::ClientID::new(5),
-            yrs::sync::awareness::AwarenessUpdateEntry {
-                clock: 1,
-                json: r#"{"user":"bo"}"#.into(),
-            },
-        )]
-        .into_iter()
-        .collect(),
-    };
-    frame.extend_from_slice(&quire_server::protocol::encode_awareness(&presence));
+    frame.extend_from_slice(&presence(5, r#"{"user":"bo"}"#));
     frame.extend_from_slice(&[3]);
     let ack = quire_server::protocol::encode_durable_ack(9);
     frame.extend_from_slice(&ack);

@@ -5,6 +5,11 @@
 //! - When no write is in flight, the room applies the queued updates to the `Doc` (dropping the
 //!   ones that add nothing) and starts one append for all the new ones: group commit, since
 //!   everything that arrived during the previous commit goes into this one.
+//! - When a full batch (`commit_batch` updates) is queued while an append is in flight, the room
+//!   applies it at once and stages it, so applying overlaps committing; the staged batch is
+//!   appended as soon as the one in flight commits (one append in flight at a time keeps the
+//!   log's sequence numbers gapless). Nothing is staged while reads wait for committed state or
+//!   a snapshot is due, so neither waits for a busy room to fall quiet.
 //! - When the append commits, the room broadcasts those updates, echoes durable
 //!   acknowledgements that were waiting for them, and answers Sync/Step1 requests that were
 //!   deferred because the `Doc` held uncommitted data. Then it starts the next batch.
@@ -265,6 +270,14 @@ struct Applied {
     raw: Bytes,
 }
 
+/// A batch applied to the `Doc` while the previous one commits, waiting for its own append.
+struct Staged {
+    batch: Vec<Applied>,
+    upto_idx: u64,
+    /// The state vector before the batch was applied.
+    committed_sv: StateVector,
+}
+
 /// Reads that must see only committed state; deferred while an append is in flight.
 enum DeferredRead {
     Update(StateVector, tokio::sync::oneshot::Sender<Vec<u8>>),
@@ -335,8 +348,10 @@ struct Room {
     last_seq: i64,
     /// Bytes stored for the document (snapshot plus log since), for `max_doc_size`.
     stored_bytes: u64,
-    /// Bytes of updates received but not yet committed.
+    /// Bytes of updates received and not yet applied.
     queued_bytes: u64,
+    /// Bytes of updates applied and not yet committed (in flight or staged).
+    applied_bytes: u64,
     since_snapshot_updates: u64,
     since_snapshot_bytes: u64,
     /// A snapshot write failed: wait for the next successful append before trying again, so
@@ -344,6 +359,7 @@ struct Room {
     snapshot_failed: bool,
     queued: VecDeque<Queued>,
     inflight: Option<Inflight>,
+    staged: Option<Staged>,
     /// At most one deferred Sync/Step1 per peer (a later one replaces an earlier one).
     deferred_step1: HashMap<PeerId, StateVector>,
     deferred_reads: Vec<DeferredRead>,
@@ -388,11 +404,13 @@ impl Room {
             last_seq: stored.last_seq(),
             stored_bytes: stored.stored_bytes(),
             queued_bytes: 0,
+            applied_bytes: 0,
             since_snapshot_updates: stored.updates.len() as u64,
             since_snapshot_bytes: stored.updates.iter().map(|(_, u)| u.len() as u64).sum(),
             snapshot_failed: false,
             queued: VecDeque::new(),
             inflight: None,
+            staged: None,
             deferred_step1: HashMap::new(),
             deferred_reads: Vec::new(),
             waiters: VecDeque::new(),
@@ -454,7 +472,7 @@ impl Room {
                     None => break Exit::Shutdown,
                 },
                 _ = sleep_until(self.unload_at.unwrap_or_else(Instant::now)), if self.unload_at.is_some() => {
-                    if self.peers.is_empty() && self.inflight.is_none() && self.queued.is_empty() {
+                    if self.peers.is_empty() && self.inflight.is_none() && self.staged.is_none() && self.queued.is_empty() {
                         break Exit::Unloaded;
                     }
                     // Still committing what departed peers sent; look again shortly.
@@ -587,7 +605,9 @@ impl Room {
     }
 
     fn has_uncommitted(&self) -> bool {
-        matches!(self.inflight, Some(Inflight::Append { .. })) || self.reload_needed.is_some()
+        matches!(self.inflight, Some(Inflight::Append { .. }))
+            || self.staged.is_some()
+            || self.reload_needed.is_some()
     }
 
     fn join(&mut self, link: PeerLink) -> Result<(), JoinError> {
@@ -610,7 +630,7 @@ impl Room {
     /// grow past `max_doc_size`.
     fn enqueue(&mut self, origin: Origin, raw: Bytes, update: Update) -> Result<(), Origin> {
         let limit = self.registry.config.max_doc_size;
-        if self.stored_bytes + self.queued_bytes + raw.len() as u64 > limit {
+        if self.stored_bytes + self.applied_bytes + self.queued_bytes + raw.len() as u64 > limit {
             warn!(limit, "update refused: document would exceed max_doc_size");
             return Err(origin);
         }
@@ -696,80 +716,147 @@ impl Room {
         }
     }
 
-    /// Applies queued updates and starts committing the new ones, if nothing is in flight.
+    /// Starts the next append if nothing is in flight (the staged batch, or the queued updates
+    /// applied now), and stages a full batch if an append is in flight.
     fn maybe_start_commit(&mut self) {
-        while self.inflight.is_none() && self.reload_needed.is_none() && !self.queued.is_empty() {
-            let committed_sv = self.doc.transact().state_vector();
-            let max = self.registry.config.commit_batch;
-            let mut batch: Vec<Applied> = Vec::new();
-            let mut upto_idx = self.committed_idx;
-            let mut rejected = Vec::new();
-            while batch.len() < max {
-                let Some(q) = self.queued.pop_front() else {
-                    break;
-                };
-                upto_idx = q.idx;
-                self.queued_bytes -= q.raw.len() as u64;
-                let update = match q.update {
-                    Some(u) => Ok(u),
-                    None => Update::decode_v1(&q.raw).map_err(|e| e.to_string()),
-                };
-                match update.and_then(|u| self.apply(u).map_err(|e| e.to_string())) {
-                    Ok(true) => batch.push(Applied {
-                        idx: q.idx,
-                        origin: q.origin,
-                        raw: q.raw,
-                    }),
-                    Ok(false) => {
-                        self.registry.metrics.updates_duplicate.inc();
-                        if let Origin::Http(reply) = q.origin {
-                            let _ = reply.send(Ok(self.last_seq));
-                        }
-                    }
-                    Err(e) => {
-                        rejected.push((q.origin, e));
-                        break;
-                    }
+        while self.reload_needed.is_none() {
+            if self.inflight.is_none() {
+                if let Some(Staged {
+                    batch,
+                    upto_idx,
+                    committed_sv,
+                }) = self.staged.take()
+                {
+                    self.start_append(batch, upto_idx, committed_sv);
+                    continue;
                 }
-            }
-            if !rejected.is_empty() {
-                // yrs may have integrated part of the rejected update: put the good ones back,
-                // rebuild the Doc from storage, and apply them again.
-                for a in batch.into_iter().rev() {
-                    self.queued_bytes += a.raw.len() as u64;
-                    self.queued.push_front(Queued {
-                        idx: a.idx,
-                        origin: a.origin,
-                        raw: a.raw,
-                        update: None,
-                    });
+                // The `Doc` holds only committed state: answer the reads waiting for that
+                // before applying more.
+                self.answer_deferred();
+                if self.queued.is_empty() {
+                    return;
                 }
-                for (origin, e) in rejected {
-                    warn!(error = %e, "update rejected by yrs");
-                    self.registry.metrics.malformed_messages.inc();
-                    match origin {
-                        Origin::Peer(peer) => self
-                            .close_peer(peer, CloseReason::new(close::MALFORMED, "invalid update")),
-                        Origin::Http(reply) => {
-                            let _ = reply.send(Err(ApplyError::Invalid(e)));
-                        }
-                    }
-                }
-                self.reload_needed = Some(committed_sv);
+            } else if !self.may_stage() {
                 return;
             }
-            if batch.is_empty() {
-                self.committed_idx = upto_idx;
-                self.release_waiters();
-                continue;
+            let Some((batch, upto_idx, committed_sv)) = self.apply_next_batch() else {
+                return; // an update was rejected: the Doc is rebuilt first
+            };
+            if self.inflight.is_none() {
+                self.start_append(batch, upto_idx, committed_sv);
+            } else {
+                self.staged = Some(Staged {
+                    batch,
+                    upto_idx,
+                    committed_sv,
+                });
             }
-            self.registry
-                .metrics
-                .updates_applied
-                .inc_by(batch.len() as u64);
-            self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, 0));
         }
-        self.answer_deferred();
+    }
+
+    /// Whether to apply the next batch now, while an append is in flight: only a full one (a
+    /// partial batch may still grow, and group commit wants it large), and only if no read
+    /// waits for committed state and no snapshot is due.
+    fn may_stage(&self) -> bool {
+        matches!(self.inflight, Some(Inflight::Append { .. }))
+            && self.staged.is_none()
+            && self.queued.len() >= self.registry.config.commit_batch
+            && self.deferred_step1.is_empty()
+            && self.deferred_reads.is_empty()
+            && !self.snapshot_due()
+    }
+
+    /// Appends an applied batch (nothing in flight); an empty one (every update a duplicate)
+    /// only moves `committed_idx`.
+    fn start_append(&mut self, batch: Vec<Applied>, upto_idx: u64, committed_sv: StateVector) {
+        if batch.is_empty() {
+            self.committed_idx = upto_idx;
+            self.release_waiters();
+            return;
+        }
+        self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, 0));
+    }
+
+    /// Applies up to `commit_batch` queued updates; `None` if one was rejected (the good ones
+    /// are back in the queue and `reload_needed` is set).
+    fn apply_next_batch(&mut self) -> Option<(Vec<Applied>, u64, StateVector)> {
+        let committed_sv = self.doc.transact().state_vector();
+        let max = self.registry.config.commit_batch;
+        let mut batch: Vec<Applied> = Vec::new();
+        let mut upto_idx = self.committed_idx;
+        let mut rejected = Vec::new();
+        while batch.len() < max {
+            let Some(q) = self.queued.pop_front() else {
+                break;
+            };
+            upto_idx = q.idx;
+            self.queued_bytes -= q.raw.len() as u64;
+            let update = match q.update {
+                Some(u) => Ok(u),
+                None => Update::decode_v1(&q.raw).map_err(|e| e.to_string()),
+            };
+            match update.and_then(|u| self.apply(u).map_err(|e| e.to_string())) {
+                Ok(true) => batch.push(Applied {
+                    idx: q.idx,
+                    origin: q.origin,
+                    raw: q.raw,
+                }),
+                Ok(false) => {
+                    self.registry.metrics.updates_duplicate.inc();
+                    if let Origin::Http(reply) = q.origin {
+                        let _ = reply.send(Ok(self.last_seq));
+                    }
+                }
+                Err(e) => {
+                    rejected.push((q.origin, e));
+                    break;
+                }
+            }
+        }
+        if !rejected.is_empty() {
+            // yrs may have integrated part of the rejected update: put the good ones back,
+            // rebuild the Doc from storage, and apply them again.
+            self.requeue_unapplied(batch);
+            for (origin, e) in rejected {
+                warn!(error = %e, "update rejected by yrs");
+                self.registry.metrics.malformed_messages.inc();
+                match origin {
+                    Origin::Peer(peer) => {
+                        self.close_peer(peer, CloseReason::new(close::MALFORMED, "invalid update"))
+                    }
+                    Origin::Http(reply) => {
+                        let _ = reply.send(Err(ApplyError::Invalid(e)));
+                    }
+                }
+            }
+            self.reload_needed = Some(committed_sv);
+            return None;
+        }
+        self.registry
+            .metrics
+            .updates_applied
+            .inc_by(batch.len() as u64);
+        self.applied_bytes += batch.iter().map(|a| a.raw.len() as u64).sum::<u64>();
+        Some((batch, upto_idx, committed_sv))
+    }
+
+    /// Puts updates taken from the queue back at its front, in order, to be applied again.
+    fn requeue_unapplied(&mut self, batch: Vec<Applied>) {
+        for a in batch.into_iter().rev() {
+            self.queued_bytes += a.raw.len() as u64;
+            self.queued.push_front(Queued {
+                idx: a.idx,
+                origin: a.origin,
+                raw: a.raw,
+                update: None,
+            });
+        }
+    }
+
+    /// [`Self::requeue_unapplied`] for a batch that was applied and counted in `applied_bytes`.
+    fn requeue_applied(&mut self, batch: Vec<Applied>) {
+        self.applied_bytes -= batch.iter().map(|a| a.raw.len() as u64).sum::<u64>();
+        self.requeue_unapplied(batch);
     }
 
     /// Applies one update; true if it changed the document.
@@ -830,6 +917,7 @@ impl Room {
                 m.commit_seconds.observe(started.elapsed().as_secs_f64());
                 m.updates_logged.inc_by(batch.len() as u64);
                 let bytes: u64 = batch.iter().map(|a| a.raw.len() as u64).sum();
+                self.applied_bytes -= bytes;
                 self.last_seq += batch.len() as i64;
                 self.stored_bytes += bytes;
                 self.since_snapshot_updates += batch.len() as u64;
@@ -867,15 +955,8 @@ impl Room {
                 warn!("log position taken by another writer; reloading");
                 self.registry.metrics.commit_failures.inc();
                 self.reload(&committed_sv).await?;
-                for a in batch.into_iter().rev() {
-                    self.queued_bytes += a.raw.len() as u64;
-                    self.queued.push_front(Queued {
-                        idx: a.idx,
-                        origin: a.origin,
-                        raw: a.raw,
-                        update: None,
-                    });
-                }
+                // The reload put a staged batch back in the queue; this one goes before it.
+                self.requeue_applied(batch);
             }
             (
                 Inflight::Append {
@@ -916,7 +997,11 @@ impl Room {
                         expected_version = self.snapshot_version,
                         "snapshot refused: the document row changed; reloading"
                     );
-                    let sv = self.doc.transact().state_vector();
+                    // What peers may have seen: the Doc without a staged batch.
+                    let sv = match &self.staged {
+                        Some(staged) => staged.committed_sv.clone(),
+                        None => self.doc.transact().state_vector(),
+                    };
                     self.reload(&sv).await?;
                 }
                 Err(StorageError::Fenced) => {
@@ -932,7 +1017,7 @@ impl Room {
             },
             (_, _) => return Err("internal: operation result does not match".into()),
         }
-        if self.snapshot_due() {
+        if self.staged.is_none() && self.snapshot_due() {
             self.inflight = Some(self.spawn_snapshot());
             self.answer_deferred();
         } else {
@@ -979,6 +1064,10 @@ impl Room {
     /// Replaces the `Doc` with what storage holds and sends peers what they lack relative to
     /// `seen` (the state they may have been sent).
     async fn reload(&mut self, seen: &StateVector) -> Result<(), String> {
+        // A staged batch is in the `Doc` being replaced: apply it again later.
+        if let Some(staged) = self.staged.take() {
+            self.requeue_applied(staged.batch);
+        }
         let loaded = load(&self.registry, &self.name)
             .await
             .map_err(|e| format!("reload failed: {e}"))?;

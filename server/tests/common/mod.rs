@@ -338,6 +338,22 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
+/// An awareness message announcing one client's state (clock 1) as `json`.
+pub fn presence(client: u64, json: &str) -> Bytes {
+    let update = yrs::sync::AwarenessUpdate {
+        clients: [(
+            yrs::ClientID::new(client),
+            yrs::sync::awareness::AwarenessUpdateEntry {
+                clock: 1,
+                json: json.into(),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    };
+    protocol::encode_awareness(&update)
+}
+
 /// A y-websocket client in Rust: a `Doc` kept in sync over one socket.
 pub struct Client {
     pub doc: Doc,
