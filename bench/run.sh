@@ -14,7 +14,8 @@ TRACE="${QUIRE_TRACE:-../shared/data/editing-trace.json.gz}"
 
 cargo build --release -p quire-server -p quire-bench
 (cd bench/peers && npm ci --no-audit --no-fund >/dev/null)
-BENCH=target/release/quire-bench
+RELEASE="${CARGO_TARGET_DIR:-target}/release"
+BENCH="$RELEASE/quire-bench"
 
 if [ "$MODE" = quick ]; then
   DUR=5s; FAN="10 50"; IDLE="2000"; SEARCH_STEPS=4; REFINE=1
@@ -24,7 +25,7 @@ fi
 
 start_server() { # name port dir -> sets PID
   case "$1" in
-    quire) target/release/quire serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
+    quire) "$RELEASE/quire" serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
              --log warn >"$3/log" 2>&1 & ;;
     y-websocket) node bench/peers/y-websocket.mjs "$2" >"$3/log" 2>&1 & ;;
     hocuspocus) node bench/peers/hocuspocus.mjs "$2" "$3/hocuspocus.db" >"$3/log" 2>&1 & ;;
