@@ -314,3 +314,58 @@ async fn a_sync_request_is_answered_while_updates_keep_arriving() {
     assert!(c.pump_until(PATIENCE, |c| c.text() == "12345").await);
     token.cancel();
 }
+
+/// An HTTP update identical to one that is applied but not yet committed changes nothing when
+/// applied; it is answered only once that update commits (answering at once would acknowledge
+/// something the server could still lose).
+#[tokio::test]
+async fn an_http_update_repeating_an_uncommitted_one_is_answered_after_its_commit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.room.commit_batch = 2;
+    let (addr, store, token) = start_with(dir.path(), cfg).await;
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("http://{addr}/api/v1/docs"))
+        .json(&serde_json::json!({ "name": "twice" }))
+        .json_body()
+        .await;
+    let id = created["id"].as_i64().expect("document id");
+    let mut a = Client::connect(&format!("ws://{addr}/twice"), 1).await;
+    store.hold_appends.store(true, Ordering::SeqCst);
+    type_char(&mut a, "x").await;
+    store.wait_appends(1).await;
+    let y = a.insert(1, "y").await;
+    // The same update over HTTP: with the socket's copy it makes a full batch, applied (the
+    // copy changes nothing) while "x" commits.
+    let post = tokio::spawn(
+        http.post(format!("http://{addr}/api/v1/docs/{id}/update"))
+            .body(y)
+            .send(),
+    );
+    let counted = tokio::time::timeout(PATIENCE, async {
+        while metric(addr, "quire_updates_duplicate_total").await < 1.0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "the HTTP copy was never applied");
+    store.release.add_permits(1);
+    store.wait_appends(2).await;
+    assert_eq!(
+        store.appends(),
+        vec![(1, 1), (2, 1)],
+        "the copy is not logged"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !post.is_finished(),
+        "answered before the update it repeats committed"
+    );
+    store.release.add_permits(1);
+    let resp = post.await.expect("task").expect("response");
+    assert_eq!(resp.status(), reqwest::StatusCode::OK);
+    let body: serde_json::Value = resp.json().await.expect("json");
+    assert_eq!(body["seq"], 2);
+    token.cancel();
+}

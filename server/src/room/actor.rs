@@ -288,6 +288,9 @@ enum DeferredRead {
 enum Waiter {
     /// Echo a durable-ack request to a peer.
     Ack(PeerId, Bytes),
+    /// Answer an HTTP update that changed nothing: it may duplicate an update not yet
+    /// committed, so the caller hears back only once everything before it is.
+    Http(tokio::sync::oneshot::Sender<Result<i64, ApplyError>>),
 }
 
 enum Inflight {
@@ -804,7 +807,9 @@ impl Room {
                 Ok(false) => {
                     self.registry.metrics.updates_duplicate.inc();
                     if let Origin::Http(reply) = q.origin {
-                        let _ = reply.send(Ok(self.last_seq));
+                        // Waiters stay in index order (durable acks wait for later indexes).
+                        let at = self.waiters.partition_point(|(idx, _)| *idx <= q.idx);
+                        self.waiters.insert(at, (q.idx, Waiter::Http(reply)));
                     }
                 }
                 Err(e) => {
@@ -1193,8 +1198,12 @@ impl Room {
             let Some((_, waiter)) = self.waiters.pop_front() else {
                 break;
             };
-            let Waiter::Ack(peer, raw) = waiter;
-            self.send_to(peer, raw);
+            match waiter {
+                Waiter::Ack(peer, raw) => self.send_to(peer, raw),
+                Waiter::Http(reply) => {
+                    let _ = reply.send(Ok(self.last_seq));
+                }
+            }
         }
     }
 
