@@ -147,6 +147,10 @@ struct ColdArgs {
     /// Edits per frame... one update per message, this many messages per write batch
     #[arg(long, default_value_t = 64)]
     batch: usize,
+    /// Give up on a server that has not taken and relayed the whole trace by then (a server
+    /// that stops reading would otherwise hold the run forever)
+    #[arg(long, default_value = "300s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
 }
 
 #[tokio::main]
@@ -767,8 +771,24 @@ async fn coldload(args: ColdArgs) -> anyhow::Result<()> {
     drop(updates);
     let started = Instant::now();
     let (mut sink, mut stream) = ws.split();
-    // Drain whatever the server sends the writer (echoes), so its socket never stalls.
-    let drain = tokio::spawn(async move { while let Some(Ok(_)) = stream.next().await {} });
+    // Drain whatever the server sends the writer (echoes), so its socket never stalls; say why
+    // if the server closes it before we do.
+    let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let we_close = closing.clone();
+    let drain = tokio::spawn(async move {
+        while let Some(msg) = stream.next().await {
+            match msg {
+                Ok(WsMessage::Close(frame)) if !we_close.load(Ordering::SeqCst) => {
+                    eprintln!("the server closed the ingest connection: {frame:?}");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("the ingest connection failed: {e}");
+                    break;
+                }
+            }
+        }
+    });
     let writer = async {
         for chunk in frames.chunks(args.batch) {
             let mut msgs =
@@ -812,9 +832,17 @@ async fn coldload(args: ColdArgs) -> anyhow::Result<()> {
         }
         anyhow::Ok(elapsed)
     };
-    let (sink, watched) = tokio::join!(writer, watch);
+    let Ok((sink, watched)) =
+        tokio::time::timeout(args.timeout, async { tokio::join!(writer, watch) }).await
+    else {
+        anyhow::bail!(
+            "the server had not taken and relayed the trace after {:?} (--timeout)",
+            args.timeout
+        );
+    };
     let mut sink = sink?;
     let elapsed = watched?;
+    closing.store(true, Ordering::SeqCst);
     let _ = sink.close().await;
     drain.abort();
     let rate = total_edits as f64 / elapsed.as_secs_f64();
