@@ -49,6 +49,10 @@ fn put_str(buf: &mut BytesMut, s: &str) {
 /// the fan-out scenario (one read per delivery), which made the generator the bottleneck.
 const READ_BUFFER: usize = 8 * 1024;
 
+/// How long a server may take to accept a WebSocket or to answer the sync handshake before the
+/// scenario fails (with 10,000 connections opening at once, a slow server takes seconds).
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 fn client_config() -> WebSocketConfig {
     WebSocketConfig::default().read_buffer_size(READ_BUFFER)
 }
@@ -61,8 +65,12 @@ pub async fn connect(base: &str, doc: &str, flavor: Flavor) -> anyhow::Result<Ws
         Flavor::Hocuspocus => base.to_owned(),
     };
     // TCP_NODELAY, as browsers do for WebSockets.
-    let (mut ws, _) =
-        tokio_tungstenite::connect_async_with_config(&url, Some(client_config()), true).await?;
+    let (mut ws, _) = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        tokio_tungstenite::connect_async_with_config(&url, Some(client_config()), true),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("{url}: no WebSocket handshake within {HANDSHAKE_TIMEOUT:?}"))??;
     if flavor == Flavor::Hocuspocus {
         let mut auth = BytesMut::new();
         put_str(&mut auth, doc);
@@ -130,7 +138,11 @@ pub async fn wait_synced(
     doc: &str,
     answer: &[u8],
 ) -> anyhow::Result<Bytes> {
-    while let Some(frame) = ws.next().await {
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+    while let Some(frame) = tokio::time::timeout_at(deadline, ws.next())
+        .await
+        .map_err(|_| anyhow::anyhow!("{doc}: not synced within {HANDSHAKE_TIMEOUT:?}"))?
+    {
         let WsMessage::Binary(data) = frame? else {
             continue;
         };
