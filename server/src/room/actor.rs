@@ -270,8 +270,9 @@ struct Applied {
     raw: Bytes,
 }
 
-/// A batch applied to the `Doc` while the previous one commits, waiting for its own append.
-struct Staged {
+/// Updates applied to the `Doc` together, to be committed in one append; held in `staged`
+/// when applied while the previous batch commits.
+struct AppliedBatch {
     batch: Vec<Applied>,
     upto_idx: u64,
     /// The state vector before the batch was applied.
@@ -362,7 +363,7 @@ struct Room {
     snapshot_failed: bool,
     queued: VecDeque<Queued>,
     inflight: Option<Inflight>,
-    staged: Option<Staged>,
+    staged: Option<AppliedBatch>,
     /// At most one deferred Sync/Step1 per peer (a later one replaces an earlier one).
     deferred_step1: HashMap<PeerId, StateVector>,
     deferred_reads: Vec<DeferredRead>,
@@ -724,13 +725,8 @@ impl Room {
     fn maybe_start_commit(&mut self) {
         while self.reload_needed.is_none() {
             if self.inflight.is_none() {
-                if let Some(Staged {
-                    batch,
-                    upto_idx,
-                    committed_sv,
-                }) = self.staged.take()
-                {
-                    self.start_append(batch, upto_idx, committed_sv);
+                if let Some(staged) = self.staged.take() {
+                    self.start_append(staged);
                     continue;
                 }
                 // The `Doc` holds only committed state: answer the reads waiting for that
@@ -742,17 +738,13 @@ impl Room {
             } else if !self.may_stage() {
                 return;
             }
-            let Some((batch, upto_idx, committed_sv)) = self.apply_next_batch() else {
+            let Some(next) = self.apply_next_batch() else {
                 return; // an update was rejected: the Doc is rebuilt first
             };
             if self.inflight.is_none() {
-                self.start_append(batch, upto_idx, committed_sv);
+                self.start_append(next);
             } else {
-                self.staged = Some(Staged {
-                    batch,
-                    upto_idx,
-                    committed_sv,
-                });
+                self.staged = Some(next);
             }
         }
     }
@@ -771,7 +763,12 @@ impl Room {
 
     /// Appends an applied batch (nothing in flight); an empty one (every update a duplicate)
     /// only moves `committed_idx`.
-    fn start_append(&mut self, batch: Vec<Applied>, upto_idx: u64, committed_sv: StateVector) {
+    fn start_append(&mut self, next: AppliedBatch) {
+        let AppliedBatch {
+            batch,
+            upto_idx,
+            committed_sv,
+        } = next;
         if batch.is_empty() {
             self.committed_idx = upto_idx;
             self.release_waiters();
@@ -782,7 +779,7 @@ impl Room {
 
     /// Applies up to `commit_batch` queued updates; `None` if one was rejected (the good ones
     /// are back in the queue and `reload_needed` is set).
-    fn apply_next_batch(&mut self) -> Option<(Vec<Applied>, u64, StateVector)> {
+    fn apply_next_batch(&mut self) -> Option<AppliedBatch> {
         let committed_sv = self.doc.transact().state_vector();
         let max = self.registry.config.commit_batch;
         let mut batch: Vec<Applied> = Vec::new();
@@ -842,7 +839,11 @@ impl Room {
             .updates_applied
             .inc_by(batch.len() as u64);
         self.applied_bytes += batch.iter().map(|a| a.raw.len() as u64).sum::<u64>();
-        Some((batch, upto_idx, committed_sv))
+        Some(AppliedBatch {
+            batch,
+            upto_idx,
+            committed_sv,
+        })
     }
 
     /// Puts updates taken from the queue back at its front, in order, to be applied again.
