@@ -411,3 +411,18 @@ async fn the_server_turns_off_nagle_on_every_accepted_socket() {
     }
     assert_eq!(accepted, vec![true, true], "one entry per accepted socket");
 }
+
+/// The connections gauge counts a socket from its join to its close, whichever way it closes.
+#[tokio::test]
+async fn the_connections_gauge_counts_open_sockets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let a = Client::connect(&server.url("counted"), 1).await;
+    let b = Client::connect(&server.url("counted"), 2).await;
+    server.wait_metric("quire_connections", |n| n == 2.0).await;
+    a.close().await;
+    server.wait_metric("quire_connections", |n| n == 1.0).await;
+    drop(b); // no close frame: the server sees the socket end
+    server.wait_metric("quire_connections", |n| n == 0.0).await;
+    server.stop().await;
+}

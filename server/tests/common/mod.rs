@@ -234,13 +234,7 @@ impl TestServer {
 
     /// Fetches a metric's value from /metrics.
     pub async fn metric(&self, name: &str) -> f64 {
-        let body = http_get(self.addr, "/metrics").await.1;
-        body.lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                (k == name).then(|| v.trim().parse().ok()).flatten()
-            })
-            .unwrap_or(0.0)
+        metric_at(self.addr, name).await
     }
 }
 
@@ -295,13 +289,7 @@ impl ServerProcess {
 
     /// Fetches a metric's value from /metrics.
     pub async fn metric(&self, name: &str) -> f64 {
-        let body = http_get(self.addr, "/metrics").await.1;
-        body.lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                (k == name).then(|| v.trim().parse().ok()).flatten()
-            })
-            .unwrap_or(0.0)
+        metric_at(self.addr, name).await
     }
 
     pub fn signal(&self, sig: &str) {
@@ -607,12 +595,29 @@ impl JsonBody for reqwest::RequestBuilder {
 impl TestServer {
     /// Waits until a metric satisfies `done` (a test fails if it never does).
     pub async fn wait_metric(&self, name: &str, done: impl Fn(f64) -> bool) {
-        let ok = tokio::time::timeout(PATIENCE, async {
-            while !done(self.metric(name).await) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await;
-        assert!(ok.is_ok(), "metric {name} never reached the expected value");
+        wait_metric_at(self.addr, name, done).await
     }
+}
+
+/// A metric's value from the /metrics of the server at `addr` (0 if it is not there).
+pub async fn metric_at(addr: SocketAddr, name: &str) -> f64 {
+    let body = http_get(addr, "/metrics").await.1;
+    body.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == name).then(|| v.trim().parse().ok()).flatten()
+        })
+        .unwrap_or(0.0)
+}
+
+/// Waits until a metric of the server at `addr` satisfies `done` (a test fails if it never
+/// does).
+pub async fn wait_metric_at(addr: SocketAddr, name: &str, done: impl Fn(f64) -> bool) {
+    let ok = tokio::time::timeout(PATIENCE, async {
+        while !done(metric_at(addr, name).await) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(ok.is_ok(), "metric {name} never reached the expected value");
 }
