@@ -1,0 +1,292 @@
+//! Every quire-bench scenario, run for real (small and short) against an in-process Quire on
+//! loopback: each must finish by itself and print a result line whose figures make sense, and
+//! bench/report.py must turn the lines into its table and plot.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+struct Server {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+async fn start(dir: &Path, addr: &str) -> Server {
+    let mut config = quire_server::config::Settings::default().resolve();
+    config.database_url = format!("sqlite://{}", dir.join("quire.db").display());
+    let listener = TcpListener::bind(addr).await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(quire_server::run(listener, config, shutdown.clone()));
+    Server {
+        addr,
+        shutdown,
+        task,
+    }
+}
+
+impl Server {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let stopped = tokio::time::timeout(std::time::Duration::from_secs(30), self.task).await;
+        assert!(
+            matches!(stopped, Ok(Ok(Ok(())))),
+            "server stops cleanly: {stopped:?}"
+        );
+    }
+}
+
+/// Runs quire-bench (on a blocking thread: the server runs on this test's runtime) and
+/// returns its JSON result lines.
+async fn bench(addr: SocketAddr, args: &[&str]) -> Vec<Value> {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_quire-bench"));
+    cmd.args(args).args([
+        "--url",
+        &format!("ws://{addr}"),
+        "--server-pid",
+        &std::process::id().to_string(),
+        "--label",
+        "quire",
+    ]);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .expect("run quire-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "quire-bench {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("result line is JSON"))
+        .collect()
+}
+
+fn one<'a>(lines: &'a [Value], scenario: &str) -> &'a Value {
+    let found: Vec<&Value> = lines.iter().filter(|l| l["scenario"] == scenario).collect();
+    assert_eq!(found.len(), 1, "one {scenario} line in {lines:?}");
+    found[0]
+}
+
+/// A small editing trace in the real trace's format: edits [position, deleted, inserted].
+fn write_trace(dir: &Path) -> std::path::PathBuf {
+    let edits = serde_json::json!([
+        [0, 0, "h"],
+        [1, 0, "e"],
+        [2, 0, "l"],
+        [3, 0, "l"],
+        [4, 0, "o"],
+        [5, 0, " "],
+        [6, 0, "w"],
+        [7, 0, "o"],
+        [8, 0, "r"],
+        [9, 0, "d"],
+        [9, 1, ""],
+        [9, 0, "l"],
+        [10, 0, "d"],
+        [0, 1, ""],
+        [0, 0, "H"]
+    ]);
+    let trace = serde_json::json!({ "edits": edits, "finalText": "Hello world" });
+    let path = dir.join("trace.json.gz");
+    let file = std::fs::File::create(&path).expect("create trace");
+    let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
+    gz.write_all(trace.to_string().as_bytes())
+        .expect("write trace");
+    gz.finish().expect("finish trace");
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_scenario_runs_against_quire_and_reports() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), "127.0.0.1:0").await;
+    let mut all = Vec::new();
+
+    let typing = bench(
+        server.addr,
+        &[
+            "typing",
+            "--rooms",
+            "2",
+            "--clients",
+            "3",
+            "--rate",
+            "10",
+            "--duration",
+            "2s",
+            "--warmup",
+            "0s",
+            "--prefix",
+            "typing",
+        ],
+    )
+    .await;
+    let t = one(&typing, "typing");
+    assert_eq!(t["complete"], true, "{t}");
+    assert!(t["sent"].as_u64().unwrap_or(0) > 0, "{t}");
+    assert_eq!(t["delivered"], t["expected"], "{t}");
+    assert!(t["p99_ms"].as_f64().is_some_and(|p| p > 0.0), "{t}");
+    assert!(
+        t["bench_cpu_s"].as_f64().is_some(),
+        "its own CPU beside the result: {t}"
+    );
+    all.extend(typing);
+
+    let acked = bench(
+        server.addr,
+        &[
+            "typing",
+            "--rooms",
+            "1",
+            "--clients",
+            "2",
+            "--rate",
+            "10",
+            "--duration",
+            "1s",
+            "--warmup",
+            "0s",
+            "--ack",
+            "--prefix",
+            "acked",
+        ],
+    )
+    .await;
+    let a = one(&acked, "typing");
+    assert!(a["ack_p99_ms"].as_f64().is_some_and(|p| p > 0.0), "{a}");
+
+    let fan = bench(
+        server.addr,
+        &[
+            "typing",
+            "--rooms",
+            "1",
+            "--clients",
+            "5",
+            "--writers",
+            "1",
+            "--rate",
+            "10",
+            "--duration",
+            "2s",
+            "--warmup",
+            "0s",
+            "--prefix",
+            "fan",
+        ],
+    )
+    .await;
+    let f = one(&fan, "typing");
+    assert_eq!(f["complete"], true, "{f}");
+    assert_eq!(
+        f["delivered"].as_u64(),
+        f["sent"].as_u64().map(|s| s * 4),
+        "every send reaches the four readers: {f}"
+    );
+    all.extend(fan);
+
+    let search = bench(
+        server.addr,
+        &[
+            "search",
+            "--rooms",
+            "2",
+            "--clients",
+            "2",
+            "--rate",
+            "5",
+            "--step",
+            "2",
+            "--steps",
+            "2",
+            "--refine",
+            "0",
+            "--duration",
+            "1s",
+            "--warmup",
+            "0s",
+            "--prefix",
+            "search",
+        ],
+    )
+    .await;
+    assert!(search.iter().any(|l| l["scenario"] == "search-step"));
+    let s = one(&search, "search");
+    assert!(
+        s["best_rate_per_s"].as_f64().is_some_and(|r| r > 0.0),
+        "{s}"
+    );
+    all.extend(search);
+
+    let idle = bench(
+        server.addr,
+        &[
+            "idle", "--conns", "40", "--rooms", "4", "--settle", "0s", "--prefix", "idle",
+        ],
+    )
+    .await;
+    let i = one(&idle, "idle");
+    assert_eq!(i["conns"], 40, "{i}");
+    all.extend(idle);
+
+    let trace = write_trace(dir.path());
+    let trace = trace.to_str().expect("utf-8 path");
+    let ingest = bench(
+        server.addr,
+        &["coldload", "--trace", trace, "--prefix", "cold"],
+    )
+    .await;
+    let c = one(&ingest, "coldload-ingest");
+    assert_eq!(c["edits"], 15, "{c}");
+    assert!(c["updates_per_s"].as_f64().is_some_and(|r| r > 0.0), "{c}");
+    all.extend(ingest);
+
+    // Restart on the same database: a new client's text must be the trace's final text.
+    let addr = server.addr.to_string();
+    server.stop().await;
+    let server = start(dir.path(), &addr).await;
+    let verify = bench(
+        server.addr,
+        &["coldload", "--verify", "--trace", trace, "--prefix", "cold"],
+    )
+    .await;
+    let v = one(&verify, "coldload-verify");
+    assert_eq!(v["text_ok"], true, "{v}");
+    assert_eq!(v["chars"], 11, "{v}");
+    all.extend(verify);
+    server.stop().await;
+
+    // The report turns the lines into its table and plot.
+    let results = dir.path().join("results.jsonl");
+    let lines: Vec<String> = all.iter().map(Value::to_string).collect();
+    std::fs::write(&results, lines.join("\n") + "\n").expect("write results");
+    let svg = dir.path().join("plot.svg");
+    let report = Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/report.py"))
+        .arg(&results)
+        .arg(&svg)
+        .output()
+        .expect("python3 runs bench/report.py");
+    assert!(
+        report.status.success(),
+        "report.py failed: {}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    let table = String::from_utf8_lossy(&report.stdout);
+    assert!(table.contains("editing-trace ingest"), "{table}");
+    let plot = std::fs::read_to_string(&svg).expect("plot written");
+    assert!(
+        plot.starts_with("<svg") || plot.contains("<svg"),
+        "an SVG plot"
+    );
+}
