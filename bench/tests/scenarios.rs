@@ -140,6 +140,10 @@ async fn every_scenario_runs_against_quire_and_reports() {
         t["bench_cpu_s"].as_f64().is_some(),
         "its own CPU beside the result: {t}"
     );
+    assert!(
+        t["server_cpu_per_1k"].as_f64().is_some_and(|c| c > 0.0),
+        "the server's CPU per 1,000 updates: {t}"
+    );
     all.extend(typing);
 
     let acked = bench(
@@ -237,6 +241,8 @@ async fn every_scenario_runs_against_quire_and_reports() {
     .await;
     let i = one(&idle, "idle");
     assert_eq!(i["conns"], 40, "{i}");
+    assert!(i["connect_s"].as_f64().is_some_and(|t| t > 0.0), "{i}");
+    assert!(i["kib_per_conn"].as_f64().is_some(), "{i}");
     all.extend(idle);
 
     let trace = write_trace(dir.path());
