@@ -279,7 +279,7 @@ impl TypingResult {
             "{} typing: {} rooms x {} clients ({} typing) at {}/s for {:.0}s",
             self.label, self.rooms, self.clients, self.writers, self.rate, self.secs
         );
-        println!("  connected in {:.2?}", self.connect);
+        println!("  connected and synced in {:.2?}", self.connect);
         println!(
             "  updates sent {} ({:.0}/s), deliveries {}/{} ({:.0}/s), errors {}",
             self.sent,
@@ -346,6 +346,14 @@ async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
                 .with_context(|| format!("connect {url} {doc}"))?;
             sockets.push((room, client, doc.clone(), ws));
         }
+    }
+    // Every client is synced before the clock starts: a client whose initial Step 2 arrived
+    // after the first sends would receive them twice (in the Step 2 and as updates) and be
+    // credited twice. The Step 2s are already on their way, so waiting in turn costs little.
+    for (_, _, doc, ws) in &mut sockets {
+        wire::wait_synced(ws, c.flavor, doc, &[0, 0])
+            .await
+            .with_context(|| format!("sync {doc}"))?;
     }
     let connect = connect_started.elapsed();
     let start = Instant::now() + args.warmup;
