@@ -137,11 +137,12 @@ pub struct OutboxEvent {
     pub delivered_at: Option<i64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema, sqlx::FromRow)]
 pub struct DeadEvent {
     pub id: i64,
     pub event_id: String,
     #[serde(rename = "type")]
+    #[sqlx(rename = "type")]
     pub kind: String,
     pub payload: String,
     pub attempts: i64,
@@ -256,4 +257,58 @@ pub trait ApiStore: Send + Sync + 'static {
         &self,
         limit: u32,
     ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError>;
+}
+
+/// Checks shared by the backends' unit tests.
+#[cfg(test)]
+pub(crate) mod checks {
+    use std::future::Future;
+    use std::pin::Pin;
+
+    use super::*;
+
+    /// A move between the view's two reads, as `outbox_view_with` takes it.
+    pub type Between<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+    /// An event moved to the dead-letter table between the outbox view's two reads (by
+    /// `view`, the backend's `outbox_view_with`) shows in exactly one of its lists: the
+    /// outbox, as the first read saw it.
+    pub async fn a_move_between_the_view_reads_shows_once<'a, S, V, F>(store: &'a S, view: V)
+    where
+        S: ApiStore,
+        V: FnOnce(Between<'a>) -> F,
+        F: Future<Output = Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError>>,
+    {
+        store
+            .create_doc("moving", "", None)
+            .await
+            .expect("create")
+            .expect("a new name");
+        let (events, dead) = store.outbox_view(10).await.expect("view");
+        assert!(dead.is_empty(), "{dead:?}");
+        let event = events
+            .iter()
+            .find(|e| e.kind == "document.created")
+            .cloned()
+            .expect("the document.created event");
+        let id = event.id;
+        let (events, dead) = view(Box::pin(async move {
+            store
+                .event_dead(event.id, event.revision, "gone", super::super::now_ms())
+                .await
+                .expect("move to the dead-letter table");
+        }))
+        .await
+        .expect("view");
+        assert!(events.iter().any(|e| e.id == id), "read before the move");
+        assert!(
+            dead.is_empty(),
+            "the dead-letter table is read in the outbox's snapshot: {dead:?}"
+        );
+        let (events, dead) = store.outbox_view(10).await.expect("view");
+        assert!(!events.iter().any(|e| e.id == id), "{events:?}");
+        assert_eq!(dead.iter().map(|d| d.id).collect::<Vec<_>>(), vec![id]);
+        assert_eq!(dead[0].kind, "document.created");
+        assert_eq!(dead[0].last_error.as_deref(), Some("gone"));
+    }
 }

@@ -1019,4 +1019,21 @@ mod tests {
             .any(|e| e.id == second.id && e.status == "delivered"));
         db.drop_db().await;
     }
+
+    #[tokio::test]
+    async fn the_outbox_view_reads_both_tables_in_one_snapshot() {
+        let events = EventSettings {
+            enabled: true,
+            debounce: Duration::from_secs(1),
+        };
+        let Some(db) = test_db(events).await else {
+            return;
+        };
+        let store = &db.store;
+        crate::storage::api::checks::a_move_between_the_view_reads_shows_once(store, |between| {
+            store.outbox_view_with(10, between)
+        })
+        .await;
+        db.drop_db().await;
+    }
 }

@@ -57,6 +57,36 @@ fn event_row(r: &PgRow) -> Result<OutboxEvent, sqlx::Error> {
 }
 
 impl PgStore {
+    /// [`ApiStore::outbox_view`], awaiting `between` after the outbox is read and before the
+    /// dead-letter table is: a test commits a move there to check that both reads see the
+    /// snapshot of the first.
+    pub(crate) async fn outbox_view_with(
+        &self,
+        limit: u32,
+        between: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError> {
+        let mut tx = self.pool.begin().await?;
+        // One snapshot for both reads (READ COMMITTED would take one per statement).
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let rows = sqlx::query("SELECT * FROM outbox ORDER BY id DESC LIMIT $1")
+            .bind(i64::from(limit))
+            .fetch_all(&mut *tx)
+            .await?;
+        let events = rows.iter().map(event_row).collect::<Result<_, _>>()?;
+        between.await;
+        let dead = sqlx::query_as(
+            "SELECT id, event_id, type, payload, attempts, last_error, created_at, died_at \
+             FROM outbox_dead ORDER BY id DESC LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok((events, dead))
+    }
+
     /// Writes an event to the outbox inside `tx`, if events are enabled.
     async fn emit(
         &self,
@@ -673,42 +703,6 @@ impl ApiStore for PgStore {
         &self,
         limit: u32,
     ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError> {
-        let mut tx = self.pool.begin().await?;
-        // One snapshot for both reads (READ COMMITTED would take one per statement).
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .execute(&mut *tx)
-            .await?;
-        let rows = sqlx::query("SELECT * FROM outbox ORDER BY id DESC LIMIT $1")
-            .bind(i64::from(limit))
-            .fetch_all(&mut *tx)
-            .await?;
-        let events = rows.iter().map(event_row).collect::<Result<_, _>>()?;
-        let rows: Vec<(i64, String, String, String, i64, Option<String>, i64, i64)> =
-            sqlx::query_as(
-                "SELECT id, event_id, type, payload, attempts, last_error, created_at, died_at \
-                 FROM outbox_dead ORDER BY id DESC LIMIT $1",
-            )
-            .bind(i64::from(limit))
-            .fetch_all(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        let dead = rows
-            .into_iter()
-            .map(
-                |(id, event_id, kind, payload, attempts, last_error, created_at, died_at)| {
-                    DeadEvent {
-                        id,
-                        event_id,
-                        kind,
-                        payload,
-                        attempts,
-                        last_error,
-                        created_at,
-                        died_at,
-                    }
-                },
-            )
-            .collect();
-        Ok((events, dead))
+        self.outbox_view_with(limit, async {}).await
     }
 }

@@ -56,6 +56,33 @@ fn event_row(r: &SqliteRow) -> Result<OutboxEvent, sqlx::Error> {
 }
 
 impl SqliteStore {
+    /// [`ApiStore::outbox_view`], awaiting `between` after the outbox is read and before the
+    /// dead-letter table is: a test commits a move there to check that both reads see the
+    /// snapshot of the first.
+    pub(crate) async fn outbox_view_with(
+        &self,
+        limit: u32,
+        between: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError> {
+        // In WAL mode a read transaction keeps the snapshot of its first read.
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query("SELECT * FROM outbox ORDER BY id DESC LIMIT ?")
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        let events = rows.iter().map(event_row).collect::<Result<_, _>>()?;
+        between.await;
+        let dead = sqlx::query_as(
+            "SELECT id, event_id, type, payload, attempts, last_error, created_at, died_at \
+             FROM outbox_dead ORDER BY id DESC LIMIT ?",
+        )
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok((events, dead))
+    }
+
     /// Writes an event to the outbox inside `tx`, if events are enabled.
     async fn emit(
         &self,
@@ -650,39 +677,33 @@ impl ApiStore for SqliteStore {
         &self,
         limit: u32,
     ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError> {
-        // In WAL mode a read transaction keeps the snapshot of its first read.
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query("SELECT * FROM outbox ORDER BY id DESC LIMIT ?")
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await?;
-        let events = rows.iter().map(event_row).collect::<Result<_, _>>()?;
-        let rows: Vec<(i64, String, String, String, i64, Option<String>, i64, i64)> =
-            sqlx::query_as(
-                "SELECT id, event_id, type, payload, attempts, last_error, created_at, died_at \
-                 FROM outbox_dead ORDER BY id DESC LIMIT ?",
-            )
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        let dead = rows
-            .into_iter()
-            .map(
-                |(id, event_id, kind, payload, attempts, last_error, created_at, died_at)| {
-                    DeadEvent {
-                        id,
-                        event_id,
-                        kind,
-                        payload,
-                        attempts,
-                        last_error,
-                        created_at,
-                        died_at,
-                    }
-                },
-            )
-            .collect();
-        Ok((events, dead))
+        self.outbox_view_with(limit, async {}).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::SqliteSync;
+    use crate::storage::api::checks;
+    use crate::storage::sqlite::EventSettings;
+
+    #[tokio::test]
+    async fn the_outbox_view_reads_both_tables_in_one_snapshot() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}/q.db", dir.path().display());
+        let events = EventSettings {
+            enabled: true,
+            debounce: Duration::from_secs(1),
+        };
+        let store = SqliteStore::connect_with_events(&url, SqliteSync::Normal, events)
+            .await
+            .expect("store");
+        checks::a_move_between_the_view_reads_shows_once(&store, |between| {
+            store.outbox_view_with(10, between)
+        })
+        .await;
     }
 }
