@@ -1003,11 +1003,10 @@ impl Room {
                         expected_version = self.snapshot_version,
                         "snapshot refused: the document row changed; reloading"
                     );
-                    // What peers may have seen: the Doc without a staged batch.
-                    let sv = match &self.staged {
-                        Some(staged) => staged.committed_sv.clone(),
-                        None => self.doc.transact().state_vector(),
-                    };
+                    // A batch is staged only behind an append, never behind a snapshot, so
+                    // the Doc is exactly what peers may have seen.
+                    debug_assert!(self.staged.is_none());
+                    let sv = self.doc.transact().state_vector();
                     self.reload(&sv).await?;
                 }
                 Err(StorageError::Fenced) => {
