@@ -29,6 +29,26 @@ impl<'de> Deserialize<'de> for HumanDuration {
     }
 }
 
+/// The SQLite writer's group-commit window: when other documents' writes are expected to
+/// arrive within `delay` (at least `siblings` of them, judged from the recent rate of writes
+/// and how many documents made them), the writer waits that long before committing, so they
+/// share the transaction and its fsync. A lone busy document never waits (its next write
+/// cannot come before this commit answers), nor does a quiet store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitWindowSettings {
+    pub delay: Duration,
+    pub siblings: u32,
+}
+
+impl Default for CommitWindowSettings {
+    fn default() -> Self {
+        CommitWindowSettings {
+            delay: Duration::from_millis(1),
+            siblings: 2,
+        }
+    }
+}
+
 /// SQLite's `synchronous` pragma. `full` (the default) fsyncs the WAL on every commit, so an
 /// acknowledged update survives power loss; `normal` survives a process crash only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
@@ -60,6 +80,14 @@ pub struct Settings {
     /// SQLite `synchronous` pragma [default: full]
     #[arg(long, env = "QUIRE_SQLITE_SYNCHRONOUS", value_enum)]
     pub sqlite_synchronous: Option<SqliteSync>,
+    /// How long the SQLite writer holds a commit open for more documents' writes when the
+    /// store is busy; 0 commits at once [default: 1ms]
+    #[arg(long, env = "QUIRE_SQLITE_COMMIT_DELAY")]
+    pub sqlite_commit_delay: Option<HumanDuration>,
+    /// Writes from other documents expected during the delay for the writer to wait
+    /// [default: 2]
+    #[arg(long, env = "QUIRE_SQLITE_COMMIT_SIBLINGS")]
+    pub sqlite_commit_siblings: Option<u32>,
     /// Log format [default: text]
     #[arg(long, env = "QUIRE_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
@@ -173,6 +201,7 @@ pub struct Config {
     pub bind: SocketAddr,
     pub database_url: String,
     pub sqlite_synchronous: SqliteSync,
+    pub sqlite_commit: CommitWindowSettings,
     pub log_format: LogFormat,
     pub log: String,
     pub limits: Limits,
@@ -274,6 +303,8 @@ impl Settings {
             bind,
             database_url,
             sqlite_synchronous,
+            sqlite_commit_delay,
+            sqlite_commit_siblings,
             log_format,
             log,
             max_message_size,
@@ -318,6 +349,15 @@ impl Settings {
                 .database_url
                 .unwrap_or_else(|| "sqlite://quire.db".to_owned()),
             sqlite_synchronous: self.sqlite_synchronous.unwrap_or(SqliteSync::Full),
+            sqlite_commit: CommitWindowSettings {
+                delay: d(
+                    self.sqlite_commit_delay,
+                    CommitWindowSettings::default().delay,
+                ),
+                siblings: self
+                    .sqlite_commit_siblings
+                    .unwrap_or(CommitWindowSettings::default().siblings),
+            },
             log_format: self.log_format.unwrap_or(LogFormat::Text),
             log: self.log.unwrap_or_else(|| "info".to_owned()),
             limits: Limits {
@@ -375,6 +415,7 @@ mod tests {
             bind = "127.0.0.1:9000"
             ping_interval = "5s"
             snapshot_updates = 10
+            sqlite_commit_delay = "3ms"
             "#,
         )
         .expect("valid toml");
@@ -388,6 +429,8 @@ mod tests {
         assert_eq!(cfg.room.snapshot_updates, 10);
         assert_eq!(cfg.idle_timeout, Duration::from_secs(90));
         assert_eq!(cfg.sqlite_synchronous, SqliteSync::Full);
+        assert_eq!(cfg.sqlite_commit.delay, Duration::from_millis(3));
+        assert_eq!(cfg.sqlite_commit.siblings, 2);
     }
 
     #[test]

@@ -87,8 +87,15 @@ pub async fn open_stores(config: &Config) -> Result<Stores, StorageError> {
             url,
         )));
     }
-    let store =
-        Arc::new(SqliteStore::connect_with_events(url, config.sqlite_synchronous, events).await?);
+    let store = Arc::new(
+        SqliteStore::connect_with_events(
+            url,
+            config.sqlite_synchronous,
+            events,
+            config.sqlite_commit,
+        )
+        .await?,
+    );
     Ok(Stores {
         events_written: store.events_notify(),
         docs: store.clone(),

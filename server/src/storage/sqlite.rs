@@ -6,8 +6,10 @@
 //! in its own savepoint, so one conflicting request fails alone. Reads (loads) use a small pool;
 //! WAL mode lets them run beside the writer.
 
+use std::collections::HashSet;
 use std::str::FromStr;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -21,7 +23,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::{now_ms, DocId, DocStore, Epoch, LeaseGrant, SnapshotOutcome, StorageError, StoredDoc};
-use crate::config::SqliteSync;
+use crate::config::{CommitWindowSettings, SqliteSync};
 
 /// Most write requests folded into one transaction. Bounds the latency a request can add to the
 /// others in its batch; at ~10 µs per row this is a few milliseconds of work.
@@ -51,6 +53,87 @@ enum WriteOp {
     },
 }
 
+impl WriteOp {
+    fn doc(&self) -> DocId {
+        match self {
+            WriteOp::Append { doc, .. } | WriteOp::Snapshot { doc, .. } => *doc,
+        }
+    }
+}
+
+/// How often the writer measures its load for the group-commit window.
+const LOAD_PERIOD: Duration = Duration::from_millis(100);
+
+/// The writer's recent load, from which it decides whether to hold a commit open for other
+/// documents' writes ([`CommitWindowSettings`]). Pure bookkeeping over the instants it is
+/// given, so the rule is tested without a clock.
+struct CommitWindow {
+    settings: CommitWindowSettings,
+    /// Start of the period being counted, its requests and their documents.
+    since: Instant,
+    requests: u32,
+    docs: HashSet<DocId>,
+    /// The last complete period: requests per second and distinct documents.
+    rate: f64,
+    active_docs: usize,
+}
+
+impl CommitWindow {
+    fn new(settings: CommitWindowSettings, now: Instant) -> CommitWindow {
+        CommitWindow {
+            settings,
+            since: now,
+            requests: 0,
+            docs: HashSet::new(),
+            rate: 0.0,
+            active_docs: 0,
+        }
+    }
+
+    /// Counts the requests of a batch about to commit.
+    fn record(&mut self, now: Instant, docs: impl Iterator<Item = DocId>) {
+        for doc in docs {
+            self.requests += 1;
+            self.docs.insert(doc);
+        }
+        let elapsed = now.saturating_duration_since(self.since);
+        if elapsed >= LOAD_PERIOD {
+            self.rate = f64::from(self.requests) / elapsed.as_secs_f64();
+            self.active_docs = self.docs.len();
+            self.since = now;
+            self.requests = 0;
+            self.docs = HashSet::new();
+        }
+    }
+
+    /// How long to hold the commit of a batch whose first request arrived at `now`: the
+    /// delay if at least `siblings` writes of documents other than one in flight are expected
+    /// within it. Each document has one write in flight at a time, so a write's own document
+    /// cannot add to the batch: only the others can, in proportion (docs - 1) / docs.
+    fn wait(&self, now: Instant) -> Option<Duration> {
+        let delay = self.settings.delay;
+        if delay.is_zero() {
+            return None;
+        }
+        let elapsed = now.saturating_duration_since(self.since);
+        // After a quiet spell the last period's rate is stale: judge by what came since.
+        let (rate, docs) = if elapsed >= LOAD_PERIOD {
+            (
+                f64::from(self.requests) / elapsed.as_secs_f64(),
+                self.docs.len(),
+            )
+        } else {
+            (self.rate, self.active_docs)
+        };
+        if docs < 2 {
+            return None;
+        }
+        let others = 1.0 - 1.0 / docs as f64;
+        let expected = rate * delay.as_secs_f64() * others;
+        (expected >= f64::from(self.settings.siblings)).then_some(delay)
+    }
+}
+
 enum WriteOutcome {
     Appended,
     Snapshot(SnapshotOutcome),
@@ -76,19 +159,29 @@ pub struct SqliteStore {
     pub(super) events: EventSettings,
     /// Woken after a transaction that wrote outbox events commits.
     pub(super) events_written: Arc<Notify>,
+    /// Transactions the writer has committed (or tried to).
+    transactions: Arc<AtomicU64>,
 }
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url` and applies the migrations.
     pub async fn connect(url: &str, sync: SqliteSync) -> Result<SqliteStore, StorageError> {
-        SqliteStore::connect_with_events(url, sync, EventSettings::default()).await
+        SqliteStore::connect_with_events(
+            url,
+            sync,
+            EventSettings::default(),
+            CommitWindowSettings::default(),
+        )
+        .await
     }
 
-    /// [`SqliteStore::connect`], writing webhook events to the outbox as configured.
+    /// [`SqliteStore::connect`], writing webhook events to the outbox as configured, with
+    /// the writer's group-commit window.
     pub async fn connect_with_events(
         url: &str,
         sync: SqliteSync,
         events: EventSettings,
+        window: CommitWindowSettings,
     ) -> Result<SqliteStore, StorageError> {
         if !url.starts_with("sqlite:") {
             return Err(StorageError::UnsupportedUrl(crate::storage::redact_url(
@@ -114,13 +207,28 @@ impl SqliteStore {
         let conn = SqliteConnection::connect_with(&opts).await?;
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
         let events_written = Arc::new(Notify::new());
-        tokio::spawn(writer_loop(conn, opts, rx, events_written.clone()));
+        let transactions = Arc::new(AtomicU64::new(0));
+        tokio::spawn(writer_loop(
+            conn,
+            opts,
+            rx,
+            events_written.clone(),
+            window,
+            transactions.clone(),
+        ));
         Ok(SqliteStore {
             pool,
             writer: tx,
             events,
             events_written,
+            transactions,
         })
+    }
+
+    /// Transactions the writer has committed (or tried to) so far: with the requests made,
+    /// how many shared each commit.
+    pub fn transactions(&self) -> u64 {
+        self.transactions.load(Ordering::Relaxed)
     }
 
     /// Notified whenever outbox events were committed (the delivery worker waits on it).
@@ -341,9 +449,15 @@ async fn writer_loop(
     opts: SqliteConnectOptions,
     mut rx: mpsc::Receiver<WriteRequest>,
     events_written: Arc<Notify>,
+    window: CommitWindowSettings,
+    transactions: Arc<AtomicU64>,
 ) {
     let mut batch = Vec::with_capacity(MAX_WRITES_PER_TRANSACTION);
+    let mut window = CommitWindow::new(window, Instant::now());
     while let Some(first) = rx.recv().await {
+        if let Some(delay) = window.wait(Instant::now()) {
+            tokio::time::sleep(delay).await;
+        }
         batch.push(first);
         while batch.len() < MAX_WRITES_PER_TRANSACTION {
             match rx.try_recv() {
@@ -351,6 +465,8 @@ async fn writer_loop(
                 Err(_) => break,
             }
         }
+        window.record(Instant::now(), batch.iter().map(|r| r.op.doc()));
+        transactions.fetch_add(1, Ordering::Relaxed);
         match commit_batch(&mut conn, &mut batch).await {
             Ok(results) => {
                 if batch.iter().any(|r| {
@@ -787,5 +903,131 @@ mod tests {
         assert!(seqs(&store, "d1").await.is_empty());
         assert_eq!(seqs(&store, "d2").await, vec![1, 2, 3, 4, 5]);
         assert_eq!(seqs(&store, "d3").await, vec![1, 2]);
+    }
+
+    fn window(delay_ms: u64, siblings: u32) -> CommitWindowSettings {
+        CommitWindowSettings {
+            delay: Duration::from_millis(delay_ms),
+            siblings,
+        }
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// `per_period` requests spread over the documents `docs`, recorded in ten batches over
+    /// one load period from `t0`.
+    fn busy(w: &mut CommitWindow, t0: Instant, docs: std::ops::Range<DocId>, per_period: usize) {
+        let all: Vec<DocId> = docs.cycle().take(per_period).collect();
+        for (i, chunk) in all.chunks(per_period.div_ceil(10)).enumerate() {
+            w.record(t0 + 10 * MS * (i as u32 + 1), chunk.iter().copied());
+        }
+    }
+
+    #[test]
+    fn the_window_opens_only_when_other_documents_are_expected_within_it() {
+        let t0 = Instant::now();
+        // Before a full period has been measured: commit at once.
+        let w = CommitWindow::new(window(1, 2), t0);
+        assert_eq!(w.wait(t0 + 5 * MS), None);
+
+        // 4,000 writes/s from 200 documents: four expected within 1 ms.
+        let mut w = CommitWindow::new(window(1, 2), t0);
+        busy(&mut w, t0, 1..201, 400);
+        assert_eq!(w.wait(t0 + 101 * MS), Some(MS));
+        // Fewer expected than `siblings`: 1,000 writes/s is one per millisecond.
+        let mut w = CommitWindow::new(window(1, 2), t0);
+        busy(&mut w, t0, 1..201, 100);
+        assert_eq!(w.wait(t0 + 101 * MS), None);
+        // ... unless the window is wider.
+        let mut w = CommitWindow::new(window(3, 2), t0);
+        busy(&mut w, t0, 1..201, 100);
+        assert_eq!(w.wait(t0 + 101 * MS), Some(3 * MS));
+        // Two documents at 3,000 writes/s: only the other one can join, 1.5 expected.
+        let mut w = CommitWindow::new(window(1, 2), t0);
+        busy(&mut w, t0, 1..3, 300);
+        assert_eq!(w.wait(t0 + 101 * MS), None);
+    }
+
+    #[test]
+    fn a_lone_document_a_quiet_store_and_a_zero_delay_never_wait() {
+        let t0 = Instant::now();
+        // One document at 10,000 writes/s: its next write cannot come before this commit.
+        let mut w = CommitWindow::new(window(1, 0), t0);
+        busy(&mut w, t0, 7..8, 1000);
+        assert_eq!(w.wait(t0 + 101 * MS), None);
+        // A busy store that went quiet: the last period's rate is stale.
+        let mut w = CommitWindow::new(window(1, 2), t0);
+        busy(&mut w, t0, 1..201, 400);
+        assert_eq!(w.wait(t0 + 101 * MS), Some(MS));
+        assert_eq!(w.wait(t0 + 1300 * MS), None);
+        // Delay 0 turns the window off.
+        let mut w = CommitWindow::new(window(0, 0), t0);
+        busy(&mut w, t0, 1..201, 400);
+        assert_eq!(w.wait(t0 + 101 * MS), None);
+    }
+
+    /// Appends to `doc` one after another until `until`; how long each took.
+    async fn append_until(store: &SqliteStore, doc: DocId, until: Instant) -> Vec<Duration> {
+        let mut took = Vec::new();
+        let mut seq = 1;
+        while Instant::now() < until {
+            let t = Instant::now();
+            store
+                .append(doc, None, seq, vec![Bytes::from_static(b"u")])
+                .await
+                .expect("append");
+            took.push(t.elapsed());
+            seq += 1;
+        }
+        took
+    }
+
+    async fn store_with(dir: &tempfile::TempDir, w: CommitWindowSettings) -> SqliteStore {
+        let url = format!("sqlite://{}/q.db", dir.path().display());
+        SqliteStore::connect_with_events(&url, SqliteSync::Normal, EventSettings::default(), w)
+            .await
+            .expect("open")
+    }
+
+    #[tokio::test]
+    async fn a_busy_store_holds_its_commits_open_for_other_documents() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = store_with(&dir, window(200, 1)).await;
+        let mut docs = Vec::new();
+        for name in ["a", "b", "c", "d"] {
+            docs.push(store.load(name).await.expect("load").id);
+        }
+        let until = Instant::now() + 1200 * MS;
+        let took =
+            futures_util::future::join_all(docs.iter().map(|d| append_until(&store, *d, until)))
+                .await;
+        // The first period (100 ms) runs unheld; once the writer has seen four documents
+        // writing, each commit waits 200 ms for the others.
+        for t in &took {
+            let last = t.last().copied().unwrap_or_default();
+            assert!(last >= 150 * MS, "the last append took {last:?}: {t:?}");
+        }
+        let requests: usize = took.iter().map(Vec::len).sum();
+        assert!(
+            store.transactions() < requests as u64,
+            "some commits were shared"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lone_busy_document_is_never_held() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // The most eager window: any expected sibling would hold the commit for 10 s.
+        let store = store_with(&dir, window(10_000, 0)).await;
+        let doc = store.load("alone").await.expect("load").id;
+        let took = append_until(&store, doc, Instant::now() + 400 * MS).await;
+        let slowest = took.iter().max().copied().unwrap_or_default();
+        assert!(took.len() > 10, "{took:?}");
+        assert!(slowest < 5000 * MS, "an append was held for {slowest:?}");
+        assert_eq!(
+            store.transactions(),
+            took.len() as u64,
+            "one commit per append"
+        );
     }
 }

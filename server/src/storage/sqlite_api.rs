@@ -686,7 +686,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::SqliteSync;
+    use crate::config::{CommitWindowSettings, SqliteSync};
     use crate::storage::api::checks;
     use crate::storage::sqlite::EventSettings;
 
@@ -698,9 +698,14 @@ mod tests {
             enabled: true,
             debounce: Duration::from_secs(1),
         };
-        let store = SqliteStore::connect_with_events(&url, SqliteSync::Normal, events)
-            .await
-            .expect("store");
+        let store = SqliteStore::connect_with_events(
+            &url,
+            SqliteSync::Normal,
+            events,
+            CommitWindowSettings::default(),
+        )
+        .await
+        .expect("store");
         checks::a_move_between_the_view_reads_shows_once(&store, |between| {
             store.outbox_view_with(10, between)
         })
