@@ -19,7 +19,7 @@ struct Server {
 
 async fn start(dir: &Path, addr: &str) -> Server {
     let mut config = quire_server::config::Settings::default().resolve();
-    config.database_url = format!("sqlite://{}", dir.join("quire.db").display());
+    config.database_url = format!("sqlite://{}", dir.join("quire.db").display()).into();
     let listener = TcpListener::bind(addr).await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let shutdown = CancellationToken::new();

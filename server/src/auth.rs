@@ -17,6 +17,7 @@ use std::sync::RwLock;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
+use crate::config::Secret;
 use crate::storage::api::{Revocation, Role};
 
 /// What a token allows on the documents it covers. Ordered: admin > write > read.
@@ -74,6 +75,9 @@ pub struct Principal {
     pub issued_at: i64,
     pub doc_pattern: String,
     pub perm: Permission,
+    /// When the credential stops being valid (seconds since the epoch); `None` for the admin
+    /// key and open mode. A socket opened with it is closed then (4401).
+    pub expires_at: Option<i64>,
 }
 
 impl Principal {
@@ -85,6 +89,7 @@ impl Principal {
             issued_at: 0,
             doc_pattern: "*".to_owned(),
             perm: Permission::Admin,
+            expires_at: None,
         }
     }
 
@@ -158,29 +163,33 @@ struct Revoked {
 
 pub struct Auth {
     keys: Vec<Key>,
-    admin_key: Option<String>,
+    /// SHA-256 of the admin key: compared in constant time, and the same length as any
+    /// candidate's digest, so neither the key's bytes nor its length leak through timing.
+    admin_key: Option<[u8; 32]>,
     revoked: RwLock<Revoked>,
 }
 
 impl Auth {
     /// `keys` are `kid:secret` pairs, the first one signs.
-    pub fn new(keys: &[String], admin_key: Option<String>) -> Result<Auth, String> {
+    pub fn new(keys: &[Secret], admin_key: Option<Secret>) -> Result<Auth, String> {
         let keys = keys
             .iter()
-            .map(|k| match k.split_once(':') {
+            .map(|k| match k.expose().split_once(':') {
                 Some((id, secret)) if !id.is_empty() && secret.len() >= 16 => Ok(Key {
                     id: id.to_owned(),
                     secret: secret.as_bytes().to_vec(),
                 }),
                 _ => Err(format!(
                     "auth key {:?} must be `kid:secret` with a secret of at least 16 bytes",
-                    k.split(':').next().unwrap_or("")
+                    k.expose().split(':').next().unwrap_or("")
                 )),
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Auth {
             keys,
-            admin_key: admin_key.filter(|k| !k.is_empty()),
+            admin_key: admin_key
+                .filter(|k| !k.expose().is_empty())
+                .map(|k| digest(k.expose().as_bytes())),
             revoked: RwLock::new(Revoked::default()),
         })
     }
@@ -218,7 +227,7 @@ impl Auth {
     /// Checks a bearer credential: the admin key, or a token. `now` in seconds.
     pub fn verify(&self, credential: &str, now: i64) -> Result<Principal, AuthError> {
         if let Some(admin) = &self.admin_key {
-            if constant_time_eq(admin.as_bytes(), credential.as_bytes()) {
+            if constant_time_eq(admin, &digest(credential.as_bytes())) {
                 return Ok(Principal::admin("admin"));
             }
         }
@@ -251,6 +260,7 @@ impl Auth {
             token_id: Some(c.jti),
             doc_pattern: c.doc,
             perm: c.perm,
+            expires_at: Some(c.exp),
         })
     }
 
@@ -279,8 +289,14 @@ impl Auth {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes).into()
+}
+
+/// Compares two digests without an early exit (both are always 32 bytes).
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Seconds since the Unix epoch.
@@ -376,6 +392,7 @@ mod tests {
             issued_at: 0,
             doc_pattern: "d*".into(),
             perm: Permission::Write,
+            expires_at: None,
         };
         assert_eq!(p.permission_on("doc", None), Some(Permission::Write));
         assert_eq!(

@@ -12,6 +12,7 @@
 //! acknowledged).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +23,9 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::close;
-use crate::room::queue::Next;
+use crate::config::Limits;
+use crate::limits::PeerRates;
+use crate::room::queue::{Bounds, Next, QueueRx, QueueTx, SendError};
 use crate::room::{CloseReason, DocName, PeerAuth, PeerId, Registry};
 
 const OPEN: u8 = 1;
@@ -45,6 +48,9 @@ pub enum Envelope {
         doc: String,
         user: Option<String>,
         can_write: bool,
+        /// When the client's token expires (seconds since the epoch): the owner closes the
+        /// remote peer then, as it would a local one.
+        expires_at: Option<i64>,
     },
     Frame {
         from: String,
@@ -97,6 +103,7 @@ impl Envelope {
                 doc,
                 user,
                 can_write,
+                expires_at,
             } => {
                 b.put_u8(OPEN);
                 b.put_u64(*conn);
@@ -107,6 +114,13 @@ impl Envelope {
                     Some(u) => {
                         b.put_u8(1);
                         put_str(&mut b, u);
+                    }
+                    None => b.put_u8(0),
+                }
+                match expires_at {
+                    Some(exp) => {
+                        b.put_u8(1);
+                        b.put_i64(*exp);
                     }
                     None => b.put_u8(0),
                 }
@@ -161,12 +175,21 @@ impl Envelope {
                     1 => Some(get_str(&mut b)?),
                     _ => None,
                 };
+                if b.remaining() < 1 {
+                    return None;
+                }
+                let expires_at = match b.get_u8() {
+                    1 if b.remaining() >= 8 => Some(b.get_i64()),
+                    1 => return None,
+                    _ => None,
+                };
                 Envelope::Open {
                     from,
                     conn,
                     doc,
                     user,
                     can_write,
+                    expires_at,
                 }
             }
             FRAME => {
@@ -202,28 +225,35 @@ impl Envelope {
     }
 }
 
-/// What a relayed connection receives from the owner.
-#[derive(Debug)]
-pub enum RelayIn {
-    Out(Bytes),
-    Kill(CloseReason),
-}
-
 /// A remote peer's inbox on the owner.
 enum RemoteIn {
     Frame(Bytes),
     Alive,
     Close,
+    /// Its frames waiting here passed the bound: close it with 1013.
+    Overflow,
 }
 
 /// This node's end of the bus.
 pub struct Bus {
     client: async_nats::Client,
     pub node: Arc<str>,
-    /// Relayed connections of this node, by connection id.
-    relays: Mutex<HashMap<u64, mpsc::UnboundedSender<RelayIn>>>,
+    /// Relayed connections of this node, by connection id: the owner's frames for each wait
+    /// in a queue bounded like a local peer's (frames and bytes; overflow closes with 1013).
+    relays: Mutex<HashMap<u64, QueueTx>>,
     /// Remote peers this node serves as owner, by (relaying node, connection id).
-    remotes: Mutex<HashMap<(String, u64), mpsc::UnboundedSender<RemoteIn>>>,
+    remotes: Mutex<HashMap<(String, u64), Remote>>,
+    /// Most bytes of a relayed client's frames waiting for its remote peer on the owner;
+    /// past it the remote peer is closed with 1013.
+    remote_inbox_bytes: usize,
+    /// The connection limits, applied to remote peers as to local ones.
+    limits: Limits,
+}
+
+/// The owner's end of a relayed client: its inbox and the bytes of frames waiting in it.
+struct Remote {
+    tx: mpsc::UnboundedSender<RemoteIn>,
+    queued: Arc<AtomicUsize>,
 }
 
 fn subject(node: &str) -> String {
@@ -237,8 +267,9 @@ impl Bus {
         url: &str,
         node: Arc<str>,
         registry: Arc<Registry>,
-        max_message_size: usize,
+        limits: Limits,
     ) -> anyhow::Result<Arc<Bus>> {
+        let max_message_size = limits.max_message_size;
         let (events_tx, mut events_rx) = mpsc::unbounded_channel();
         let client = async_nats::ConnectOptions::new()
             .retry_on_initial_connect()
@@ -256,6 +287,8 @@ impl Bus {
             node,
             relays: Mutex::new(HashMap::new()),
             remotes: Mutex::new(HashMap::new()),
+            remote_inbox_bytes: registry.config.room_queue_bytes,
+            limits,
         });
         let weak = Arc::downgrade(&bus);
         tokio::spawn(async move {
@@ -292,9 +325,10 @@ impl Bus {
         }
     }
 
-    /// Registers a relayed connection; its messages from the owner arrive on the receiver.
-    pub fn register_relay(&self, conn: u64) -> mpsc::UnboundedReceiver<RelayIn> {
-        let (tx, rx) = mpsc::unbounded_channel();
+    /// Registers a relayed connection; its frames from the owner, and the owner's order to
+    /// close it, arrive on the receiver.
+    pub fn register_relay(&self, conn: u64, bounds: Bounds) -> QueueRx {
+        let (tx, rx) = crate::room::queue::queue(bounds);
         self.lock_relays().insert(conn, tx);
         rx
     }
@@ -303,15 +337,11 @@ impl Bus {
         self.lock_relays().remove(&conn);
     }
 
-    fn lock_relays(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<u64, mpsc::UnboundedSender<RelayIn>>> {
+    fn lock_relays(&self) -> std::sync::MutexGuard<'_, HashMap<u64, QueueTx>> {
         self.relays.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_remotes(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, u64), mpsc::UnboundedSender<RemoteIn>>> {
+    fn lock_remotes(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u64), Remote>> {
         self.remotes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -322,23 +352,32 @@ impl Bus {
             "lost the link to the document's node, reconnect",
         );
         for (_, tx) in self.lock_relays().drain() {
-            let _ = tx.send(RelayIn::Kill(gone.clone()));
+            tx.kill(gone.clone());
         }
-        for (_, tx) in self.lock_remotes().drain() {
-            let _ = tx.send(RemoteIn::Close);
+        for (_, remote) in self.lock_remotes().drain() {
+            let _ = remote.tx.send(RemoteIn::Close);
         }
     }
 
     fn dispatch(self: &Arc<Self>, env: Envelope, registry: &Arc<Registry>) {
         match env {
             Envelope::Out { conn, data } => {
-                if let Some(tx) = self.lock_relays().get(&conn) {
-                    let _ = tx.send(RelayIn::Out(data));
+                let mut relays = self.lock_relays();
+                let full = relays
+                    .get(&conn)
+                    .is_some_and(|tx| tx.try_send(data) == Err(SendError::Full));
+                if full {
+                    if let Some(tx) = relays.remove(&conn) {
+                        tx.kill(CloseReason::new(
+                            close::TRY_AGAIN_LATER,
+                            "outbound queue full; reconnect",
+                        ));
+                    }
                 }
             }
             Envelope::Kill { conn, code, reason } => {
                 if let Some(tx) = self.lock_relays().remove(&conn) {
-                    let _ = tx.send(RelayIn::Kill(CloseReason::new(code, reason)));
+                    tx.kill(CloseReason::new(code, reason));
                 }
             }
             Envelope::Open {
@@ -347,17 +386,26 @@ impl Bus {
                 doc,
                 user,
                 can_write,
+                expires_at,
             } => {
                 let Ok(name) = DocName::parse(&doc) else {
                     return;
                 };
                 let (tx, rx) = mpsc::unbounded_channel();
-                self.lock_remotes().insert((from.clone(), conn), tx);
+                let queued = Arc::new(AtomicUsize::new(0));
+                self.lock_remotes().insert(
+                    (from.clone(), conn),
+                    Remote {
+                        tx,
+                        queued: queued.clone(),
+                    },
+                );
                 let auth = PeerAuth {
                     user: user.map(Into::into),
                     token_id: None,
                     issued_at: 0,
                     can_write,
+                    expires_at,
                 };
                 tokio::spawn(remote_peer(
                     self.clone(),
@@ -366,22 +414,34 @@ impl Bus {
                     from,
                     conn,
                     auth,
-                    rx,
+                    (rx, queued),
                 ));
             }
             Envelope::Frame { from, conn, data } => {
-                if let Some(tx) = self.lock_remotes().get(&(from, conn)) {
-                    let _ = tx.send(RemoteIn::Frame(data));
+                let mut remotes = self.lock_remotes();
+                let key = (from, conn);
+                let Some(remote) = remotes.get(&key) else {
+                    return;
+                };
+                let queued = remote.queued.fetch_add(data.len(), Ordering::Relaxed);
+                if queued + data.len() > self.remote_inbox_bytes && queued > 0 {
+                    // The room is that far behind this client: close it like a local peer
+                    // whose frames the room cannot take (it reconnects and resyncs).
+                    if let Some(remote) = remotes.remove(&key) {
+                        let _ = remote.tx.send(RemoteIn::Overflow);
+                    }
+                } else {
+                    let _ = remote.tx.send(RemoteIn::Frame(data));
                 }
             }
             Envelope::Alive { from, conn } => {
-                if let Some(tx) = self.lock_remotes().get(&(from, conn)) {
-                    let _ = tx.send(RemoteIn::Alive);
+                if let Some(remote) = self.lock_remotes().get(&(from, conn)) {
+                    let _ = remote.tx.send(RemoteIn::Alive);
                 }
             }
             Envelope::Close { from, conn } => {
-                if let Some(tx) = self.lock_remotes().remove(&(from, conn)) {
-                    let _ = tx.send(RemoteIn::Close);
+                if let Some(remote) = self.lock_remotes().remove(&(from, conn)) {
+                    let _ = remote.tx.send(RemoteIn::Close);
                 }
             }
         }
@@ -396,7 +456,7 @@ async fn remote_peer(
     from: String,
     conn: u64,
     auth: PeerAuth,
-    mut inbox: mpsc::UnboundedReceiver<RemoteIn>,
+    (mut inbox, queued): (mpsc::UnboundedReceiver<RemoteIn>, Arc<AtomicUsize>),
 ) {
     let peer: PeerId = crate::ws::next_peer_id();
     let kill = |reason: CloseReason| Envelope::Kill {
@@ -413,6 +473,8 @@ async fn remote_peer(
         }
     };
     let mut last_heard = Instant::now();
+    let opened = Instant::now();
+    let mut rates = PeerRates::new(&bus.limits);
     let reason = loop {
         tokio::select! {
             next = out_rx.recv() => match next {
@@ -428,15 +490,26 @@ async fn remote_peer(
             msg = inbox.recv() => match msg {
                 Some(RemoteIn::Frame(data)) => {
                     last_heard = Instant::now();
-                    match crate::ws::to_peer_msgs(&data) {
-                        Ok(msgs) if msgs.is_empty() => {}
-                        Ok(msgs) => {
-                            if room.send(peer, msgs).await.is_err() {
-                                break Some(crate::room::queue::closed_reason());
-                            }
-                        }
-                        Err(detail) => break Some(CloseReason::new(close::MALFORMED, detail)),
+                    let now_ms = u32::try_from(opened.elapsed().as_millis()).unwrap_or(u32::MAX);
+                    let checked = crate::ws::to_peer_msgs(&data)
+                        .map_err(|detail| CloseReason::new(close::MALFORMED, detail))
+                        .and_then(|msgs| {
+                            rates.check(&msgs, now_ms, &bus.limits).map(|()| msgs).inspect_err(|_| {
+                                registry.metrics.rate_limited.inc();
+                            })
+                        });
+                    let sent = match checked {
+                        Ok(msgs) if msgs.is_empty() => Ok(()),
+                        Ok(msgs) => room.send(peer, msgs, data.len()).await,
+                        Err(reason) => break Some(reason),
+                    };
+                    queued.fetch_sub(data.len(), Ordering::Relaxed);
+                    if sent.is_err() {
+                        break Some(crate::room::queue::closed_reason());
                     }
+                }
+                Some(RemoteIn::Overflow) => {
+                    break Some(CloseReason::new(close::TRY_AGAIN_LATER, "inbound queue full; reconnect"));
                 }
                 Some(RemoteIn::Alive) => last_heard = Instant::now(),
                 Some(RemoteIn::Close) | None => break None,
@@ -463,6 +536,7 @@ mod tests {
                 doc: "team/notes".into(),
                 user: Some("ann".into()),
                 can_write: true,
+                expires_at: Some(1_800_000_000),
             },
             Envelope::Open {
                 from: "n1".into(),
@@ -470,6 +544,7 @@ mod tests {
                 doc: "d".into(),
                 user: None,
                 can_write: false,
+                expires_at: None,
             },
             Envelope::Frame {
                 from: "n2".into(),
@@ -505,6 +580,7 @@ mod tests {
             doc: "doc".into(),
             user: Some("u".into()),
             can_write: true,
+            expires_at: None,
         }
         .encode();
         truncated.truncate(truncated.len() - 2);

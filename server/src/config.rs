@@ -29,6 +29,48 @@ impl<'de> Deserialize<'de> for HumanDuration {
     }
 }
 
+/// A setting that must not appear in logs: `Debug` prints `[redacted]`. Read it with
+/// [`Secret::expose`] where it is used.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Secret {
+        Secret(s.to_owned())
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Secret {
+        Secret(s)
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Secret)
+    }
+}
+
 /// The SQLite writer's group-commit window: when other documents' writes are expected to
 /// arrive within `delay` (at least `siblings` of them, judged from the recent rate of writes
 /// and how many documents made them), the writer waits that long before committing, so they
@@ -76,7 +118,7 @@ pub struct Settings {
     pub bind: Option<SocketAddr>,
     /// Database URL [default: sqlite://quire.db]
     #[arg(long = "database", env = "QUIRE_DATABASE_URL")]
-    pub database_url: Option<String>,
+    pub database_url: Option<Secret>,
     /// SQLite `synchronous` pragma [default: full]
     #[arg(long, env = "QUIRE_SQLITE_SYNCHRONOUS", value_enum)]
     pub sqlite_synchronous: Option<SqliteSync>,
@@ -106,6 +148,39 @@ pub struct Settings {
     /// Outbound queue length per connection, in messages; overflow closes with 1013 [default: 1024]
     #[arg(long, env = "QUIRE_PEER_QUEUE")]
     pub peer_queue: Option<usize>,
+    /// Outbound bytes queued per connection beyond the frame being written; overflow closes
+    /// with 1013 [default: 16777216]
+    #[arg(long, env = "QUIRE_PEER_QUEUE_BYTES")]
+    pub peer_queue_bytes: Option<usize>,
+    /// Inbound bytes queued per room: frames sent to the room and updates not yet applied; a
+    /// connection waits (stops reading its socket) while the room is over it [default: 67108864]
+    #[arg(long, env = "QUIRE_ROOM_QUEUE_BYTES")]
+    pub room_queue_bytes: Option<usize>,
+    /// Sync Step 1 and QueryAwareness messages a connection may send per minute (a burst of
+    /// that many, refilled evenly); over it the connection is closed with 1008 [default: 120]
+    #[arg(long, env = "QUIRE_SYNC_REQUESTS_PER_MINUTE")]
+    pub sync_requests_per_minute: Option<u32>,
+    /// Awareness updates a connection may send per second (bursts of twice that); over it the
+    /// connection is closed with 1008 [default: 50]
+    #[arg(long, env = "QUIRE_AWARENESS_PER_SECOND")]
+    pub awareness_per_second: Option<u32>,
+    /// New WebSocket connections one client address may open per minute (a burst of that
+    /// many); over it the upgrade gets 429 [default: 600]
+    #[arg(long, env = "QUIRE_CONNECTIONS_PER_MINUTE_PER_ADDR")]
+    pub connections_per_minute_per_addr: Option<u32>,
+    /// Failed authentications (bad, expired or revoked tokens) one client address may make per
+    /// minute; over it every request from the address gets 429 until the minute passes
+    /// [default: 30]
+    #[arg(long, env = "QUIRE_AUTH_FAILURES_PER_MINUTE_PER_ADDR")]
+    pub auth_failures_per_minute_per_addr: Option<u32>,
+    /// Apply the per-address limits to loopback clients too (they are exempt by default, so
+    /// local tools and a reverse proxy on the same host are never limited) [default: false]
+    #[arg(long, env = "QUIRE_RATE_LIMIT_LOOPBACK")]
+    pub rate_limit_loopback: Option<bool>,
+    /// Time a client has to send its request headers (a WebSocket upgrade included) after
+    /// connecting; slower ones are disconnected [default: 10s]
+    #[arg(long, env = "QUIRE_HEADER_TIMEOUT")]
+    pub header_timeout: Option<HumanDuration>,
     /// NATS URL of the bus between nodes sharing a PostgreSQL database (nats://HOST:PORT); none: clients of a document another node owns are refused with 1013
     #[arg(long = "bus", env = "QUIRE_BUS_URL")]
     pub bus_url: Option<String>,
@@ -160,10 +235,10 @@ pub struct Settings {
     /// Token signing keys as `kid:secret` (secret of 16+ bytes); the first signs, all verify.
     /// Repeat the flag or separate with commas. None: open development mode [default: none]
     #[arg(long = "auth-key", env = "QUIRE_AUTH_KEYS", value_delimiter = ',')]
-    pub auth_keys: Option<Vec<String>>,
+    pub auth_keys: Option<Vec<Secret>>,
     /// Admin key: a bearer credential with every permission, for issuing tokens [default: none]
     #[arg(long, env = "QUIRE_ADMIN_KEY")]
-    pub admin_key: Option<String>,
+    pub admin_key: Option<Secret>,
     /// How long an Idempotency-Key is remembered [default: 24h]
     #[arg(long, env = "QUIRE_IDEMPOTENCY_TTL")]
     pub idempotency_ttl: Option<HumanDuration>,
@@ -176,7 +251,7 @@ pub struct Settings {
     pub webhook_urls: Option<Vec<String>>,
     /// Secret for the webhook signature header [default: none, unsigned]
     #[arg(long, env = "QUIRE_WEBHOOK_SECRET")]
-    pub webhook_secret: Option<String>,
+    pub webhook_secret: Option<Secret>,
     /// Delivery attempts before an event moves to the dead-letter table [default: 8]
     #[arg(long, env = "QUIRE_WEBHOOK_MAX_ATTEMPTS")]
     pub webhook_max_attempts: Option<u32>,
@@ -199,7 +274,8 @@ pub struct LeaseConfig {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub bind: SocketAddr,
-    pub database_url: String,
+    /// May hold a password: `Debug` redacts it; logs use [`crate::storage::redact_url`].
+    pub database_url: Secret,
     pub sqlite_synchronous: SqliteSync,
     pub sqlite_commit: CommitWindowSettings,
     pub log_format: LogFormat,
@@ -209,8 +285,8 @@ pub struct Config {
     pub idle_timeout: Duration,
     pub shutdown_grace: Duration,
     pub room: RoomConfig,
-    pub auth_keys: Vec<String>,
-    pub admin_key: Option<String>,
+    pub auth_keys: Vec<Secret>,
+    pub admin_key: Option<Secret>,
     pub idempotency_ttl: Duration,
     pub webhooks: WebhookConfig,
     /// The bus between nodes (NATS), if any.
@@ -226,19 +302,27 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct WebhookConfig {
     pub urls: Vec<String>,
-    pub secret: Option<String>,
+    pub secret: Option<Secret>,
     pub max_attempts: u32,
     pub debounce: Duration,
     pub backoff: Duration,
 }
 
-/// Size bounds on what clients may send.
+/// Size and rate bounds on what clients may send and what is held for them.
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_message_size: usize,
     pub peer_queue: usize,
+    pub peer_queue_bytes: usize,
     pub ws_read_buffer: usize,
     pub room_queue: usize,
+    pub room_queue_bytes: usize,
+    pub sync_requests_per_minute: u32,
+    pub awareness_per_second: u32,
+    pub connections_per_minute_per_addr: u32,
+    pub auth_failures_per_minute_per_addr: u32,
+    pub rate_limit_loopback: bool,
+    pub header_timeout: Duration,
 }
 
 /// What a room task needs to know.
@@ -259,6 +343,10 @@ pub struct RoomConfig {
     /// Outbound queue length of a peer (the connection-level limit, for peers the room
     /// serves for other nodes).
     pub peer_queue: usize,
+    /// The same in bytes.
+    pub peer_queue_bytes: usize,
+    /// Inbound bytes a room holds: frames sent to it and updates not yet applied.
+    pub room_queue_bytes: usize,
     /// How often the room asks its connections to ping their clients (the connection-level
     /// `ping_interval`; the room drives it so idle connections need no timer of their own).
     pub ping_interval: Duration,
@@ -311,6 +399,14 @@ impl Settings {
             max_doc_size,
             max_connections_per_doc,
             peer_queue,
+            peer_queue_bytes,
+            room_queue_bytes,
+            sync_requests_per_minute,
+            awareness_per_second,
+            connections_per_minute_per_addr,
+            auth_failures_per_minute_per_addr,
+            rate_limit_loopback,
+            header_timeout,
             bus_url,
             node_id,
             lease_ttl,
@@ -347,7 +443,7 @@ impl Settings {
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 1234))),
             database_url: self
                 .database_url
-                .unwrap_or_else(|| "sqlite://quire.db".to_owned()),
+                .unwrap_or_else(|| "sqlite://quire.db".into()),
             sqlite_synchronous: self.sqlite_synchronous.unwrap_or(SqliteSync::Full),
             sqlite_commit: CommitWindowSettings {
                 delay: d(
@@ -364,8 +460,22 @@ impl Settings {
                 max_message_size: self.max_message_size.unwrap_or(16 << 20),
                 // The room pushes at least two messages (step 1, awareness) on join.
                 peer_queue: self.peer_queue.unwrap_or(1024).max(4),
+                peer_queue_bytes: self.peer_queue_bytes.unwrap_or(16 << 20),
                 ws_read_buffer: self.ws_read_buffer.unwrap_or(128).max(16),
                 room_queue: self.room_queue.unwrap_or(1024).max(1),
+                room_queue_bytes: self.room_queue_bytes.unwrap_or(64 << 20).max(1),
+                sync_requests_per_minute: self.sync_requests_per_minute.unwrap_or(120).max(1),
+                awareness_per_second: self.awareness_per_second.unwrap_or(50).max(1),
+                connections_per_minute_per_addr: self
+                    .connections_per_minute_per_addr
+                    .unwrap_or(600)
+                    .max(1),
+                auth_failures_per_minute_per_addr: self
+                    .auth_failures_per_minute_per_addr
+                    .unwrap_or(30)
+                    .max(1),
+                rate_limit_loopback: self.rate_limit_loopback.unwrap_or(false),
+                header_timeout: d(self.header_timeout, Duration::from_secs(10)),
             },
             ping_interval: d(self.ping_interval, Duration::from_secs(30)),
             idle_timeout: d(self.idle_timeout, Duration::from_secs(90)),
@@ -373,6 +483,8 @@ impl Settings {
             room: RoomConfig {
                 lease: None,
                 peer_queue: self.peer_queue.unwrap_or(1024).max(4),
+                peer_queue_bytes: self.peer_queue_bytes.unwrap_or(16 << 20),
+                room_queue_bytes: self.room_queue_bytes.unwrap_or(64 << 20).max(1),
                 ping_interval: d(self.ping_interval, Duration::from_secs(30)),
                 max_doc_size: self.max_doc_size.unwrap_or(256 << 20),
                 max_connections: self.max_connections_per_doc.unwrap_or(1000).max(1),
@@ -431,6 +543,29 @@ mod tests {
         assert_eq!(cfg.sqlite_synchronous, SqliteSync::Full);
         assert_eq!(cfg.sqlite_commit.delay, Duration::from_millis(3));
         assert_eq!(cfg.sqlite_commit.siblings, 2);
+    }
+
+    #[test]
+    fn secrets_never_show_in_debug_output() {
+        let file: Settings = toml::from_str(
+            r#"
+            database_url = "postgres://quire:hunter2pw@db/quire"
+            auth_keys = ["k1:0123456789abcdefSECRET"]
+            admin_key = "ADMINKEY-0123456789"
+            webhook_secret = "WEBHOOKSECRET"
+            "#,
+        )
+        .expect("valid toml");
+        let shown = format!("{file:?} {:?}", file.clone().resolve());
+        for secret in ["hunter2pw", "SECRET", "ADMINKEY", "WEBHOOKSECRET"] {
+            assert!(!shown.contains(secret), "{secret} leaked into {shown}");
+        }
+        assert!(shown.contains("[redacted]"));
+        let cfg = file.resolve();
+        assert_eq!(
+            cfg.admin_key.as_ref().map(Secret::expose),
+            Some("ADMINKEY-0123456789")
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod bus;
 pub mod close;
 pub mod config;
 pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod protocol;
 pub mod revocation;
@@ -55,6 +56,8 @@ pub struct AppState {
     pub connections: TaskTracker,
     /// The bus to other nodes (`--bus`), when several nodes share a PostgreSQL database.
     pub bus: Option<Arc<bus::Bus>>,
+    /// Per-client-address limits (new connections, failed authentications).
+    pub address_limits: Arc<limits::AddressLimits>,
 }
 
 /// The storage a server runs on: document content, API rows, and the signal that outbox
@@ -73,7 +76,7 @@ pub async fn open_stores(config: &Config) -> Result<Stores, StorageError> {
         enabled: !config.webhooks.urls.is_empty(),
         debounce: config.webhooks.debounce,
     };
-    let url = config.database_url.as_str();
+    let url = config.database_url.expose();
     if is_postgres_url(url) {
         let store = Arc::new(PgStore::connect_with_events(url, events).await?);
         return Ok(Stores {
@@ -141,7 +144,7 @@ pub async fn run_with_stores(
         config::RoomConfig {
             ping_interval: config.ping_interval,
             // Several nodes may share a PostgreSQL database: each room then holds a lease.
-            lease: storage::postgres::is_postgres_url(&config.database_url).then(|| {
+            lease: storage::postgres::is_postgres_url(config.database_url.expose()).then(|| {
                 config::LeaseConfig {
                     node_id: config.node_id.as_str().into(),
                     ttl: config.lease_ttl,
@@ -161,7 +164,7 @@ pub async fn run_with_stores(
                 url,
                 lease.node_id.clone(),
                 registry.clone(),
-                config.limits.max_message_size,
+                config.limits.clone(),
             )
             .await?,
         ),
@@ -172,6 +175,7 @@ pub async fn run_with_stores(
         _ => None,
     };
     let app = AppState {
+        address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
         bus,
         config: Arc::new(config),
         store: stores.docs.clone(),
@@ -198,10 +202,9 @@ pub async fn run_with_stores(
     ));
     background.close();
     let connections = app.connections.clone();
+    let header_timeout = app.config.limits.header_timeout;
     let router = http::router(app);
-    let serve = axum::serve(nodelay(listener), router)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let server = tokio::spawn(async move { serve.await });
+    let server = tokio::spawn(serve(listener, router, header_timeout, shutdown.clone()));
 
     shutdown.cancelled().await;
     tracing::info!("shutting down: committing and snapshotting every room");
@@ -244,36 +247,73 @@ async fn cleanup_idempotency_keys(
     }
 }
 
-/// `listener` with `TCP_NODELAY` set on every accepted socket: small frames (a one-character
-/// update is about 20 bytes) leave at once. With Nagle's algorithm, a frame sent while the
-/// previous one to the same client was not yet acknowledged waited for that ACK, which the
-/// client delays (measured: about 13 ms on loopback for one delivery in three when four
-/// clients type in one document).
-pub fn nodelay(listener: TcpListener) -> axum::serve::TapIo<TcpListener, fn(&mut TcpStream)> {
-    use axum::serve::ListenerExt;
-    fn set(tcp: &mut TcpStream) {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
+/// Accepts connections and serves HTTP/1 on each until `shutdown`, then lets requests in
+/// flight finish (upgraded WebSocket connections live on in their own tasks).
+///
+/// Hand-written rather than `axum::serve`, which sets no timer and so no timeout at all: a
+/// client that opens a connection and sends its request headers slowly (or never) would hold
+/// it forever. Here a client has `header_timeout` to send its request line and headers, on
+/// each request of a keep-alive connection too; a WebSocket, once upgraded, is not limited.
+/// Every accepted socket gets `TCP_NODELAY`: small frames (a one-character update is about
+/// 20 bytes) leave at once, where Nagle's algorithm made a frame sent while the previous one
+/// was unacknowledged wait for the client's delayed ACK (measured: about 13 ms on loopback
+/// for one delivery in three when four clients type in one document). The client's address
+/// reaches handlers as [`axum::extract::ConnectInfo`], for the per-address limits.
+pub async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    header_timeout: std::time::Duration,
+    shutdown: CancellationToken,
+) {
+    use hyper::server::conn::http1;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt;
+
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, say: wait a little instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        set_nodelay(&tcp);
+        let (router, builder, shutdown) = (router.clone(), builder.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                router.clone().oneshot(req.map(axum::body::Body::new))
+            });
+            let conn = builder
+                .serve_connection(TokioIo::new(tcp), service)
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                served = conn.as_mut() => {
+                    if let Err(e) = served {
+                        tracing::debug!(error = %e, %peer, "connection ended with an error");
+                    }
+                    return;
+                }
+                _ = shutdown.cancelled() => conn.as_mut().graceful_shutdown(),
+            }
+            let _ = conn.await;
+        });
     }
-    listener.tap_io(set as fn(&mut TcpStream))
 }
 
-#[cfg(test)]
-mod tests {
-    use axum::serve::Listener;
-
-    /// Every socket the server accepts has Nagle's algorithm off.
-    #[tokio::test]
-    async fn accepted_sockets_have_tcp_nodelay() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let mut wrapped = super::nodelay(listener);
-        let client = tokio::spawn(tokio::net::TcpStream::connect(addr));
-        let (stream, _) = wrapped.accept().await;
-        assert!(stream.nodelay().expect("nodelay"));
-        let _ = client.await;
+fn set_nodelay(tcp: &TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
     }
 }

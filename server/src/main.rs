@@ -95,7 +95,7 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot listen on {}", config.bind))?;
             let addr = listener.local_addr()?;
-            tracing::info!(%addr, database = %quire_server::storage::redact_url(&config.database_url), "listening");
+            tracing::info!(%addr, database = %quire_server::storage::redact_url(config.database_url.expose()), "listening");
             // Scripts and tests read this line to learn the port when binding to port 0.
             println!("quire listening on {addr}");
             let shutdown = CancellationToken::new();
@@ -106,7 +106,7 @@ async fn main() -> anyhow::Result<()> {
             let config = args.resolve()?;
             quire_server::telemetry::init(config.log_format, &config.log);
             quire_server::open_stores(&config).await?;
-            tracing::info!(database = %quire_server::storage::redact_url(&config.database_url), "migrations applied");
+            tracing::info!(database = %quire_server::storage::redact_url(config.database_url.expose()), "migrations applied");
             Ok(())
         }
         Command::Token(TokenCommand::Issue {

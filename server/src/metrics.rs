@@ -20,6 +20,13 @@ pub struct Metrics {
     pub lease_losses: IntCounter,
     pub room_load_failures: IntCounter,
     pub malformed_messages: IntCounter,
+    pub peer_queue_bytes: IntGauge,
+    pub sync_answers_encoded: IntCounter,
+    pub sync_answers_shared: IntCounter,
+    pub sync_answers_skipped: IntCounter,
+    pub rate_limited: IntCounter,
+    pub addr_limited: IntCounter,
+    pub tokens_expired: IntCounter,
 }
 
 impl Metrics {
@@ -86,6 +93,34 @@ impl Metrics {
             malformed_messages: counter(
                 "malformed_messages_total",
                 "Connections closed for sending a malformed message",
+            ),
+            peer_queue_bytes: gauge(
+                "peer_queue_bytes",
+                "Bytes queued for connections and not yet written to their sockets",
+            ),
+            sync_answers_encoded: counter(
+                "sync_answers_encoded_total",
+                "Sync Step 2 answers encoded",
+            ),
+            sync_answers_shared: counter(
+                "sync_answers_shared_total",
+                "Sync Step 2 answers served from one already encoded for the same version",
+            ),
+            sync_answers_skipped: counter(
+                "sync_answers_skipped_total",
+                "Sync and awareness requests not answered because the previous answer was unread",
+            ),
+            rate_limited: counter(
+                "rate_limited_total",
+                "Connections closed with 1008 for sending requests faster than their limit",
+            ),
+            addr_limited: counter(
+                "address_limited_total",
+                "Requests refused with 429 by a per-address limit (connections, failed logins)",
+            ),
+            tokens_expired: counter(
+                "tokens_expired_total",
+                "Connections closed with 4401 because their token expired",
             ),
             registry,
         }

@@ -161,7 +161,10 @@ async fn post(
         .header("quire-event-type", &event.kind)
         .body(body.to_owned());
     if let Some(secret) = &config.secret {
-        req = req.header("quire-signature", signature(secret, now_ms() / 1000, body));
+        req = req.header(
+            "quire-signature",
+            signature(secret.expose(), now_ms() / 1000, body),
+        );
     }
     let resp = req.send().await.map_err(|e| e.to_string())?;
     if resp.status().is_success() {

@@ -19,10 +19,11 @@ use tracing::{debug, info_span, Instrument};
 use yrs::updates::decoder::Decode;
 use yrs::Update;
 
-use crate::bus::{Bus, Envelope, RelayIn, ALIVE_EVERY};
+use crate::bus::{Bus, Envelope, ALIVE_EVERY};
 use crate::close;
+use crate::limits::PeerRates;
 use crate::protocol::{self, Message};
-use crate::room::queue::{self, Next, QueueRx};
+use crate::room::queue::{self, Bounds, Next, QueueRx};
 use crate::room::{
     CloseReason, DocName, JoinError, PeerAuth, PeerLink, PeerMsg, Registry, RoomHandle,
 };
@@ -95,11 +96,10 @@ async fn join(
     name: &DocName,
     peer: u64,
     auth: PeerAuth,
-    queue: usize,
 ) -> Result<(RoomHandle, QueueRx), JoinError> {
     for _ in 0..JOIN_ATTEMPTS {
         let room = registry.get_or_start(name)?;
-        let (tx, rx) = queue::queue(queue);
+        let (tx, rx) = queue::queue(peer_bounds(registry));
         let link = PeerLink {
             id: peer,
             auth: auth.clone(),
@@ -114,6 +114,15 @@ async fn join(
     Err(JoinError::Gone)
 }
 
+/// The bounds of a peer's outbound queue (`peer_queue`, `peer_queue_bytes`).
+pub(crate) fn peer_bounds(registry: &Registry) -> Bounds {
+    Bounds {
+        frames: registry.config.peer_queue,
+        bytes: registry.config.peer_queue_bytes,
+        gauge: registry.metrics.peer_queue_bytes.clone(),
+    }
+}
+
 /// A fresh connection id, unique in this process.
 pub(crate) fn next_peer_id() -> u64 {
     NEXT_PEER.fetch_add(1, Ordering::Relaxed)
@@ -126,8 +135,7 @@ pub(crate) async fn join_room(
     peer: u64,
     auth: PeerAuth,
 ) -> Result<(RoomHandle, QueueRx), CloseReason> {
-    let queue = registry.config.peer_queue;
-    Box::pin(join(registry, name, peer, auth, queue))
+    Box::pin(join(registry, name, peer, auth))
         .await
         .map_err(join_close)
 }
@@ -169,15 +177,7 @@ fn serve_inner(
         // check below: a copy taken here would stay in the future for the connection's life.)
         // Boxed: joining happens once, and its future is larger than the rest of the
         // connection's.
-        let (room, out_rx) = match Box::pin(join(
-            &app.registry,
-            name,
-            peer,
-            auth.clone(),
-            app.config.limits.peer_queue,
-        ))
-        .await
-        {
+        let (room, out_rx) = match Box::pin(join(&app.registry, name, peer, auth.clone())).await {
             Ok(joined) => joined,
             Err(JoinError::Elsewhere) if app.bus.is_some() => {
                 // Another node owns the document: relay this client to it through the bus.
@@ -211,6 +211,8 @@ fn serve_inner(
         let mark_seen = || last_seen.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);
 
         let reader = async {
+            let limits = &app.config.limits;
+            let mut rates = PeerRates::new(limits);
             while let Some(frame) = stream.next().await {
                 mark_seen();
                 match frame {
@@ -223,7 +225,13 @@ fn serve_inner(
                                 return Some(CloseReason::new(close::MALFORMED, truncate(detail)));
                             }
                         };
-                        if !msgs.is_empty() && room.send(peer, msgs).await.is_err() {
+                        let now_ms = opened.elapsed().as_millis() as u32;
+                        if let Err(reason) = rates.check(&msgs, now_ms, limits) {
+                            app.metrics.rate_limited.inc();
+                            debug!(reason = %reason.reason, "rate limit exceeded");
+                            return Some(reason);
+                        }
+                        if !msgs.is_empty() && room.send(peer, msgs, data.len()).await.is_err() {
                             return Some(CloseReason::new(
                                 close::INTERNAL,
                                 "document closed, reconnect",
@@ -396,7 +404,7 @@ async fn relay(
             ))
         }
     };
-    let mut inbox = bus.register_relay(peer);
+    let inbox = bus.register_relay(peer, peer_bounds(&app.registry));
     let from = bus.node.to_string();
     bus.send(
         &owner,
@@ -406,6 +414,7 @@ async fn relay(
             doc: name.as_str().to_owned(),
             user: auth.user.as_deref().map(str::to_owned),
             can_write: auth.can_write,
+            expires_at: auth.expires_at,
         },
     )
     .await;
@@ -426,13 +435,14 @@ async fn relay(
                 Some(Ok(WsMessage::Close(_))) | Some(Err(_)) | None => break None,
             },
             msg = inbox.recv() => match msg {
-                Some(RelayIn::Out(data)) => {
+                Next::Frame(data) => {
                     if sink.send(WsMessage::Binary(data)).await.is_err() {
                         break None;
                     }
                 }
-                Some(RelayIn::Kill(reason)) => break Some(reason),
-                None => break Some(moved()),
+                Next::Kill(reason) => break Some(reason),
+                Next::Ping => {}
+                Next::Closed => break Some(moved()),
             },
             _ = tick.tick() => {
                 // Revocations reach rooms, and a relayed connection is in none on this node:

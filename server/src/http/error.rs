@@ -117,6 +117,15 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// 429 with `Retry-After` (whole seconds, rounded up).
+pub fn too_many(kind: &'static str, detail: &str, wait: std::time::Duration) -> Response {
+    let mut resp = ApiError::new(StatusCode::TOO_MANY_REQUESTS, kind, detail).into_response();
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+    resp
+}
+
 /// A problem response from parts.
 pub fn problem(status: StatusCode, kind: &'static str, detail: &str) -> Response {
     ApiError::new(status, kind, detail).into_response()

@@ -16,7 +16,7 @@ use axum::Router;
 use tower::ServiceExt;
 use tower_http::services::ServeDir;
 
-pub use error::{problem, ApiError};
+pub use error::{problem, too_many, ApiError};
 
 use crate::auth::{AuthError, Permission, Principal};
 use crate::room::{DocName, PeerAuth};
@@ -200,18 +200,53 @@ async fn metrics(State(app): State<AppState>) -> Response {
         .into_response()
 }
 
+/// The client's address, as the listener accepted it.
+fn client_ip(req: &Request) -> Option<std::net::IpAddr> {
+    req.extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip())
+}
+
+/// Verifies a bearer credential for a request from `ip`. An address that has failed too
+/// often lately is refused (429) before its credential is even looked at, and every failure
+/// counts against it, so guessing keys or replaying stale tokens is slow.
+fn verify_from(
+    app: &AppState,
+    ip: Option<std::net::IpAddr>,
+    credential: Option<&str>,
+) -> Result<Principal, Response> {
+    let now = tokio::time::Instant::now();
+    let failures = &app.address_limits.auth_failures;
+    if let Some(ip) = ip {
+        if let Err(wait) = failures.check(ip, now) {
+            app.metrics.addr_limited.inc();
+            return Err(too_many(
+                "too-many-failed-logins",
+                "too many failed authentications from this address; retry later",
+                wait,
+            ));
+        }
+    }
+    let verified = credential
+        .ok_or(AuthError::Missing)
+        .and_then(|t| app.auth.verify(t, crate::auth::now_secs()));
+    verified.map_err(|e| {
+        if let Some(ip) = ip {
+            let _ = failures.take(ip, now);
+        }
+        ApiError::unauthorized(e).into_response()
+    })
+}
+
 /// Checks the bearer credential of an API request and stores the [`Principal`] in the request.
 async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
     let principal = if app.auth.is_open() {
         Principal::admin("dev")
     } else {
         let token = bearer(req.headers());
-        match token
-            .ok_or(AuthError::Missing)
-            .and_then(|t| app.auth.verify(&t, crate::auth::now_secs()))
-        {
+        match verify_from(&app, client_ip(&req), token.as_deref()) {
             Ok(p) => p,
-            Err(e) => return ApiError::unauthorized(e).into_response(),
+            Err(resp) => return resp,
         }
     };
     req.extensions_mut().insert(principal);
@@ -252,10 +287,26 @@ fn socket_token(uri: &Uri, headers: &HeaderMap) -> Option<(String, bool)> {
 /// the upgrade, so a bad one gets a plain HTTP error.
 async fn document_socket(
     State(app): State<AppState>,
+    connect_info: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
     uri: Uri,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    let ip = connect_info.map(|c| c.0 .0.ip());
+    if let Some(ip) = ip {
+        if let Err(wait) = app
+            .address_limits
+            .connections
+            .take(ip, tokio::time::Instant::now())
+        {
+            app.metrics.addr_limited.inc();
+            return too_many(
+                "too-many-connections",
+                "too many new connections from this address; retry later",
+                wait,
+            );
+        }
+    }
     let name = match DocName::from_url_path(uri.path()) {
         Ok(name) => name,
         Err(e) => {
@@ -269,12 +320,10 @@ async fn document_socket(
     let (principal, via_protocol) = if app.auth.is_open() {
         (Principal::admin("dev"), false)
     } else {
-        let Some((token, via_protocol)) = socket_token(&uri, &headers) else {
-            return ApiError::unauthorized(AuthError::Missing).into_response();
-        };
-        match app.auth.verify(&token, crate::auth::now_secs()) {
-            Ok(p) => (p, via_protocol),
-            Err(e) => return ApiError::unauthorized(e).into_response(),
+        let (token, via_protocol) = socket_token(&uri, &headers).unzip();
+        match verify_from(&app, ip, token.as_deref()) {
+            Ok(p) => (p, via_protocol.unwrap_or(false)),
+            Err(resp) => return resp,
         }
     };
     let auth = match socket_permission(&app, &principal, &name).await {
@@ -332,6 +381,7 @@ async fn socket_permission(
         token_id: principal.token_id.as_deref().map(Into::into),
         issued_at: principal.issued_at,
         can_write: perm >= Permission::Write,
+        expires_at: principal.expires_at,
     })
 }
 

@@ -15,7 +15,7 @@
 //!   deferred because the `Doc` held uncommitted data. Then it starts the next batch.
 //! - Snapshots are written between appends, when the `Doc` is exactly the committed state.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -25,8 +25,9 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 use yrs::updates::decoder::Decode;
 use yrs::{Doc, ReadTxn, StateVector, Transact, Update};
 
+use super::answers::SharedAnswers;
 use super::awareness::AwarenessTable;
-use super::queue::{QueueTx, SendError};
+use super::queue::{Answer, QueueTx, SendError};
 use super::{
     ApplyError, CloseReason, DocName, JoinError, PeerAuth, PeerFilter, PeerId, PeerLink, PeerMsg,
     Registry, RoomCmd,
@@ -238,6 +239,17 @@ fn build_doc(stored: &StoredDoc) -> Result<Doc, LoadError> {
 struct Peer {
     tx: QueueTx,
     auth: PeerAuth,
+    /// When the peer's token expires (its entry in `Room::expiries`).
+    expires: Option<Instant>,
+}
+
+/// The instant a token expiring at `exp` (seconds since the epoch) runs out, on the room's
+/// clock.
+fn expiry_instant(exp: i64) -> Instant {
+    let left_ms = exp
+        .saturating_mul(1000)
+        .saturating_sub(crate::storage::now_ms());
+    Instant::now() + Duration::from_millis(u64::try_from(left_ms).unwrap_or(0))
 }
 
 /// Where an update came from: a connection, or an HTTP request waiting for its commit.
@@ -345,7 +357,11 @@ struct Room {
     fenced: bool,
     doc: Doc,
     awareness: AwarenessTable,
+    /// Sync answers encoded for the current version of the `Doc`, shared between peers.
+    answers: SharedAnswers,
     peers: HashMap<PeerId, Peer>,
+    /// Peers whose token expires, by when: the room closes each with 4401 then.
+    expiries: BTreeSet<(Instant, PeerId)>,
     /// Version of the document row's snapshot, for the optimistic check.
     snapshot_version: i64,
     /// Highest committed log sequence number.
@@ -403,7 +419,9 @@ impl Room {
             fenced: false,
             doc,
             awareness: AwarenessTable::default(),
+            answers: SharedAnswers::default(),
             peers: HashMap::new(),
+            expiries: BTreeSet::new(),
             snapshot_version: stored.snapshot_version,
             last_seq: stored.last_seq(),
             stored_bytes: stored.stored_bytes(),
@@ -441,6 +459,9 @@ impl Room {
         let mut keepalive = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
         keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let shutdown = self.registry.shutdown.clone();
+        // Updates received but not yet applied, in bytes, above which the room stops taking
+        // commands until a commit drains them (the senders wait: `room_queue_bytes`).
+        let inbound_bound = self.registry.config.room_queue_bytes as u64;
         let exit = loop {
             if let Some(seen) = self.reload_needed.take() {
                 if self.inflight.is_none() {
@@ -467,7 +488,7 @@ impl Room {
                         break exit;
                     }
                 }
-                cmd = rx.recv() => match cmd {
+                cmd = rx.recv(), if self.queued_bytes < inbound_bound => match cmd {
                     Some(cmd) => {
                         if let Some(exit) = self.handle(cmd) {
                             break exit;
@@ -487,6 +508,9 @@ impl Room {
                     if let Some(gone) = self.awareness.expire(now, self.registry.config.awareness_timeout) {
                         self.broadcast(&protocol::encode_awareness(&gone), None);
                     }
+                }
+                _ = sleep_until(self.expiries.first().map_or_else(Instant::now, |e| e.0)), if !self.expiries.is_empty() => {
+                    self.close_expired(Instant::now());
                 }
                 _ = keepalive.tick(), if !self.peers.is_empty() => {
                     for peer in self.peers.values() {
@@ -549,7 +573,9 @@ impl Room {
                 let result = self.join(peer);
                 let _ = reply.send(result);
             }
-            RoomCmd::Messages { peer, msgs } => {
+            // The frame's budget goes back when this arm ends: its updates are counted in
+            // `queued_bytes` from here on.
+            RoomCmd::Messages { peer, msgs, .. } => {
                 for msg in msgs {
                     if !self.peers.contains_key(&peer) {
                         break; // closed by the room while its messages were queued
@@ -619,15 +645,39 @@ impl Room {
             return Err(JoinError::Full);
         }
         let PeerLink { id, auth, tx } = link;
-        // The queue is empty and at least 4 long (config), so these cannot overflow.
-        let sv = self.doc.transact().state_vector();
-        let _ = tx.try_send(protocol::encode_step1(&sv));
-        if let Some(all) = self.awareness.full_state() {
-            let _ = tx.try_send(protocol::encode_awareness(&all));
+        // The queue is empty and at least 4 long (config), so these cannot overflow (the byte
+        // bound lets the first frame in whatever its size; the awareness table, if it does
+        // not fit behind it, is what the client's first QueryAwareness would get anyway).
+        let _ = tx.try_send(self.answers.step1(&self.doc));
+        if let Some(all) = self.awareness.full_state_frame() {
+            let _ = tx.try_send_answer(Answer::Awareness, all);
         }
-        self.peers.insert(id, Peer { tx, auth });
+        let expires = auth.expires_at.map(expiry_instant);
+        if let Some(at) = expires {
+            self.expiries.insert((at, id));
+        }
+        self.peers.insert(id, Peer { tx, auth, expires });
         self.unload_at = None;
         Ok(())
+    }
+
+    /// Closes every peer whose token has expired by `now` (4401: reconnect with a new token).
+    fn close_expired(&mut self, now: Instant) {
+        while let Some(&(at, peer)) = self.expiries.first() {
+            if at > now {
+                break;
+            }
+            self.expiries.pop_first();
+            self.registry.metrics.tokens_expired.inc();
+            debug!(peer, "token expired; closing the peer");
+            self.close_peer(
+                peer,
+                CloseReason::new(
+                    close::TOKEN_EXPIRED,
+                    "token expired, reconnect with a new one",
+                ),
+            );
+        }
     }
 
     /// Queues an update for the next commit; gives the origin back if the document would
@@ -678,8 +728,11 @@ impl Room {
                 }
             }
             PeerMsg::QueryAwareness => {
-                if let Some(all) = self.awareness.full_state() {
-                    self.send_to(peer, protocol::encode_awareness(&all));
+                if self.answer_pending(peer, Answer::Awareness) {
+                    return;
+                }
+                if let Some(all) = self.awareness.full_state_frame() {
+                    self.send_answer(peer, Answer::Awareness, all);
                 }
             }
             PeerMsg::DurableAck(raw) => {
@@ -693,9 +746,37 @@ impl Room {
         }
     }
 
+    /// Answers a Sync Step 1 with the Step 2 for `sv` (shared with other peers asking for the
+    /// same at this version), unless the peer has not yet read its previous answer: then
+    /// nothing, since that answer and the broadcasts queued after it bring the peer up to date.
     fn answer_step1(&mut self, peer: PeerId, sv: &StateVector) {
-        let diff = self.doc.transact().encode_diff_v1(sv);
-        self.send_to(peer, protocol::encode_step2(&diff));
+        if self.answer_pending(peer, Answer::Sync) {
+            return;
+        }
+        let frame = self.answers.step2(&self.doc, sv, &self.registry.metrics);
+        self.send_answer(peer, Answer::Sync, frame);
+    }
+
+    /// Whether `peer` still has an unread answer of this kind queued (counted as skipped).
+    fn answer_pending(&self, peer: PeerId, kind: Answer) -> bool {
+        let pending = self
+            .peers
+            .get(&peer)
+            .is_some_and(|p| p.tx.answer_pending(kind));
+        if pending {
+            self.registry.metrics.sync_answers_skipped.inc();
+        }
+        pending
+    }
+
+    fn send_answer(&mut self, peer: PeerId, kind: Answer, frame: Bytes) {
+        let full = match self.peers.get(&peer) {
+            Some(p) => matches!(p.tx.try_send_answer(kind, frame), Err(SendError::Full)),
+            None => false,
+        };
+        if full {
+            self.overflow(peer);
+        }
     }
 
     /// Answers the reads that waited for the `Doc` to hold only committed state.
@@ -867,6 +948,8 @@ impl Room {
 
     /// Applies one update; true if it changed the document.
     fn apply(&mut self, update: Update) -> Result<bool, yrs::error::UpdateError> {
+        // Whatever happens, the Doc may change: answers encoded before are stale.
+        self.answers.invalidate();
         let mut txn = self.doc.transact_mut();
         txn.apply_update(update)?;
         // An update whose dependencies are missing is stashed by yrs, not integrated; it is new
@@ -1079,6 +1162,7 @@ impl Room {
         let diff = loaded.doc.transact().encode_diff_v1(seen);
         let Loaded { stored, doc } = loaded;
         self.doc = doc;
+        self.answers.invalidate();
         self.snapshot_version = stored.snapshot_version;
         self.last_seq = stored.last_seq();
         self.stored_bytes = stored.stored_bytes();
@@ -1255,8 +1339,11 @@ impl Room {
     }
 
     fn remove_peer(&mut self, peer: PeerId) {
-        if self.peers.remove(&peer).is_none() {
+        let Some(gone) = self.peers.remove(&peer) else {
             return;
+        };
+        if let Some(at) = gone.expires {
+            self.expiries.remove(&(at, peer));
         }
         self.deferred_step1.remove(&peer);
         if let Some(removal) = self.awareness.remove_peer(peer, Instant::now()) {
@@ -1271,6 +1358,7 @@ impl Room {
         for (_, peer) in self.peers.drain() {
             peer.tx.kill(reason.clone());
         }
+        self.expiries.clear();
     }
 }
 

@@ -29,12 +29,17 @@ struct State {
 #[derive(Default)]
 pub struct AwarenessTable {
     states: HashMap<u64, State>,
+    /// The encoded full state ([`Self::full_state_frame`]) until the table changes; the inner
+    /// `None` when there is no live state.
+    frame: Option<Option<bytes::Bytes>>,
 }
 
 impl AwarenessTable {
     /// Applies an update from `peer`. Returns true if any state changed (then the message is
     /// relayed to the other peers).
     pub fn apply(&mut self, update: &AwarenessUpdate, peer: PeerId, now: Instant) -> bool {
+        // Even an update that changes nothing visible may add a removed client's clock.
+        self.frame = None;
         let mut changed = false;
         for (client, entry) in &update.clients {
             let json = (entry.json.as_ref() != NULL).then(|| entry.json.clone());
@@ -94,6 +99,7 @@ impl AwarenessTable {
         if ids.is_empty() {
             return None;
         }
+        self.frame = None;
         let mut clients = HashMap::with_capacity(ids.len());
         for id in ids {
             if let Some(s) = self.states.get_mut(&id) {
@@ -130,6 +136,19 @@ impl AwarenessTable {
             })
             .collect();
         (!clients.is_empty()).then_some(AwarenessUpdate { clients })
+    }
+
+    /// [`Self::full_state`] as an encoded awareness message, encoded once until the table
+    /// changes and shared by every peer that asks meanwhile.
+    pub fn full_state_frame(&mut self) -> Option<bytes::Bytes> {
+        if let Some(frame) = &self.frame {
+            return frame.clone();
+        }
+        let frame = self
+            .full_state()
+            .map(|all| crate::protocol::encode_awareness(&all));
+        self.frame = Some(frame.clone());
+        frame
     }
 
     pub fn is_empty(&self) -> bool {
@@ -194,6 +213,23 @@ mod tests {
             left.clients.keys().map(|c| c.get()).collect::<Vec<_>>(),
             vec![3]
         );
+    }
+
+    #[test]
+    fn the_encoded_table_is_shared_until_it_changes() {
+        let now = Instant::now();
+        let mut t = AwarenessTable::default();
+        assert!(t.full_state_frame().is_none());
+        t.apply(&update(&[(1, 1, "{}")]), 10, now);
+        let a = t.full_state_frame().expect("one state");
+        let b = t.full_state_frame().expect("one state");
+        assert_eq!(a.as_ptr(), b.as_ptr(), "encoded once");
+        t.apply(&update(&[(2, 1, "{}")]), 11, now);
+        let c = t.full_state_frame().expect("two states");
+        assert!(c.len() > a.len(), "re-encoded after a change");
+        t.remove_peer(10, now);
+        t.remove_peer(11, now);
+        assert!(t.full_state_frame().is_none());
     }
 
     #[test]

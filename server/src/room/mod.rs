@@ -5,6 +5,7 @@
 //! [`Registry`] maps document names to running rooms and starts them on demand.
 
 mod actor;
+mod answers;
 pub mod awareness;
 pub mod queue;
 mod registry;
@@ -15,7 +16,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use yrs::sync::AwarenessUpdate;
 use yrs::{StateVector, Update};
 
@@ -109,6 +110,9 @@ pub struct PeerAuth {
     pub issued_at: i64,
     /// False for read-only peers: their updates are refused with an Auth message.
     pub can_write: bool,
+    /// When the token expires (seconds since the epoch): the room closes the peer then with
+    /// 4401. `None`: the credential does not expire (admin key, open mode).
+    pub expires_at: Option<i64>,
 }
 
 /// Which peers a [`RoomCmd::Close`] applies to.
@@ -155,6 +159,9 @@ pub enum RoomCmd {
     Messages {
         peer: PeerId,
         msgs: Vec<PeerMsg>,
+        /// The frame's share of the room's inbound byte budget, returned when the room has
+        /// taken the messages in.
+        budget: Option<OwnedSemaphorePermit>,
     },
     Leave {
         peer: PeerId,
@@ -213,9 +220,22 @@ pub enum JoinError {
 #[derive(Clone)]
 pub struct RoomHandle {
     tx: mpsc::Sender<RoomCmd>,
+    /// Bytes of frames that may wait in the room's inbound queue (`room_queue_bytes`): a
+    /// sender takes the frame's size first, and waits while the room is that far behind.
+    budget: Arc<Semaphore>,
+    budget_max: u32,
 }
 
 impl RoomHandle {
+    pub(crate) fn new(tx: mpsc::Sender<RoomCmd>, budget_bytes: usize) -> RoomHandle {
+        let budget_max = u32::try_from(budget_bytes).unwrap_or(u32::MAX).max(1);
+        RoomHandle {
+            tx,
+            budget: Arc::new(Semaphore::new(budget_max as usize)),
+            budget_max,
+        }
+    }
+
     /// Joins the room. [`JoinError::Gone`] means the room was on its way out: ask the
     /// registry for a fresh handle and try again.
     pub async fn join(&self, peer: PeerLink) -> Result<(), JoinError> {
@@ -226,14 +246,36 @@ impl RoomHandle {
         rx.await.unwrap_or(Err(JoinError::Gone))
     }
 
-    /// Sends a peer's messages. Waits while the room's queue is full (backpressure on that
-    /// peer's socket). Fails only if the room has stopped.
+    /// Sends a peer's messages, decoded from a frame of `bytes` bytes. Waits while the room's
+    /// queue is full, in messages or in bytes (backpressure on that peer's socket). Fails only
+    /// if the room has stopped.
     pub fn send(
         &self,
         peer: PeerId,
         msgs: Vec<PeerMsg>,
+        bytes: usize,
     ) -> impl Future<Output = Result<(), ()>> + Send + '_ {
-        self.send_cmd(RoomCmd::Messages { peer, msgs })
+        let n = u32::try_from(bytes)
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.budget_max);
+        // At once if the budget allows (the usual case); the wait is boxed, like the
+        // channel's below, to keep every connection's future small.
+        let permit = match self.budget.clone().try_acquire_many_owned(n) {
+            Ok(permit) => Ok(permit),
+            Err(_) => Err(Box::pin(self.budget.clone().acquire_many_owned(n))),
+        };
+        async move {
+            let budget = match permit {
+                Ok(permit) => permit,
+                Err(wait) => wait.await.map_err(|_| ())?,
+            };
+            self.send_cmd(RoomCmd::Messages {
+                peer,
+                msgs,
+                budget: Some(budget),
+            })
+            .await
+        }
     }
 
     pub async fn leave(&self, peer: PeerId) {

@@ -7,8 +7,18 @@
 //! same cell instead of a second allocation.
 //!
 //! The room ([`QueueTx`]) pushes with [`QueueTx::try_send`], which never waits: a full queue
-//! is the room's signal to close the peer with 1013. The connection ([`QueueRx`]) receives
-//! frames in order; a close order, once given, is seen before any frame still queued.
+//! is the room's signal to close the peer with 1013. The queue is bounded twice: by frames
+//! (`peer_queue`) and by bytes (`peer_queue_bytes`). One frame is always accepted into an
+//! empty queue, however large (a whole-document Sync Step 2 may exceed the byte bound), so
+//! the bound is on what piles up behind the frame being written. The connection
+//! ([`QueueRx`]) receives frames in order; a close order, once given, is seen before any
+//! frame still queued.
+//!
+//! Answers to requests ([`Answer`]: Sync Step 2, the awareness table) are queued with
+//! [`QueueTx::try_send_answer`], which queues nothing while an earlier answer of the same kind
+//! is still waiting to be read: a client that repeats its request without reading gets one
+//! answer, not one per request (everything that changes after that answer was encoded reaches
+//! the peer as broadcasts anyway).
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -17,11 +27,19 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::task::AtomicWaker;
+use prometheus::IntGauge;
 
 use super::CloseReason;
 
 struct State {
     frames: VecDeque<Bytes>,
+    /// Bytes of the frames queued.
+    bytes: usize,
+    /// Frames ever popped, and for each [`Answer`] kind the count the queue must reach
+    /// (frames popped) before that answer has been taken by the connection.
+    popped: u64,
+    pushed: u64,
+    answer_until: [u64; 2],
     kill: Option<CloseReason>,
     /// The room's keep-alive tick: time to check the peer is alive and ping it.
     ping: bool,
@@ -33,8 +51,13 @@ impl State {
     /// The next frame; a queue drained empty gives its buffer back, so an idle connection
     /// holds none (a busy one allocates again on the next push, which costs far less than
     /// the write it precedes).
-    fn pop(&mut self) -> Option<Bytes> {
+    fn pop(&mut self, gauge: &IntGauge) -> Option<Bytes> {
         let frame = self.frames.pop_front();
+        if let Some(f) = &frame {
+            self.bytes -= f.len();
+            self.popped += 1;
+            gauge.sub(f.len() as i64);
+        }
         if self.frames.is_empty() && self.frames.capacity() > 0 {
             self.frames = VecDeque::new();
         }
@@ -46,6 +69,16 @@ struct Shared {
     state: Mutex<State>,
     waker: AtomicWaker,
     capacity: usize,
+    max_bytes: usize,
+    /// Bytes queued in every peer queue of the process (`quire_peer_queue_bytes`).
+    gauge: IntGauge,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        self.gauge.sub(state.bytes as i64);
+    }
 }
 
 impl Shared {
@@ -65,7 +98,8 @@ pub struct QueueRx(Arc<Shared>);
 /// Why a frame was not queued.
 #[derive(Debug, PartialEq, Eq)]
 pub enum SendError {
-    /// The queue holds `capacity` frames: the peer is not reading.
+    /// The queue holds `capacity` frames, or the frame would take it past its byte bound:
+    /// the peer is not reading fast enough.
     Full,
     /// The connection is gone.
     Disconnected,
@@ -83,17 +117,55 @@ pub enum Next {
     Closed,
 }
 
-/// A queue holding at most `capacity` frames.
-pub fn queue(capacity: usize) -> (QueueTx, QueueRx) {
+/// Kinds of answers of which a peer has at most one queued at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Sync Step 2, the answer to a Sync Step 1.
+    Sync = 0,
+    /// The awareness table, the answer to a QueryAwareness.
+    Awareness = 1,
+}
+
+/// The bounds of a peer's queue.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    /// Most frames queued.
+    pub frames: usize,
+    /// Most bytes queued (one frame is accepted into an empty queue whatever its size).
+    pub bytes: usize,
+    /// Counts the bytes queued, summed over every queue sharing it.
+    pub gauge: IntGauge,
+}
+
+impl Bounds {
+    /// Bounds for tests and tools: a private gauge.
+    pub fn new(frames: usize, bytes: usize) -> Bounds {
+        Bounds {
+            frames,
+            bytes,
+            gauge: IntGauge::new("peer_queue_bytes", "unregistered")
+                .unwrap_or_else(|_| unreachable!("a literal metric name is valid")),
+        }
+    }
+}
+
+/// A queue within `bounds`.
+pub fn queue(bounds: Bounds) -> (QueueTx, QueueRx) {
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
             frames: VecDeque::new(),
+            bytes: 0,
+            popped: 0,
+            pushed: 0,
+            answer_until: [0; 2],
             kill: None,
             ping: false,
             closed: false,
         }),
         waker: AtomicWaker::new(),
-        capacity: capacity.max(1),
+        capacity: bounds.frames.max(1),
+        max_bytes: bounds.bytes,
+        gauge: bounds.gauge,
     });
     (QueueTx(shared.clone()), QueueRx(shared))
 }
@@ -103,15 +175,46 @@ impl QueueTx {
     pub fn try_send(&self, frame: Bytes) -> Result<(), SendError> {
         {
             let mut state = self.0.lock();
-            if Arc::strong_count(&self.0) == 1 {
-                return Err(SendError::Disconnected);
-            }
-            if state.frames.len() >= self.0.capacity {
-                return Err(SendError::Full);
-            }
-            state.frames.push_back(frame);
+            self.push(&mut state, frame)?;
         }
         self.0.waker.wake();
+        Ok(())
+    }
+
+    /// Queues an answer of kind `kind`, unless one is still queued unread: `Ok(false)` then,
+    /// and nothing is queued.
+    pub fn try_send_answer(&self, kind: Answer, frame: Bytes) -> Result<bool, SendError> {
+        {
+            let mut state = self.0.lock();
+            if state.popped < state.answer_until[kind as usize] {
+                return Ok(false);
+            }
+            self.push(&mut state, frame)?;
+            state.answer_until[kind as usize] = state.pushed;
+        }
+        self.0.waker.wake();
+        Ok(true)
+    }
+
+    /// Whether an answer of kind `kind` is queued and not yet read (asking for another one
+    /// would queue nothing).
+    pub fn answer_pending(&self, kind: Answer) -> bool {
+        let state = self.0.lock();
+        state.popped < state.answer_until[kind as usize]
+    }
+
+    fn push(&self, state: &mut State, frame: Bytes) -> Result<(), SendError> {
+        if Arc::strong_count(&self.0) == 1 {
+            return Err(SendError::Disconnected);
+        }
+        let over_bytes = state.bytes + frame.len() > self.0.max_bytes && !state.frames.is_empty();
+        if state.frames.len() >= self.0.capacity || over_bytes {
+            return Err(SendError::Full);
+        }
+        state.bytes += frame.len();
+        state.pushed += 1;
+        self.0.gauge.add(frame.len() as i64);
+        state.frames.push_back(frame);
         Ok(())
     }
 
@@ -170,7 +273,7 @@ impl QueueRx {
         if state.kill.is_some() {
             return None;
         }
-        state.pop()
+        state.pop(&self.0.gauge)
     }
 
     fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Next> {
@@ -183,7 +286,7 @@ impl QueueRx {
         if std::mem::take(&mut state.ping) {
             return Poll::Ready(Next::Ping);
         }
-        if let Some(frame) = state.pop() {
+        if let Some(frame) = state.pop(&self.0.gauge) {
             return Poll::Ready(Next::Frame(frame));
         }
         if state.closed {
@@ -204,6 +307,10 @@ mod tests {
 
     fn frame(n: u8) -> Bytes {
         Bytes::from(vec![n])
+    }
+
+    fn queue(frames: usize) -> (QueueTx, QueueRx) {
+        super::queue(Bounds::new(frames, 1 << 20))
     }
 
     #[tokio::test]
@@ -266,5 +373,52 @@ mod tests {
         tokio::task::yield_now().await;
         tx.try_send(frame(7)).unwrap();
         assert_eq!(waiter.await.unwrap(), Next::Frame(frame(7)));
+    }
+
+    #[tokio::test]
+    async fn the_byte_bound_holds_behind_one_frame_of_any_size() {
+        let bounds = Bounds::new(100, 10);
+        let gauge = bounds.gauge.clone();
+        let (tx, rx) = super::queue(bounds);
+        // An empty queue takes a frame larger than the bound...
+        assert_eq!(tx.try_send(Bytes::from(vec![0; 25])), Ok(()));
+        // ... but nothing more behind it.
+        assert_eq!(tx.try_send(frame(1)), Err(SendError::Full));
+        assert_eq!(gauge.get(), 25);
+        assert_eq!(rx.try_recv().map(|f| f.len()), Some(25));
+        assert_eq!(gauge.get(), 0);
+        for n in 0..10 {
+            assert_eq!(tx.try_send(frame(n)), Ok(()));
+        }
+        assert_eq!(tx.try_send(frame(10)), Err(SendError::Full));
+        assert_eq!(gauge.get(), 10);
+        drop(rx);
+        drop(tx);
+        assert_eq!(
+            gauge.get(),
+            0,
+            "a dropped queue gives its bytes back to the gauge"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_queued_once_until_it_is_read() {
+        let (tx, rx) = queue(8);
+        assert_eq!(tx.try_send(frame(0)), Ok(()));
+        assert_eq!(tx.try_send_answer(Answer::Sync, frame(1)), Ok(true));
+        assert!(tx.answer_pending(Answer::Sync));
+        assert_eq!(tx.try_send_answer(Answer::Sync, frame(2)), Ok(false));
+        // Another kind of answer is independent.
+        assert_eq!(tx.try_send_answer(Answer::Awareness, frame(3)), Ok(true));
+        // Reading the frame before the answer does not free it...
+        assert_eq!(rx.try_recv(), Some(frame(0)));
+        assert_eq!(tx.try_send_answer(Answer::Sync, frame(4)), Ok(false));
+        // ... reading the answer does.
+        assert_eq!(rx.try_recv(), Some(frame(1)));
+        assert!(!tx.answer_pending(Answer::Sync));
+        assert_eq!(tx.try_send_answer(Answer::Sync, frame(5)), Ok(true));
+        assert_eq!(rx.try_recv(), Some(frame(3)));
+        assert_eq!(rx.try_recv(), Some(frame(5)));
+        assert_eq!(rx.try_recv(), None);
     }
 }

@@ -66,7 +66,7 @@ impl Registry {
         }
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(self.room_queue);
-        let handle = RoomHandle { tx };
+        let handle = RoomHandle::new(tx, self.config.room_queue_bytes);
         rooms.insert(
             name.clone(),
             Entry {

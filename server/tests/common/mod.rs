@@ -182,7 +182,7 @@ fn pg_admin_query(sql: &str) -> Vec<String> {
 /// Settings for tests: the test's own database (see [`database_url`]), quick unloads.
 pub fn test_config(dir: &Path) -> Config {
     let mut cfg = Settings::default().resolve();
-    cfg.database_url = database_url(dir);
+    cfg.database_url = database_url(dir).into();
     cfg.room.unload_delay = Duration::from_millis(200);
     cfg.shutdown_grace = Duration::from_secs(10);
     cfg
