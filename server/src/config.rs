@@ -183,7 +183,7 @@ pub struct Settings {
     pub header_timeout: Option<HumanDuration>,
     /// NATS URL of the bus between nodes sharing a PostgreSQL database (nats://HOST:PORT); none: clients of a document another node owns are refused with 1013
     #[arg(long = "bus", env = "QUIRE_BUS_URL")]
-    pub bus_url: Option<String>,
+    pub bus_url: Option<Secret>,
     /// This node's name in room leases (PostgreSQL) [default: node-<random>]
     #[arg(long, env = "QUIRE_NODE_ID")]
     pub node_id: Option<String>,
@@ -290,7 +290,7 @@ pub struct Config {
     pub idempotency_ttl: Duration,
     pub webhooks: WebhookConfig,
     /// The bus between nodes (NATS), if any.
-    pub bus_url: Option<String>,
+    pub bus_url: Option<Secret>,
     /// This node's name in room leases.
     pub node_id: String,
     pub lease_ttl: Duration,
@@ -553,11 +553,18 @@ mod tests {
             auth_keys = ["k1:0123456789abcdefSECRET"]
             admin_key = "ADMINKEY-0123456789"
             webhook_secret = "WEBHOOKSECRET"
+            bus_url = "nats://quire:NATSPASSWORD@nats:4222"
             "#,
         )
         .expect("valid toml");
         let shown = format!("{file:?} {:?}", file.clone().resolve());
-        for secret in ["hunter2pw", "SECRET", "ADMINKEY", "WEBHOOKSECRET"] {
+        for secret in [
+            "hunter2pw",
+            "SECRET",
+            "ADMINKEY",
+            "WEBHOOKSECRET",
+            "NATSPASSWORD",
+        ] {
             assert!(!shown.contains(secret), "{secret} leaked into {shown}");
         }
         assert!(shown.contains("[redacted]"));

@@ -16,6 +16,8 @@ pub mod auth;
 pub mod bus;
 pub mod close;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod limits;
 pub mod metrics;
@@ -161,7 +163,7 @@ pub async fn run_with_stores(
     let bus = match (&config.bus_url, &registry.config.lease) {
         (Some(url), Some(lease)) => Some(
             bus::Bus::start(
-                url,
+                url.expose(),
                 lease.node_id.clone(),
                 registry.clone(),
                 config.limits.clone(),

@@ -52,6 +52,8 @@ pub enum DecodeError {
     Malformed { offset: usize, detail: String },
     #[error("unknown sync message type {0}")]
     UnknownSyncType(u64),
+    #[error("more than {0} messages in one frame")]
+    TooManyMessages(usize),
 }
 
 fn malformed(offset: usize, e: impl std::fmt::Display) -> DecodeError {
@@ -65,12 +67,21 @@ fn malformed(offset: usize, e: impl std::fmt::Display) -> DecodeError {
 /// whose last message is cut short is an error (unlike `yrs::sync::MessageReader`, which stops
 /// silently at the end of the buffer and would hide a truncated update).
 pub fn decode_frame(frame: &Bytes) -> Result<Vec<Message>, DecodeError> {
+    decode_frame_max(frame, usize::MAX)
+}
+
+/// [`decode_frame`], refusing a frame of more than `max` messages before decoding past them
+/// (a frame of one-byte messages would otherwise decode into a list many times its size).
+pub fn decode_frame_max(frame: &Bytes, max: usize) -> Result<Vec<Message>, DecodeError> {
     if frame.is_empty() {
         return Err(DecodeError::Empty);
     }
     let mut out = Vec::with_capacity(1);
     let mut cur = Cursor::new(frame);
     while cur.next < frame.len() {
+        if out.len() >= max {
+            return Err(DecodeError::TooManyMessages(max));
+        }
         let start = cur.next;
         let tag: u64 = cur.read_var().map_err(|e| malformed(start, e))?;
         let msg = match tag {

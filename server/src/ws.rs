@@ -486,10 +486,32 @@ fn truncate(mut s: String) -> String {
     s
 }
 
+/// Most messages one frame may carry (y-websocket clients send one or two; the WASM client at
+/// most three: an update, an awareness state and an acknowledgement request). More closes
+/// the connection with 1007.
+pub const MAX_MESSAGES_PER_FRAME: usize = 64;
+
 /// Decodes a frame into what the room consumes; updates are decoded here (off the room task)
 /// so a malformed one is refused before it reaches the document.
-pub(crate) fn to_peer_msgs(frame: &Bytes) -> Result<Vec<PeerMsg>, String> {
-    let msgs = protocol::decode_frame(frame).map_err(|e| e.to_string())?;
+///
+/// `Err` carries the close reason's text: the connection closes with 1007
+/// ([`crate::close::MALFORMED`]). Auth messages, messages of unknown types and empty updates
+/// are dropped, so the result may be empty. Public for the fuzz targets (`fuzz/`).
+///
+/// The payloads kept (an update, an awareness message, an acknowledgement request) are
+/// slices of the frame. A slice keeps the whole frame alive, so one that is less than half of
+/// it is copied out: queues and the log count a payload's length, and a small message padded
+/// with a large unknown one must not hold the padding in memory behind that count.
+pub fn to_peer_msgs(frame: &Bytes) -> Result<Vec<PeerMsg>, String> {
+    let msgs =
+        protocol::decode_frame_max(frame, MAX_MESSAGES_PER_FRAME).map_err(|e| e.to_string())?;
+    let own = |raw: Bytes| {
+        if raw.len() * 2 < frame.len() {
+            Bytes::copy_from_slice(&raw)
+        } else {
+            raw
+        }
+    };
     let mut out = Vec::with_capacity(msgs.len());
     for msg in msgs {
         match msg {
@@ -499,11 +521,27 @@ pub(crate) fn to_peer_msgs(frame: &Bytes) -> Result<Vec<PeerMsg>, String> {
             Message::SyncStep2(raw) | Message::Update(raw) if raw.as_ref() == [0, 0] => {}
             Message::SyncStep2(raw) | Message::Update(raw) => {
                 let update = Update::decode_v1(&raw).map_err(|e| format!("invalid update: {e}"))?;
-                out.push(PeerMsg::Update { raw, update });
+                out.push(PeerMsg::Update {
+                    raw: own(raw),
+                    update,
+                });
             }
-            Message::Awareness { update, raw } => out.push(PeerMsg::Awareness { update, raw }),
+            Message::Awareness { update, raw } => {
+                // Other clients parse every state as JSON (y-protocols calls JSON.parse): a
+                // state that is not JSON would break their awareness handling, so it is
+                // refused here instead of relayed.
+                for (client, entry) in &update.clients {
+                    if serde_json::from_str::<serde::de::IgnoredAny>(&entry.json).is_err() {
+                        return Err(format!("awareness state of client {client} is not JSON"));
+                    }
+                }
+                out.push(PeerMsg::Awareness {
+                    update,
+                    raw: own(raw),
+                })
+            }
             Message::QueryAwareness => out.push(PeerMsg::QueryAwareness),
-            Message::DurableAck { raw } => out.push(PeerMsg::DurableAck(raw)),
+            Message::DurableAck { raw } => out.push(PeerMsg::DurableAck(own(raw))),
             Message::Auth(_) => debug!("ignoring an auth message from a client"),
             Message::Unknown { tag } => debug!(tag, "ignoring a message of unknown type"),
         }

@@ -15,7 +15,7 @@
 //!   deferred because the `Doc` held uncommitted data. Then it starts the next batch.
 //! - Snapshots are written between appends, when the `Doc` is exactly the committed state.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -362,6 +362,11 @@ struct Room {
     peers: HashMap<PeerId, Peer>,
     /// Peers whose token expires, by when: the room closes each with 4401 then.
     expiries: BTreeSet<(Instant, PeerId)>,
+    /// Peers that sent an update whose dependencies the document lacks (yrs keeps it
+    /// pending, not integrated). Their durable acknowledgements wait in `withheld` until a
+    /// commit leaves the document with nothing pending: "saved" must mean others see it.
+    dangling: HashSet<PeerId>,
+    withheld: Vec<(PeerId, Bytes)>,
     /// Version of the document row's snapshot, for the optimistic check.
     snapshot_version: i64,
     /// Highest committed log sequence number.
@@ -422,6 +427,8 @@ impl Room {
             answers: SharedAnswers::default(),
             peers: HashMap::new(),
             expiries: BTreeSet::new(),
+            dangling: HashSet::new(),
+            withheld: Vec::new(),
             snapshot_version: stored.snapshot_version,
             last_seq: stored.last_seq(),
             stored_bytes: stored.stored_bytes(),
@@ -736,11 +743,20 @@ impl Room {
                 }
             }
             PeerMsg::DurableAck(raw) => {
-                if self.committed_idx >= self.received_idx {
-                    self.send_to(peer, raw);
+                let newest = self.received_idx;
+                if self.committed_idx >= newest {
+                    self.send_ack(peer, raw);
+                } else if let Some((_, Waiter::Ack(_, last_raw))) =
+                    self.waiters.back_mut().filter(|(idx, w)| {
+                        *idx == newest && matches!(w, Waiter::Ack(p, _) if *p == peer)
+                    })
+                {
+                    // The same peer asked again with nothing received in between: the newer
+                    // request stands for both (an echo means everything before it is
+                    // committed), so a flood of requests holds one waiter, not one each.
+                    *last_raw = raw;
                 } else {
-                    self.waiters
-                        .push_back((self.received_idx, Waiter::Ack(peer, raw)));
+                    self.waiters.push_back((newest, Waiter::Ack(peer, raw)));
                 }
             }
         }
@@ -876,12 +892,22 @@ impl Room {
                 Some(u) => Ok(u),
                 None => Update::decode_v1(&q.raw).map_err(|e| e.to_string()),
             };
+            // Where each client's blocks in the update start, to tell afterwards whether
+            // they are what yrs left pending.
+            let starts = update.as_ref().map(Update::state_vector_lower).ok();
             match update.and_then(|u| self.apply(u).map_err(|e| e.to_string())) {
-                Ok(true) => batch.push(Applied {
-                    idx: q.idx,
-                    origin: q.origin,
-                    raw: q.raw,
-                }),
+                Ok(true) => {
+                    if let (Origin::Peer(peer), Some(starts)) = (&q.origin, &starts) {
+                        if left_pending(&self.doc, starts) {
+                            self.dangling.insert(*peer);
+                        }
+                    }
+                    batch.push(Applied {
+                        idx: q.idx,
+                        origin: q.origin,
+                        raw: q.raw,
+                    })
+                }
                 Ok(false) => {
                     self.registry.metrics.updates_duplicate.inc();
                     if let Origin::Http(reply) = q.origin {
@@ -1022,6 +1048,7 @@ impl Room {
                     }
                 }
                 self.release_waiters();
+                self.release_withheld();
             }
             (Inflight::Append { batch, .. }, OpResult::Append(Err(StorageError::Fenced))) => {
                 // Not committed and never will be here: the HTTP callers see the room give up
@@ -1283,11 +1310,38 @@ impl Room {
                 break;
             };
             match waiter {
-                Waiter::Ack(peer, raw) => self.send_to(peer, raw),
+                Waiter::Ack(peer, raw) => self.send_ack(peer, raw),
                 Waiter::Http(reply) => {
                     let _ = reply.send(Ok(self.last_seq));
                 }
             }
+        }
+    }
+
+    /// Echoes a durable acknowledgement, or withholds it while the peer has an update
+    /// pending on missing dependencies.
+    fn send_ack(&mut self, peer: PeerId, raw: Bytes) {
+        if self.dangling.contains(&peer) {
+            // Only the newest request is kept: its echo stands for the earlier ones.
+            self.withheld.retain(|(p, _)| *p != peer);
+            self.withheld.push((peer, raw));
+        } else {
+            self.send_to(peer, raw);
+        }
+    }
+
+    /// After a commit: if the document holds nothing pending (and no staged batch that
+    /// might be what resolved it), the withheld acknowledgements go out.
+    fn release_withheld(&mut self) {
+        if self.dangling.is_empty()
+            || self.staged.is_some()
+            || self.doc.transact().has_missing_updates()
+        {
+            return;
+        }
+        self.dangling.clear();
+        for (peer, raw) in std::mem::take(&mut self.withheld) {
+            self.send_to(peer, raw);
         }
     }
 
@@ -1345,6 +1399,9 @@ impl Room {
         if let Some(at) = gone.expires {
             self.expiries.remove(&(at, peer));
         }
+        if self.dangling.remove(&peer) {
+            self.withheld.retain(|(p, _)| *p != peer);
+        }
         self.deferred_step1.remove(&peer);
         if let Some(removal) = self.awareness.remove_peer(peer, Instant::now()) {
             self.broadcast(&protocol::encode_awareness(&removal), None);
@@ -1396,6 +1453,21 @@ fn snapshot_due(
         || (updates >= c.snapshot_updates
             && u128::from(log_bytes) * 100
                 >= u128::from(snapshot_size) * u128::from(c.snapshot_log_percent))
+}
+
+/// Whether the `Doc` holds pending (unintegrated) blocks of an update whose clients' blocks
+/// start at `starts`: blocks of one of those clients at or after its start. (Client ids are
+/// not authenticated in Yjs, so a peer writing under another's id could make it look
+/// pending; it would only delay that peer's durable acknowledgements.)
+fn left_pending(doc: &Doc, starts: &StateVector) -> bool {
+    let txn = doc.transact();
+    let Some(pending) = txn.store().pending_update() else {
+        return false;
+    };
+    let held = pending.update.state_vector_lower();
+    starts
+        .iter()
+        .any(|(client, start)| held.get(client) >= *start && held.contains_client(client))
 }
 
 /// A Yjs v1 update with no structs and an empty delete set.

@@ -218,13 +218,18 @@ impl QueueTx {
         Ok(())
     }
 
-    /// Orders the connection to close with `reason`; the first order wins.
+    /// Orders the connection to close with `reason`; the first order wins. Frames still
+    /// queued will never be sent (the order overtakes them), so they are freed at once
+    /// rather than when the close handshake ends, which can take a slow peer a while.
     pub fn kill(&self, reason: CloseReason) {
         {
             let mut state = self.0.lock();
             if state.kill.is_none() {
                 state.kill = Some(reason);
             }
+            self.0.gauge.sub(state.bytes as i64);
+            state.bytes = 0;
+            state.frames = VecDeque::new();
         }
         self.0.waker.wake();
     }
@@ -334,6 +339,10 @@ mod tests {
         tx.kill(CloseReason::new(4403, "second order loses"));
         assert_eq!(rx.killed().await.code, 1013);
         assert_eq!(rx.try_recv(), None);
+        assert!(
+            rx.0.lock().frames.is_empty(),
+            "frames behind a close order are freed"
+        );
         assert_eq!(rx.recv().await, Next::Kill(CloseReason::new(1013, "full")));
     }
 

@@ -1,0 +1,768 @@
+//! In-process harnesses for the fuzz targets in `fuzz/` (cargo-fuzz): a document room on an
+//! in-memory SQLite database fed one client frame at a time ([`RoomHarness`]), and the HTTP
+//! router with the same state `run_with_stores` builds ([`HttpHarness`]).
+//!
+//! Not an API: hidden from the docs, and it may change with the fuzz targets. The harnesses
+//! check what must hold whatever a client sends, and panic (which the fuzzer reports as a
+//! crash) when it does not.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use bytes::Bytes;
+use tokio::runtime::Runtime;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
+use yrs::updates::decoder::Decode;
+use yrs::{Doc, ReadTxn, Snapshot, StateVector, Transact, Update};
+
+use crate::auth::{Auth, Permission};
+use crate::close;
+use crate::config::{Config, RoomConfig, Secret};
+use crate::metrics::Metrics;
+use crate::protocol::{self, Message};
+use crate::room::queue::{Next, QueueRx};
+use crate::room::{DocName, PeerAuth, PeerId, Registry, RoomHandle};
+use crate::storage::{DocStore, StoredDoc};
+use crate::{limits, ws, AppState, Stores};
+
+/// How long the harness waits for anything the room or a handler should do at once (libFuzzer's
+/// `-timeout` should be longer, so a hang shows as this panic with its message).
+const PATIENCE: Duration = Duration::from_secs(5);
+/// A harness's document is replaced (fresh database) after this many inputs, so the state that
+/// accumulates across inputs stays small enough to keep the fuzzer fast.
+const ROOM_INPUTS_PER_DOC: u32 = 1000;
+/// The room's `max_doc_size` under the fuzzer; reaching it also starts a fresh document.
+const FUZZ_MAX_DOC_SIZE: u64 = 4 << 20;
+/// Requests an [`HttpHarness`] serves before it starts again on a fresh database.
+const HTTP_REQUESTS_PER_DB: u32 = 5000;
+/// The in-memory database (each open gets a database of its own).
+const MEMORY_DB: &str = "sqlite::memory:";
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("cannot build a tokio runtime: {e}"))
+}
+
+/// The configuration both harnesses start from: the built-in defaults on an in-memory SQLite
+/// database, snapshots often (so the snapshot path runs too) and a small document limit.
+fn fuzz_config() -> Config {
+    let mut config = Config::default();
+    config.database_url = Secret::from(MEMORY_DB);
+    config.room.max_doc_size = FUZZ_MAX_DOC_SIZE;
+    config.room.snapshot_updates = 50;
+    config.room.snapshot_bytes = 256 << 10;
+    config
+}
+
+/// The registry `run_with_stores` builds for `config` (no leases: SQLite, one process).
+fn registry(config: &Config, stores: &Stores, shutdown: &CancellationToken) -> Arc<Registry> {
+    Registry::new(
+        stores.docs.clone(),
+        Arc::new(Metrics::new()),
+        RoomConfig {
+            ping_interval: config.ping_interval,
+            lease: None,
+            ..config.room.clone()
+        },
+        config.limits.room_queue,
+        shutdown.clone(),
+    )
+}
+
+/// Stops every room (they commit and snapshot) and waits for them, within [`PATIENCE`].
+fn stop(rt: &Runtime, registry: &Registry, shutdown: &CancellationToken) {
+    shutdown.cancel();
+    let stopped = rt.block_on(tokio::time::timeout(PATIENCE, registry.wait_stopped()));
+    assert!(
+        stopped.is_ok(),
+        "rooms did not stop within {PATIENCE:?} of shutdown"
+    );
+}
+
+/// Replays a stored document the way a room loads it: the snapshot (Yjs v2), then the log
+/// rows after it (Yjs v1).
+fn replay(stored: &StoredDoc) -> Result<Doc, String> {
+    let doc = Doc::new();
+    {
+        let mut txn = doc.transact_mut();
+        if let Some(snapshot) = &stored.snapshot {
+            let update = Update::decode_v2(snapshot).map_err(|e| format!("snapshot: {e}"))?;
+            txn.apply_update(update)
+                .map_err(|e| format!("snapshot: {e}"))?;
+        }
+        for (seq, row) in &stored.updates {
+            let update = Update::decode_v1(row).map_err(|e| format!("log row {seq}: {e}"))?;
+            txn.apply_update(update)
+                .map_err(|e| format!("log row {seq}: {e}"))?;
+        }
+    }
+    Ok(doc)
+}
+
+/// What became of one frame fed to a [`RoomHarness`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fed {
+    /// The frame does not decode: a connection closes with 1007 before the room sees it.
+    Malformed,
+    /// Nothing in it for the room (auth messages, unknown types, empty updates).
+    Ignored,
+    /// The room took every message and echoed the durable acknowledgement sent after them.
+    Acked,
+    /// The room closed the peer with this code instead: 1007 (an update yrs rejected), 1013
+    /// (its outbound queue overflowed) or 4413 (the document reached its size limit).
+    Closed(u16),
+}
+
+/// One document room on an in-memory SQLite database, fed frames as a connection would feed
+/// them. The document's state accumulates across frames (up to [`ROOM_INPUTS_PER_DOC`] frames
+/// or the size limit, then a fresh database), so later frames meet the state earlier ones left.
+pub struct RoomHarness {
+    rt: Runtime,
+    room: Option<RoomState>,
+    /// Counter of the durable acknowledgements the harness sends (unlikely in an input).
+    acks: u64,
+}
+
+struct RoomState {
+    store: Arc<dyn DocStore>,
+    registry: Arc<Registry>,
+    shutdown: CancellationToken,
+    name: DocName,
+    inputs: u32,
+}
+
+impl Default for RoomHarness {
+    fn default() -> Self {
+        RoomHarness::new()
+    }
+}
+
+impl RoomHarness {
+    pub fn new() -> RoomHarness {
+        RoomHarness {
+            rt: runtime(),
+            room: None,
+            acks: 0x7a5e_0000_0000,
+        }
+    }
+
+    /// Feeds one binary frame: decoded by [`ws::to_peer_msgs`] as a connection decodes it and,
+    /// if it decodes, sent to the room by a fresh writer peer, followed by a durable
+    /// acknowledgement request. Then checks, and panics if any fails:
+    /// - the echo or a close order arrives within [`PATIENCE`], and a close is one of the codes
+    ///   a client's data may cause (1007, 1013, 4413);
+    /// - every frame the room sent the peer decodes;
+    /// - the room still answers: a new peer's Sync Step 1 with an empty state vector gets a Step 2
+    ///   holding a valid update;
+    /// - what the room serves is what it stored: the database's snapshot and log replay without
+    ///   error into the same state (state vector and delete set) as that Step 2.
+    pub fn feed(&mut self, frame: &[u8]) -> Fed {
+        let frame = Bytes::copy_from_slice(frame);
+        let msgs = match ws::to_peer_msgs(&frame) {
+            Ok(msgs) => msgs,
+            Err(_) => return Fed::Malformed,
+        };
+        if msgs.is_empty() {
+            return Fed::Ignored;
+        }
+        if self.room.is_none() {
+            self.room = Some(self.rt.block_on(RoomState::open()));
+        }
+        let Some(room) = self.room.as_mut() else {
+            unreachable!("opened above")
+        };
+        self.acks += 1;
+        let ack = protocol::encode_durable_ack(self.acks);
+        let fed = self.rt.block_on(room.feed(frame, msgs, ack));
+        room.inputs += 1;
+        if room.inputs >= ROOM_INPUTS_PER_DOC || fed == Fed::Closed(close::DOC_TOO_LARGE) {
+            self.reset();
+        }
+        fed
+    }
+
+    /// Stops the room and starts the next frame on a fresh database.
+    pub fn reset(&mut self) {
+        if let Some(room) = self.room.take() {
+            stop(&self.rt, &room.registry, &room.shutdown);
+        }
+    }
+}
+
+impl Drop for RoomHarness {
+    fn drop(&mut self) {
+        self.reset();
+    }
+}
+
+/// Receives the next frame or close order, skipping keep-alive ticks; panics after
+/// [`PATIENCE`].
+async fn next_event(rx: &QueueRx, waiting_for: &str) -> Next {
+    let next = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match rx.recv().await {
+                Next::Ping => continue,
+                other => return other,
+            }
+        }
+    })
+    .await;
+    next.unwrap_or_else(|_| panic!("no {waiting_for} within {PATIENCE:?}"))
+}
+
+/// Every frame the room sends a client must decode.
+fn check_server_frame(frame: &Bytes) -> Vec<Message> {
+    protocol::decode_frame(frame).unwrap_or_else(|e| {
+        panic!(
+            "the room sent a frame that does not decode ({e}): {:02x?}",
+            frame.as_ref()
+        )
+    })
+}
+
+impl RoomState {
+    async fn open() -> RoomState {
+        let config = fuzz_config();
+        let stores = crate::open_stores(&config)
+            .await
+            .unwrap_or_else(|e| panic!("cannot open the in-memory database: {e}"));
+        let shutdown = CancellationToken::new();
+        let registry = registry(&config, &stores, &shutdown);
+        RoomState {
+            store: stores.docs.clone(),
+            registry,
+            shutdown,
+            name: DocName::parse("fuzz").unwrap_or_else(|_| unreachable!("a valid name")),
+            inputs: 0,
+        }
+    }
+
+    async fn join(&self, can_write: bool) -> (PeerId, RoomHandle, QueueRx) {
+        let peer = ws::next_peer_id();
+        let auth = PeerAuth {
+            user: Some("fuzz".into()),
+            can_write,
+            ..PeerAuth::default()
+        };
+        match ws::join_room(&self.registry, &self.name, peer, auth).await {
+            Ok((room, rx)) => (peer, room, rx),
+            Err(reason) => panic!(
+                "the room refused a peer: {} {} (it should serve any number of inputs)",
+                reason.code, reason.reason
+            ),
+        }
+    }
+
+    async fn feed(&self, frame: Bytes, msgs: Vec<crate::room::PeerMsg>, ack: Bytes) -> Fed {
+        let (peer, room, rx) = self.join(true).await;
+        let ack_msgs = ws::to_peer_msgs(&ack)
+            .unwrap_or_else(|e| unreachable!("a durable ack request decodes: {e}"));
+        assert!(
+            room.send(peer, msgs, frame.len()).await.is_ok(),
+            "the room stopped while taking a frame"
+        );
+        assert!(
+            room.send(peer, ack_msgs, ack.len()).await.is_ok(),
+            "the room stopped while taking a durable ack request"
+        );
+        let fed = loop {
+            match next_event(&rx, "durable ack echo or close order").await {
+                Next::Frame(f) if f == ack => break Fed::Acked,
+                Next::Frame(f) => {
+                    check_server_frame(&f);
+                }
+                Next::Kill(reason) => break Fed::Closed(reason.code),
+                Next::Closed => panic!("the room dropped the peer without a close order"),
+                Next::Ping => unreachable!("skipped by next_event"),
+            }
+        };
+        if let Fed::Closed(code) = fed {
+            assert!(
+                matches!(
+                    code,
+                    close::MALFORMED | close::TRY_AGAIN_LATER | close::DOC_TOO_LARGE
+                ),
+                "a client's frame made the room close it with {code}"
+            );
+        }
+        room.leave(peer).await;
+        let served = self.check_answers().await;
+        self.check_stored(&served).await;
+        fed
+    }
+
+    /// A new peer's Sync Step 1 with an empty state vector gets a Step 2 whose update applies
+    /// to an empty document; returns that document's snapshot.
+    async fn check_answers(&self) -> Snapshot {
+        let (peer, room, rx) = self.join(false).await;
+        let step1 = protocol::encode_step1(&StateVector::default());
+        let msgs =
+            ws::to_peer_msgs(&step1).unwrap_or_else(|e| unreachable!("a Sync Step 1 decodes: {e}"));
+        assert!(
+            room.send(peer, msgs, step1.len()).await.is_ok(),
+            "the room stopped after a client's frame"
+        );
+        let update = loop {
+            match next_event(&rx, "Sync Step 2 after the frame").await {
+                Next::Frame(f) => {
+                    let msgs = check_server_frame(&f);
+                    if let Some(u) = msgs.into_iter().find_map(|m| match m {
+                        Message::SyncStep2(u) => Some(u),
+                        _ => None,
+                    }) {
+                        break u;
+                    }
+                }
+                Next::Kill(reason) => panic!(
+                    "the room closed a peer that only asked to sync: {} {}",
+                    reason.code, reason.reason
+                ),
+                Next::Closed => panic!("the room dropped a peer that only asked to sync"),
+                Next::Ping => unreachable!("skipped by next_event"),
+            }
+        };
+        room.leave(peer).await;
+        let decoded = Update::decode_v1(&update).unwrap_or_else(|e| {
+            panic!(
+                "the room's Sync Step 2 is not a valid update ({e}): {:02x?}",
+                update.as_ref()
+            )
+        });
+        let doc = Doc::new();
+        let applied = doc.transact_mut().apply_update(decoded);
+        if let Err(e) = applied {
+            panic!("the room's Sync Step 2 does not apply to an empty document: {e}");
+        }
+        let snapshot = doc.transact().snapshot();
+        snapshot
+    }
+
+    /// The database holds exactly what the room serves (everything before the ack is
+    /// committed, and a room that rejected an update reloaded from the database).
+    async fn check_stored(&self, served: &Snapshot) {
+        let stored = self
+            .store
+            .load(self.name.as_str())
+            .await
+            .unwrap_or_else(|e| panic!("cannot load the document from the database: {e}"));
+        let doc = replay(&stored).unwrap_or_else(|e| {
+            panic!("the stored document no longer loads (a room would fail to start): {e}")
+        });
+        let snapshot = doc.transact().snapshot();
+        assert_eq!(
+            &snapshot, served,
+            "the stored document (left) differs from what the room serves (right)"
+        );
+    }
+}
+
+/// Credentials the HTTP harness sends.
+const ADMIN_KEY: &str = "fuzz-admin-key-0123456789";
+const SIGNING_KEY: &str = "fuzz:0123456789abcdef0123456789abcdef";
+
+/// The routes [`HttpHarness::request`] picks from with the first byte of an input (`route %
+/// ROUTES.len()`). Every route that takes a request body is here.
+pub const ROUTES: [&str; 7] = [
+    "POST /api/v1/docs",
+    "PATCH /api/v1/docs/{id}",
+    "PUT /api/v1/docs/{id}/access/{user}",
+    "PATCH /api/v1/users/{id}",
+    "POST /api/v1/tokens",
+    "POST /api/v1/tokens/revoke",
+    "POST /api/v1/docs/{id}/update",
+];
+
+/// Set once a 503 was reported, so a run prints it once.
+static REPORTED_503: AtomicBool = AtomicBool::new(false);
+
+/// The real router (`http::router`) over the state `run_with_stores` builds, on an in-memory
+/// SQLite database, with a signing key and an admin key configured.
+pub struct HttpHarness {
+    rt: Runtime,
+    api: Option<ApiState>,
+}
+
+struct ApiState {
+    router: axum::Router,
+    registry: Arc<Registry>,
+    shutdown: CancellationToken,
+    /// A document created at the start, the target of the `{id}` routes.
+    doc_id: i64,
+    /// Bearer credentials: the admin key, a writer token and a viewer token for `fuzz*`.
+    credentials: [String; 3],
+    requests: u32,
+}
+
+/// A response, read whole.
+pub struct Answer {
+    pub status: StatusCode,
+    pub content_type: String,
+    pub body: Bytes,
+}
+
+impl Default for HttpHarness {
+    fn default() -> Self {
+        HttpHarness::new()
+    }
+}
+
+impl HttpHarness {
+    pub fn new() -> HttpHarness {
+        HttpHarness {
+            rt: runtime(),
+            api: None,
+        }
+    }
+
+    /// Sends `body` to the route `selector % ROUTES.len()`; the higher part of `selector`
+    /// picks the variant: which credential (admin key, writer token, viewer token), whether an
+    /// `Idempotency-Key` is sent, and for the PATCH routes which `If-Match` (the current
+    /// version, none, or a stale one). Checks, and panics if any fails:
+    /// - no status 5xx but 503 (the only server error a request may cause on purpose; an
+    ///   in-memory database should never give it, so the first one is printed);
+    /// - an error is `application/problem+json` whose `status` is the response's;
+    /// - a success has a JSON body (`POST /docs`: a document that reads back with its name).
+    pub fn request(&mut self, selector: u8, body: &[u8]) -> StatusCode {
+        if self.api.is_none() {
+            self.api = Some(self.rt.block_on(ApiState::open()));
+        }
+        let Some(api) = self.api.as_mut() else {
+            unreachable!("opened above")
+        };
+        let status = self.rt.block_on(api.request(selector, body));
+        api.requests += 1;
+        if api.requests >= HTTP_REQUESTS_PER_DB {
+            self.reset();
+        }
+        status
+    }
+
+    /// Starts the next request on a fresh database.
+    pub fn reset(&mut self) {
+        if let Some(api) = self.api.take() {
+            stop(&self.rt, &api.registry, &api.shutdown);
+        }
+    }
+}
+
+impl Drop for HttpHarness {
+    fn drop(&mut self) {
+        self.reset();
+    }
+}
+
+impl ApiState {
+    async fn open() -> ApiState {
+        let mut config = fuzz_config();
+        config.auth_keys = vec![Secret::from(SIGNING_KEY)];
+        config.admin_key = Some(Secret::from(ADMIN_KEY));
+        let stores = crate::open_stores(&config)
+            .await
+            .unwrap_or_else(|e| panic!("cannot open the in-memory database: {e}"));
+        let auth = Auth::new(&config.auth_keys, config.admin_key.clone())
+            .unwrap_or_else(|e| panic!("fuzz keys are valid: {e}"));
+        let shutdown = CancellationToken::new();
+        let registry = registry(&config, &stores, &shutdown);
+        let now = crate::auth::now_secs();
+        let token = |user: &str, perm: Permission| {
+            auth.issue(user, "fuzz*", perm, 24 * 3600, now)
+                .map(|(token, _)| token)
+                .unwrap_or_else(|e| panic!("cannot issue a token: {e}"))
+        };
+        let credentials = [
+            ADMIN_KEY.to_owned(),
+            token("fuzz-writer", Permission::Write),
+            token("fuzz-viewer", Permission::Read),
+        ];
+        let app = AppState {
+            address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
+            bus: None,
+            store: stores.docs.clone(),
+            api: stores.api.clone(),
+            auth: Arc::new(auth),
+            registry: registry.clone(),
+            metrics: registry.metrics.clone(),
+            connections: TaskTracker::new(),
+            config: Arc::new(config),
+        };
+        let mut api = ApiState {
+            router: crate::http::router(app),
+            registry,
+            shutdown,
+            doc_id: 0,
+            credentials,
+            requests: 0,
+        };
+        let created = api
+            .send(
+                Method::POST,
+                "/api/v1/docs".to_owned(),
+                0,
+                Some("application/json"),
+                None,
+                None,
+                Bytes::from_static(br#"{"name":"fuzz-doc","title":"fuzzed"}"#),
+            )
+            .await;
+        assert_eq!(created.status, StatusCode::CREATED, "creating the document");
+        let meta: serde_json::Value = serde_json::from_slice(&created.body)
+            .unwrap_or_else(|e| panic!("the created document is not JSON: {e}"));
+        api.doc_id = meta["id"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("the created document has no id: {meta}"));
+        // The admin's profile, the target of `PATCH /users/{id}`.
+        let me = api
+            .send(
+                Method::GET,
+                "/api/v1/me".to_owned(),
+                0,
+                None,
+                None,
+                None,
+                Bytes::new(),
+            )
+            .await;
+        assert_eq!(me.status, StatusCode::OK, "reading the admin's profile");
+        api
+    }
+
+    #[allow(clippy::too_many_arguments)] // one request's parts, named at each call
+    async fn send(
+        &self,
+        method: Method,
+        uri: String,
+        credential: usize,
+        content_type: Option<&str>,
+        if_match: Option<&str>,
+        idempotency_key: Option<&str>,
+        body: Bytes,
+    ) -> Answer {
+        let mut req = Request::builder().method(method).uri(uri).header(
+            header::AUTHORIZATION,
+            format!("Bearer {}", self.credentials[credential]),
+        );
+        if let Some(ct) = content_type {
+            req = req.header(header::CONTENT_TYPE, ct);
+        }
+        if let Some(v) = if_match {
+            req = req.header(header::IF_MATCH, v);
+        }
+        if let Some(k) = idempotency_key {
+            req = req.header("idempotency-key", k);
+        }
+        let req = req
+            .body(Body::from(body))
+            .unwrap_or_else(|e| panic!("the harness built an invalid request: {e}"));
+        let served = tokio::time::timeout(PATIENCE, async {
+            let resp = match self.router.clone().oneshot(req).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            };
+            let status = resp.status();
+            let content_type = resp
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                .await
+                .unwrap_or_else(|e| panic!("cannot read a response body: {e}"));
+            Answer {
+                status,
+                content_type,
+                body,
+            }
+        })
+        .await;
+        served.unwrap_or_else(|_| panic!("no response within {PATIENCE:?}"))
+    }
+
+    /// The current ETag of `uri` (read as the admin), if it reads.
+    async fn etag(&self, uri: &str) -> Option<String> {
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(uri)
+            .header(header::AUTHORIZATION, format!("Bearer {ADMIN_KEY}"))
+            .body(Body::empty())
+            .ok()?;
+        let resp = tokio::time::timeout(PATIENCE, self.router.clone().oneshot(req))
+            .await
+            .unwrap_or_else(|_| panic!("no response to GET {uri} within {PATIENCE:?}"))
+            .unwrap_or_else(|never| match never {});
+        check_status(resp.status(), &format!("GET {uri}"), b"");
+        resp.headers()
+            .get(header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    }
+
+    async fn request(&self, selector: u8, body: &[u8]) -> StatusCode {
+        let route = usize::from(selector) % ROUTES.len();
+        let variant = usize::from(selector) / ROUTES.len();
+        let credential = variant % 3;
+        let idempotency_key = (variant / 3 % 2 == 1).then(|| format!("fuzz-key-{route}"));
+        let if_match_mode = variant / 6 % 3;
+        let id = self.doc_id;
+        let (method, uri, content_type) = match route {
+            0 => (Method::POST, "/api/v1/docs".to_owned(), "application/json"),
+            1 => (
+                Method::PATCH,
+                format!("/api/v1/docs/{id}"),
+                "application/json",
+            ),
+            2 => (
+                Method::PUT,
+                format!("/api/v1/docs/{id}/access/fuzz-user"),
+                "application/json",
+            ),
+            3 => (
+                Method::PATCH,
+                "/api/v1/users/admin".to_owned(),
+                "application/json",
+            ),
+            4 => (
+                Method::POST,
+                "/api/v1/tokens".to_owned(),
+                "application/json",
+            ),
+            5 => (
+                Method::POST,
+                "/api/v1/tokens/revoke".to_owned(),
+                "application/json",
+            ),
+            _ => (
+                Method::POST,
+                format!("/api/v1/docs/{id}/update"),
+                "application/octet-stream",
+            ),
+        };
+        let if_match = if method == Method::PATCH {
+            match if_match_mode {
+                0 => self.etag(&uri).await,
+                1 => None,
+                _ => Some("\"0\"".to_owned()),
+            }
+        } else {
+            None
+        };
+        let body = Bytes::copy_from_slice(body);
+        let answer = self
+            .send(
+                method.clone(),
+                uri.clone(),
+                credential,
+                Some(content_type),
+                if_match.as_deref(),
+                idempotency_key.as_deref(),
+                body.clone(),
+            )
+            .await;
+        let what = format!("{method} {uri}");
+        check_status(answer.status, &what, &body);
+        check_answer(&answer, &what, &body);
+        if route == 0 && answer.status == StatusCode::CREATED {
+            self.check_created(&answer, &body).await;
+        }
+        answer.status
+    }
+
+    /// A created document reads back, under the name the request gave.
+    async fn check_created(&self, answer: &Answer, request: &[u8]) {
+        let meta: serde_json::Value = serde_json::from_slice(&answer.body)
+            .unwrap_or_else(|e| panic!("201 without a JSON body: {e}"));
+        let id = meta["id"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("201 without an id: {meta}"));
+        let read = self
+            .send(
+                Method::GET,
+                format!("/api/v1/docs/{id}"),
+                0,
+                None,
+                None,
+                None,
+                Bytes::new(),
+            )
+            .await;
+        assert_eq!(
+            read.status,
+            StatusCode::OK,
+            "a created document does not read back: {}",
+            String::from_utf8_lossy(&read.body)
+        );
+        let read: serde_json::Value = serde_json::from_slice(&read.body)
+            .unwrap_or_else(|e| panic!("GET /docs/{id} is not JSON: {e}"));
+        let asked: Option<serde_json::Value> = serde_json::from_slice(request).ok();
+        if let Some(name) = asked.as_ref().and_then(|a| a.get("name")) {
+            assert_eq!(
+                &read["name"], name,
+                "the created document's name differs from the request's"
+            );
+        }
+        assert_eq!(
+            read["name"], meta["name"],
+            "201 and GET disagree on the name"
+        );
+    }
+}
+
+/// No server error but 503, which is printed once (an in-memory database should not give it).
+fn check_status(status: StatusCode, what: &str, body: &[u8]) {
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        if !REPORTED_503.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "note: {what} answered 503 (storage unavailable) for the body {:02x?}",
+                body
+            );
+        }
+        return;
+    }
+    assert!(
+        !status.is_server_error(),
+        "{what} answered {status} for the body {:02x?} ({:?})",
+        body,
+        String::from_utf8_lossy(body)
+    );
+}
+
+/// Errors are problem+json with the response's status; successes are JSON.
+fn check_answer(answer: &Answer, what: &str, request: &[u8]) {
+    let json: Result<serde_json::Value, _> = serde_json::from_slice(&answer.body);
+    let shown = || String::from_utf8_lossy(&answer.body).into_owned();
+    if answer.status.is_client_error() || answer.status.is_server_error() {
+        assert!(
+            answer.content_type.starts_with("application/problem+json"),
+            "{what} answered {} as {:?}, not problem+json, for the body {:02x?}: {}",
+            answer.status,
+            answer.content_type,
+            request,
+            shown()
+        );
+        let json = json.unwrap_or_else(|e| {
+            panic!(
+                "{what}: the problem body is not JSON ({e}) for the body {request:02x?}: {}",
+                shown()
+            )
+        });
+        assert_eq!(
+            json["status"].as_u64(),
+            Some(u64::from(answer.status.as_u16())),
+            "{what}: the problem's status differs from the response's: {json}"
+        );
+    } else if answer.status != StatusCode::NO_CONTENT {
+        assert!(
+            json.is_ok(),
+            "{what} answered {} with a body that is not JSON: {}",
+            answer.status,
+            shown()
+        );
+    }
+}

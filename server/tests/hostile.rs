@@ -1,0 +1,478 @@
+//! Hostile clients: each test plays one kind of abuse against a real server and checks that
+//! the offender alone pays for it (a close code or an HTTP error), that every other client
+//! carries on, and that the server's memory stays within a stated bound.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use futures_util::SinkExt;
+use quire_server::auth::{now_secs, Auth, Permission};
+use quire_server::protocol;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use yrs::{Doc, GetString, StateVector, Text, Transact};
+
+const KEY: &str = "k1:0123456789abcdef0123";
+
+/// Resident memory of a process, in bytes.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// A document of about `bytes` bytes of text, written by one client in 64 KiB inserts.
+async fn fill(url: &str, bytes: usize) {
+    let mut writer = Client::connect(url, 100).await;
+    let chunk = "x".repeat(64 * 1024);
+    for _ in 0..bytes / chunk.len() {
+        writer.insert(0, &chunk).await;
+    }
+    writer.durable_ack(1).await;
+    writer.close().await;
+}
+
+/// Until a fix, a client that sent thousands of tiny Sync Step 1 messages and never read made
+/// the server hold one full copy of the document per request (20,000 requests to a 2 MB
+/// document grew the server by 2 GB). Now each answer is encoded once per document version,
+/// shared between peers, and a peer with an unread answer gets no new one.
+#[tokio::test]
+async fn a_step1_flood_from_a_reader_that_never_reads_stays_within_memory_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The rate limit would close the flooder early: lift it to test what lies behind it.
+    let server = ServerProcess::start(
+        dir.path(),
+        &[
+            "--sync-requests-per-minute",
+            "100000000",
+            "--room-unload-delay",
+            "60s",
+        ],
+    )
+    .await;
+    let url = server.url("big");
+    const DOC_BYTES: usize = 2 << 20;
+    const FLOOD: usize = 20_000;
+    fill(&url, DOC_BYTES).await;
+    let mut writer = Client::connect(&url, 1).await;
+    let mut reader = Client::connect(&url, 2).await;
+    assert_eq!(reader.text_len(), DOC_BYTES);
+    let pid = server.child.id().expect("running");
+    let before = rss_bytes(pid);
+
+    // The flooder: sends Step 1 (empty state vector: the whole document) and never reads.
+    let (mut flooder, _) = tokio_tungstenite::connect_async(url.as_str())
+        .await
+        .expect("connect");
+    let step1 = protocol::encode_step1(&StateVector::default());
+    for _ in 0..FLOOD {
+        flooder
+            .feed(WsMessage::Binary(step1.clone()))
+            .await
+            .expect("send");
+    }
+    flooder.flush().await.expect("flush");
+    // Every request reached the room: all but a handful were skipped (an answer was unread).
+    wait_metric_at(server.addr, "quire_sync_answers_skipped_total", |v| {
+        v >= (FLOOD - 10) as f64
+    })
+    .await;
+    let encoded = server.metric("quire_sync_answers_encoded_total").await;
+    assert!(encoded <= 10.0, "{encoded} answers encoded for one version");
+
+    // The document's honest clients carry on.
+    for i in 0..20 {
+        writer.insert(0, &format!("{i},")).await;
+    }
+    writer.durable_ack(2).await;
+    assert!(
+        reader
+            .pump_until(PATIENCE, |c| c.text_len() == DOC_BYTES + 50)
+            .await,
+        "the reader received every update during the flood"
+    );
+    let grown = rss_bytes(pid).saturating_sub(before);
+    eprintln!(
+        "server RSS {} MB before the flood, grew by {} MB; {encoded} answers encoded",
+        before >> 20,
+        grown >> 20
+    );
+    // Measured: about 10 MB (the shared answer, a few copies in the flooder's socket
+    // writes, the frames read); before the fix 2,016 MB.
+    const BOUND: u64 = 64 << 20;
+    assert!(
+        grown < BOUND,
+        "the server grew by {} MB during the flood (bound {} MB)",
+        grown >> 20,
+        BOUND >> 20
+    );
+    drop(flooder);
+}
+
+/// The byte bound alone closes a peer that is not reading, however few frames it has queued.
+#[tokio::test]
+async fn a_peer_over_its_byte_bound_is_closed_with_1013_and_others_carry_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    // Far more frames than the test sends, so only bytes can overflow.
+    cfg.limits.peer_queue = 100_000;
+    cfg.room.peer_queue = 100_000;
+    cfg.limits.peer_queue_bytes = 1 << 20;
+    cfg.room.peer_queue_bytes = 1 << 20;
+    let server = TestServer::start(cfg).await;
+    let url = server.url("bytes");
+    let mut writer = Client::connect(&url, 1).await;
+    let mut fast = Client::connect(&url, 2).await;
+    let mut slow = Client::connect(&url, 3).await; // never reads until the end
+    let chunk = "y".repeat(64 * 1024);
+    let n = 300usize; // 19 MB: more than the loopback socket buffers hold, and the bound
+    for i in 0..n {
+        writer.insert(0, &chunk).await;
+        assert!(
+            fast.pump_until(PATIENCE, |c| c.updates_received == i + 1)
+                .await,
+            "the fast client received update {i} (closed: {:?})",
+            fast.closed
+        );
+    }
+    assert!(server.metric("quire_broadcast_overflows_total").await >= 1.0);
+    // What was queued for the closed peer is freed at once, before its close handshake.
+    server
+        .wait_metric("quire_peer_queue_bytes", |v| v == 0.0)
+        .await;
+    assert_eq!(slow.wait_closed().await, Some(1013));
+    let again = Client::connect(&url, 3).await;
+    assert_eq!(again.text_len(), n * chunk.len());
+    server.stop().await;
+}
+
+fn token(auth: &Auth, user: &str, ttl: i64) -> String {
+    auth.issue(user, "*", Permission::Write, ttl, now_secs())
+        .expect("issue")
+        .0
+}
+
+#[tokio::test]
+async fn an_expired_token_closes_its_socket_with_4401() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.auth_keys = vec![KEY.into()];
+    let server = TestServer::start(cfg).await;
+    let auth = Auth::new(&[KEY.into()], None).expect("key");
+    let short = token(&auth, "ann", 2);
+    let long = token(&auth, "bob", 3600);
+    let mut ann = Client::connect(&format!("{}?token={short}", server.url("exp")), 1).await;
+    let mut bob = Client::connect(&format!("{}?token={long}", server.url("exp")), 2).await;
+    ann.insert(0, "before expiry ").await;
+    ann.durable_ack(1).await;
+    let opened = std::time::Instant::now();
+    assert_eq!(ann.wait_closed().await, Some(4401));
+    assert!(
+        opened.elapsed() < Duration::from_secs(4),
+        "closed at the token's expiry, not later ({:?})",
+        opened.elapsed()
+    );
+    assert_eq!(server.metric("quire_tokens_expired_total").await, 1.0);
+    // The expired token cannot open a new socket (401 before the upgrade)...
+    let refused = tokio_tungstenite::connect_async(format!("{}?token={short}", server.url("exp")))
+        .await
+        .expect_err("expired token refused");
+    match refused {
+        tokio_tungstenite::tungstenite::Error::Http(resp) => assert_eq!(resp.status(), 401),
+        other => panic!("expected an HTTP 401, got {other}"),
+    }
+    // ... and the other client, with a valid token, carries on.
+    bob.insert(0, "still writing ").await;
+    bob.durable_ack(1).await;
+    assert!(bob.closed.is_none());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn sync_requests_and_awareness_over_their_rate_close_with_1008() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.limits.sync_requests_per_minute = 5;
+    cfg.limits.awareness_per_second = 2;
+    let server = TestServer::start(cfg).await;
+    let url = server.url("rates");
+    let mut honest = Client::connect(&url, 1).await;
+
+    // The initial Step 1 counts: four more fit, the sixth request closes.
+    let mut syncer = Client::connect(&url, 2).await;
+    for _ in 0..5 {
+        syncer
+            .send_raw(protocol::encode_step1(&StateVector::default()))
+            .await;
+    }
+    assert_eq!(syncer.wait_closed().await, Some(1008));
+
+    let mut querier = Client::connect(&url, 3).await;
+    for _ in 0..5 {
+        querier.send_raw(Bytes::from_static(&[3])).await; // QueryAwareness
+    }
+    assert_eq!(querier.wait_closed().await, Some(1008));
+
+    // A burst of twice the rate passes; more closes.
+    let mut chatty = Client::connect(&url, 4).await;
+    for clock in 1..=5 {
+        chatty
+            .send_raw(presence(4, &format!("{{\"clock\":{clock}}}")))
+            .await;
+    }
+    assert_eq!(chatty.wait_closed().await, Some(1008));
+    assert!(server.metric("quire_rate_limited_total").await >= 3.0);
+
+    honest.insert(0, "unaffected").await;
+    honest.durable_ack(1).await;
+    let late = Client::connect(&url, 5).await;
+    assert_eq!(late.text(), "unaffected");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_flood_from_one_address_gets_429() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.limits.connections_per_minute_per_addr = 5;
+    cfg.limits.rate_limit_loopback = true;
+    let server = TestServer::start(cfg).await;
+    let url = server.url("flood");
+    let mut open = Vec::new();
+    for i in 0..5 {
+        open.push(Client::connect(&url, i + 1).await);
+    }
+    let refused = tokio_tungstenite::connect_async(url.as_str())
+        .await
+        .expect_err("sixth connection refused");
+    match refused {
+        tokio_tungstenite::tungstenite::Error::Http(resp) => {
+            assert_eq!(resp.status(), 429);
+            let retry: u64 = resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .expect("Retry-After");
+            assert!((1..=12).contains(&retry), "retry after {retry} s");
+        }
+        other => panic!("expected HTTP 429, got {other}"),
+    }
+    assert!(server.metric("quire_address_limited_total").await >= 1.0);
+    // The connections already open are not affected.
+    open[0].insert(0, "hello").await;
+    assert!(open[4].pump_until(PATIENCE, |c| c.text() == "hello").await);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn failed_authentications_lock_an_address_out_for_a_while() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.auth_keys = vec![KEY.into()];
+    cfg.limits.auth_failures_per_minute_per_addr = 3;
+    cfg.limits.rate_limit_loopback = true;
+    let server = TestServer::start(cfg).await;
+    let auth = Auth::new(&[KEY.into()], None).expect("key");
+    let good = token(&auth, "ann", 3600);
+    let http = reqwest::Client::new();
+    let docs = server.http("/api/v1/docs");
+    let get = |t: &str| http.get(&docs).bearer_auth(t.to_owned()).send();
+    assert_eq!(get(&good).await.expect("get").status(), 200);
+    for guess in ["a.b.c", "guess", "x.y.z"] {
+        assert_eq!(get(guess).await.expect("get").status(), 401);
+    }
+    // Locked out: even the right token is refused, over HTTP and on the socket.
+    let locked = get(&good).await.expect("get");
+    assert_eq!(locked.status(), 429);
+    assert!(locked.headers().contains_key("retry-after"));
+    let body: serde_json::Value = locked.json().await.expect("problem json");
+    assert_eq!(
+        body["type"],
+        "https://quire.dev/problems/too-many-failed-logins"
+    );
+    let refused = tokio_tungstenite::connect_async(format!("{}?token={good}", server.url("d")))
+        .await
+        .expect_err("locked out");
+    match refused {
+        tokio_tungstenite::tungstenite::Error::Http(resp) => assert_eq!(resp.status(), 429),
+        other => panic!("expected HTTP 429, got {other}"),
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_slow_client_that_never_finishes_its_headers_is_disconnected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.limits.header_timeout = Duration::from_secs(1);
+    let server = TestServer::start(cfg).await;
+    // Half a request, a byte at a time, then nothing.
+    let mut tcp = tokio::net::TcpStream::connect(server.addr)
+        .await
+        .expect("connect");
+    let started = std::time::Instant::now();
+    for b in b"GET /doc HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n" {
+        if tcp.write_all(&[*b]).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if started.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+    }
+    let mut buf = [0u8; 256];
+    let read = tokio::time::timeout(PATIENCE, tcp.read(&mut buf))
+        .await
+        .expect("the server hangs up within the patience");
+    assert!(
+        matches!(read, Ok(0) | Err(_)) || String::from_utf8_lossy(&buf).contains("408"),
+        "connection closed"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "cut off after the header timeout, not later ({:?})",
+        started.elapsed()
+    );
+    // An upgraded WebSocket is not bound by the header timeout.
+    let mut client = Client::connect(&server.url("doc"), 1).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    client.insert(0, "alive").await;
+    client.durable_ack(1).await;
+    server.stop().await;
+}
+
+/// One client's abuse, what the server must answer it with, and that nobody else notices.
+#[tokio::test]
+async fn bad_input_closes_only_the_offender() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let url = server.url("bad");
+    let mut honest = Client::connect(&url, 1).await;
+    let mut watcher = Client::connect(&url, 2).await;
+
+    // (what, frame, close code)
+    let awareness = |json: &[u8]| {
+        // An awareness message with one client (7, clock 1) and `json` as its state.
+        let mut body = vec![1u8, 7, 1, json.len() as u8];
+        body.extend_from_slice(json);
+        let mut frame = vec![1u8, body.len() as u8];
+        frame.extend_from_slice(&body);
+        Bytes::from(frame)
+    };
+    let cases: Vec<(&str, Bytes, u16)> = vec![
+        (
+            "a varint that never ends",
+            Bytes::from_static(&[0x80, 0x80, 0x80]),
+            1007,
+        ),
+        (
+            "a length prefix far beyond the frame",
+            Bytes::from_static(&[0, 2, 0xff, 0xff, 0xff, 0xff, 0x0f, 1, 2]),
+            1007,
+        ),
+        (
+            "a length prefix one past the end",
+            Bytes::from_static(&[0, 2, 3, 0, 0]),
+            1007,
+        ),
+        (
+            "an update yrs rejects",
+            Bytes::from_static(&[0, 2, 4, 1, 1, 0xff, 0x7f]),
+            1007,
+        ),
+        (
+            "awareness state that is not JSON",
+            awareness(b"{not json"),
+            1007,
+        ),
+        (
+            "awareness state that is not UTF-8",
+            awareness(&[b'"', 0xff, 0xfe, b'"']),
+            1007,
+        ),
+        (
+            "more messages in one frame than allowed",
+            Bytes::from(vec![3u8; quire_server::ws::MAX_MESSAGES_PER_FRAME + 1]),
+            1007,
+        ),
+    ];
+    for (what, frame, code) in cases {
+        let mut bad = Client::connect(&url, 3).await;
+        bad.send_raw(frame).await;
+        assert_eq!(bad.wait_closed().await, Some(code), "{what}");
+    }
+    // Valid JSON in awareness is relayed.
+    let mut fine = Client::connect(&url, 4).await;
+    fine.send_raw(awareness(b"{\"ok\":1}")).await;
+    assert!(
+        watcher
+            .pump_until(PATIENCE, |c| c.awareness.contains_key(&7))
+            .await
+    );
+
+    // An update whose dependencies the server lacks: kept pending (not in the text), stored,
+    // and not reported as durable until what it depends on arrives.
+    let source = Doc::with_client_id(9);
+    let text = source.get_or_insert_text("text");
+    let first = {
+        let mut txn = source.transact_mut();
+        text.insert(&mut txn, 0, "first ");
+        txn.encode_update_v1()
+    };
+    let second = {
+        let mut txn = source.transact_mut();
+        text.insert(&mut txn, 6, "second");
+        txn.encode_update_v1()
+    };
+    let mut dangling = Client::connect(&url, 5).await;
+    dangling.send_update(&second).await;
+    let ack = protocol::encode_durable_ack(1);
+    dangling.send_raw(ack.clone()).await;
+    // Everything sent before and after is committed: the honest client's ack comes back...
+    honest.insert(0, "x").await;
+    honest.durable_ack(1).await;
+    // ... but not the dangling client's, and nobody sees "second".
+    assert!(
+        !dangling
+            .pump_until(Duration::from_millis(500), |c| c
+                .acks_received
+                .contains(&ack))
+            .await,
+        "an update pending on missing dependencies was reported durable"
+    );
+    let fresh = Client::connect(&url, 6).await;
+    assert_eq!(fresh.text(), "x");
+    // Once the dependency arrives, both integrate and the ack is released.
+    dangling.send_update(&first).await;
+    assert!(
+        dangling
+            .pump_until(PATIENCE, |c| c.acks_received.contains(&ack))
+            .await
+    );
+    let fresh = Client::connect(&url, 7).await;
+    let merged = fresh.text();
+    assert!(
+        merged.contains("first second") && merged.contains('x') && merged.len() == 13,
+        "{merged:?}"
+    );
+
+    // Unknown message types are ignored, not fatal; the honest clients never noticed.
+    honest.send_raw(Bytes::from_static(&[77, 1, 0])).await;
+    honest.insert(0, "!").await;
+    honest.durable_ack(2).await;
+    let expected = format!("!{merged}");
+    assert!(watcher.pump_until(PATIENCE, |c| c.text() == expected).await);
+    assert!(honest.closed.is_none() && watcher.closed.is_none());
+    let t = honest.doc.get_or_insert_text("text");
+    assert_eq!(t.get_string(&honest.doc.transact()), expected);
+    server.stop().await;
+}
