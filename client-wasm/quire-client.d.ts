@@ -11,6 +11,14 @@ export type Status = 'connecting' | 'connected' | 'offline' | 'closed';
 export interface ClientOptions {
   /** Access token (sent as `?token=`). */
   token?: string;
+  /**
+   * Called before every connection attempt (the first included) for the token to connect
+   * with; may return the token or a promise of it. Tokens expire: the server closes a socket
+   * at its token's `exp` with 4401, and the client reconnects with a fresh token from here,
+   * resyncing without losing an edit. A rejected promise counts as a failed attempt (retried
+   * with backoff).
+   */
+  tokenProvider?: () => string | Promise<string>;
   /** First reconnect delay in ms (default 200; the actual delay is jittered to 50-100 %). */
   minBackoffMs?: number;
   /** Longest reconnect delay in ms (default 5000). */
@@ -50,7 +58,8 @@ export class QuireClient {
   /** Fires whenever `unsaved` changes; 0 means every local change is committed. */
   on(event: 'saved', cb: (unsaved: number) => void): void;
   on(event: 'awareness', cb: (change: AwarenessChange, origin: 'local' | 'remote') => void): void;
-  /** The server closed with a permanent code (4400-4499); the client does not reconnect. */
+  /** The server closed with a permanent code (4400-4499 except 4401, token expired), or refused
+   *  the upgrade (401, 403, 404); the client does not reconnect. */
   on(event: 'closed', cb: (info: { code: number; reason: string }) => void): void;
   /** The server refused a change (read-only access); refused changes stay unsaved. */
   on(event: 'denied', cb: (reason: string) => void): void;

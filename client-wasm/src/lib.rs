@@ -14,7 +14,7 @@ pub mod session;
 #[cfg(not(target_arch = "wasm32"))]
 mod native;
 #[cfg(not(target_arch = "wasm32"))]
-pub use native::{Client, ClientConfig, ClientState, Closed};
+pub use native::{Client, ClientConfig, ClientState, Closed, TokenFuture, TokenProvider};
 pub use session::Shared;
 
 #[cfg(target_arch = "wasm32")]
@@ -47,9 +47,15 @@ impl Status {
     }
 }
 
-/// Close codes after which reconnecting unchanged would fail the same way (docs/protocol.md).
+/// The close code of a connection whose token expired: the client reconnects, asking its
+/// token provider for a fresh token first (without one it reconnects with the same token and
+/// the server refuses the upgrade with 401, which stops it).
+pub const TOKEN_EXPIRED: u16 = 4401;
+
+/// Close codes after which reconnecting unchanged would fail the same way (docs/protocol.md):
+/// 4400-4499, except [`TOKEN_EXPIRED`].
 pub fn is_permanent_close(code: u16) -> bool {
-    (4400..4500).contains(&code)
+    (4400..4500).contains(&code) && code != TOKEN_EXPIRED
 }
 
 /// Delay before reconnect attempt `attempt` (0-based): exponential from `min` up to `max`, with
@@ -116,8 +122,10 @@ mod tests {
     }
 
     #[test]
-    fn only_4400_to_4499_are_permanent() {
+    fn only_4400_to_4499_are_permanent_except_an_expired_token() {
         assert!(is_permanent_close(4404));
+        assert!(is_permanent_close(4403));
+        assert!(!is_permanent_close(TOKEN_EXPIRED));
         assert!(!is_permanent_close(1012));
         assert!(!is_permanent_close(4500));
     }

@@ -1,6 +1,8 @@
 //! The native transport: one tokio task per client owns the WebSocket; the application edits the
 //! shared [`Doc`] directly and hears about the connection through a watch channel.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,13 +18,43 @@ use yrs::{ClientID, Doc, Options};
 use crate::session::{Event, Session, Shared};
 use crate::{backoff_delay, document_url, is_permanent_close, Status};
 
+/// What a [`TokenProvider`] returns: a token, or why there is none (the client then retries
+/// after its backoff).
+pub type TokenFuture = Pin<Box<dyn Future<Output = Result<String, String>> + Send>>;
+
+/// Called before every connection attempt, the first included, for the token to connect with:
+/// a page whose tokens expire hands the client a way to get fresh ones, and the client keeps
+/// editing across expiries (the server closes an expired connection with 4401, the client
+/// reconnects with a new token and resyncs; nothing typed meanwhile is lost).
+#[derive(Clone)]
+pub struct TokenProvider(Arc<dyn Fn() -> TokenFuture + Send + Sync>);
+
+impl TokenProvider {
+    pub fn new<F, Fut>(f: F) -> TokenProvider
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<String, String>> + Send + 'static,
+    {
+        TokenProvider(Arc::new(move || Box::pin(f())))
+    }
+}
+
+impl std::fmt::Debug for TokenProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenProvider")
+    }
+}
+
 /// Where and how to connect.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// `ws://host:port` of the Quire server.
     pub server: String,
     pub document: String,
+    /// The token to connect with; replaced by the provider's before each attempt if there is
+    /// one.
     pub token: Option<String>,
+    pub token_provider: Option<TokenProvider>,
     /// Fixed Yjs client id (tests); random when `None`.
     pub client_id: Option<ClientID>,
     pub min_backoff: Duration,
@@ -41,6 +73,7 @@ impl ClientConfig {
             server: server.into(),
             document: document.into(),
             token: None,
+            token_provider: None,
             client_id: None,
             min_backoff: crate::MIN_BACKOFF,
             max_backoff: crate::MAX_BACKOFF,
@@ -337,6 +370,19 @@ impl Driver {
     }
 
     async fn open(&mut self) -> Result<Socket, End> {
+        if let Some(provider) = self.config.token_provider.clone() {
+            match tokio::time::timeout(self.config.connect_timeout, (provider.0)()).await {
+                Ok(Ok(token)) => self.config.token = Some(token),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "the token provider failed; retrying later");
+                    return Err(End::Dropped { synced: false });
+                }
+                Err(_) => {
+                    tracing::debug!("the token provider did not answer; retrying later");
+                    return Err(End::Dropped { synced: false });
+                }
+            }
+        }
         let url = document_url(
             &self.config.server,
             &self.config.document,

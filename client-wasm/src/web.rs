@@ -98,6 +98,8 @@ struct Inner {
     server: String,
     document: String,
     token: RefCell<Option<String>>,
+    /// `options.tokenProvider`: called before every connection attempt for the token to use.
+    token_provider: Option<Function>,
     /// When the current socket last received anything (ms since the epoch).
     heard: Cell<f64>,
     destroyed: Cell<bool>,
@@ -136,6 +138,11 @@ impl QuireClient {
         document: &str,
         options: Option<JsValue>,
     ) -> Result<QuireClient, JsValue> {
+        let token_provider = options
+            .as_ref()
+            .filter(|v| v.is_object())
+            .and_then(|v| Reflect::get(v, &"tokenProvider".into()).ok())
+            .and_then(|f| f.dyn_into::<Function>().ok());
         let options: JsOptions = match options {
             Some(v) if !v.is_undefined() && !v.is_null() => {
                 serde_wasm_bindgen::from_value(v).map_err(js_err)?
@@ -162,6 +169,7 @@ impl QuireClient {
             server: server_url.to_owned(),
             document: document.to_owned(),
             token: RefCell::new(options.token),
+            token_provider,
             heard: Cell::new(0.0),
             destroyed: Cell::new(false),
             min_backoff: ms(options.min_backoff_ms, crate::MIN_BACKOFF),
@@ -371,8 +379,57 @@ impl QuireClient {
     }
 }
 
+/// Calls a token provider: it may return the token or a promise of it.
+async fn provide_token(provider: &Function) -> Result<String, JsValue> {
+    let mut value = provider.call0(&JsValue::NULL)?;
+    if let Some(promise) = value.dyn_ref::<js_sys::Promise>() {
+        value = wasm_bindgen_futures::JsFuture::from(promise.clone()).await?;
+    }
+    value
+        .as_string()
+        .ok_or_else(|| js_err("tokenProvider must return a string (or a promise of one)"))
+}
+
 impl Inner {
+    /// Opens a connection: with a token provider, asks it for a token first.
     fn open(this: &Rc<Inner>) {
+        let Some(provider) = this.token_provider.clone() else {
+            Inner::open_socket(this);
+            return;
+        };
+        let generation = this.generation.get() + 1;
+        this.generation.set(generation);
+        this.set_status(Status::Connecting);
+        this.dispatch();
+        let weak = Rc::downgrade(this);
+        wasm_bindgen_futures::spawn_local(async move {
+            let token = provide_token(&provider).await;
+            let Some(inner) = weak.upgrade() else {
+                return;
+            };
+            // Disconnected, destroyed or reconnected meanwhile: this attempt is void.
+            let current = inner.generation.get() == generation
+                && inner.want_online.get()
+                && inner.socket.borrow().is_none();
+            if !current {
+                return;
+            }
+            match token {
+                Ok(token) => {
+                    *inner.token.borrow_mut() = Some(token);
+                    Inner::open_socket(&inner);
+                }
+                Err(e) => {
+                    web_sys::console::warn_2(&JsValue::from_str("quire: tokenProvider failed"), &e);
+                    Inner::went_offline(&inner);
+                    Inner::schedule_reconnect(&inner);
+                    inner.dispatch();
+                }
+            }
+        });
+    }
+
+    fn open_socket(this: &Rc<Inner>) {
         let generation = this.generation.get() + 1;
         this.generation.set(generation);
         this.set_status(Status::Connecting);

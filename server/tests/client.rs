@@ -390,3 +390,76 @@ async fn the_client_can_be_read_from_inside_document_observers() {
     b.close().await;
     server.stop().await;
 }
+
+/// A page whose tokens expire keeps editing: the server closes the socket at each token's
+/// expiry (4401), the client asks its provider for a new token, reconnects and resyncs, and
+/// not a character typed across the expiries is lost (checked with a fresh reader).
+#[tokio::test]
+async fn a_token_provider_keeps_a_client_editing_across_token_expiries() {
+    use quire_client::TokenProvider;
+    use quire_server::auth::{now_secs, Auth, Permission};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const KEY: &str = "k1:test-secret-0123456789";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.auth_keys = vec![KEY.into()];
+    let server = TestServer::start(cfg).await;
+    let base = ws_base(server.addr);
+    let issue = |ttl: i64| {
+        let auth = Auth::new(&[KEY.into()], None).expect("key");
+        auth.issue("ann", "*", Permission::Write, ttl, now_secs())
+            .expect("issue")
+            .0
+    };
+    let calls = std::sync::Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let mut cfg = config(&base, "expiring", 1);
+    cfg.token_provider = Some(TokenProvider::new(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        // Two-second tokens (one to two seconds of life: `exp` counts whole seconds).
+        let token = issue(2);
+        async move { Ok(token) }
+    }));
+    let client = QuireClient::connect(cfg);
+    within("synced", client.synced()).await.expect("synced");
+    let mut typed = String::new();
+    let started = std::time::Instant::now();
+    let mut i = 0u32;
+    while started.elapsed() < Duration::from_millis(4500) {
+        let ch = char::from(b'a' + (i % 26) as u8);
+        let len = text(&client).chars().count() as u32;
+        insert(&client, len, &ch.to_string());
+        typed.push(ch);
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    within("saved", client.saved()).await.expect("saved");
+    assert!(
+        server.metric("quire_tokens_expired_total").await >= 2.0,
+        "the server closed the client at least twice for an expired token"
+    );
+    assert!(
+        calls.load(Ordering::SeqCst) >= 3,
+        "a new token per connection"
+    );
+    assert_eq!(client.state().status, Status::Connected);
+    // A fresh reader sees every character, in order.
+    let mut reader_cfg = config(&base, "expiring", 2);
+    reader_cfg.token = Some(issue(3600));
+    let reader = QuireClient::connect(reader_cfg);
+    within("reader synced", reader.synced())
+        .await
+        .expect("synced");
+    assert_eq!(text(&reader), typed);
+    client.close().await;
+    reader.close().await;
+
+    // Without a provider the client reconnects with its expired token, is refused with
+    // 401, and stops.
+    let mut cfg = config(&base, "expiring", 3);
+    cfg.token = Some(issue(1));
+    let stale = QuireClient::connect(cfg);
+    let state = within("closed", stale.wait_for(|s| s.status == Status::Closed)).await;
+    assert_eq!(state.closed.map(|c| c.code), Some(401));
+    server.stop().await;
+}
