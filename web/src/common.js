@@ -9,6 +9,26 @@ export const docName = params.get('doc') || null
 /** Optional access token (`?token=`), passed to the API and the WebSocket. */
 export const token = params.get('token') || null
 
+/**
+ * Optional token endpoint (`?tokenUrl=`, a path on this site): fetched before every connection
+ * for a fresh token (`{"token": "..."}` in the response), so the editor keeps working when
+ * tokens expire. An application embedding Quire serves it from its own login session.
+ */
+export const tokenUrl = (() => {
+  const v = params.get('tokenUrl')
+  // Same origin only: a token endpoint elsewhere would be sent this site's cookies.
+  return v && v.startsWith('/') && !v.startsWith('//') ? v : null
+})()
+
+/** Fetches a token from `tokenUrl`. */
+export async function fetchToken () {
+  const res = await fetch(tokenUrl, { credentials: 'same-origin', cache: 'no-store' })
+  if (!res.ok) throw new Error(`token endpoint answered ${res.status}`)
+  const body = await res.json()
+  if (typeof body.token !== 'string') throw new Error('token endpoint sent no token')
+  return body.token
+}
+
 /** y-websocket convention: the document's socket is serverUrl + '/' + encoded name. */
 export function serverUrl () {
   // `?server=ws://host:port` points the page at another Quire (the page's own by default).
@@ -21,7 +41,7 @@ export function serverUrl () {
 export function pageUrl (path, doc) {
   const q = new URLSearchParams()
   if (doc != null) q.set('doc', doc)
-  for (const keep of ['token', 'name']) {
+  for (const keep of ['token', 'tokenUrl', 'name']) {
     const v = params.get(keep)
     if (v) q.set(keep, v)
   }

@@ -8,7 +8,7 @@ import { history, historyKeymap } from '@codemirror/commands'
 import { quireCollab } from './cm-binding.js'
 import { editorBasics } from './setup.js'
 import {
-  params, docName, token, serverUrl, pageUrl, loadUser, bindNameField, renderPeers, renderStatus, isOffline, showPicker
+  params, docName, token, tokenUrl, fetchToken, serverUrl, pageUrl, loadUser, bindNameField, renderPeers, renderStatus, isOffline, showPicker
 } from './common.js'
 
 function renderSaved (client) {
@@ -79,6 +79,8 @@ async function openEditor (name) {
   await init({ module_or_path: '/assets/quire_client_bg.wasm' })
 
   const options = token ? { token } : {}
+  // With a token endpoint, every (re)connection asks it for a fresh token first.
+  if (tokenUrl) options.tokenProvider = fetchToken
   // Reconnection backoff can be tuned from the URL (tests use a short one).
   for (const key of ['minBackoffMs', 'maxBackoffMs']) {
     const v = Number.parseInt(params.get(key) ?? '', 10)

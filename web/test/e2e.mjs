@@ -47,13 +47,17 @@ const contexts = new Set()
 // ---------------------------------------------------------------------------------------------
 // The server and the browser
 
-function startServer () {
+/** Starts `quire serve` on `db` (a file in the test's data directory) with `extra` flags;
+ *  resolves to `{ child, port }`. */
+function startServer (db = 'quire.db', extra = []) {
   return new Promise((resolvePromise, reject) => {
+    let port = 0
     const child = spawn(resolve(QUIRE_BIN), [
       'serve',
       '--bind', '127.0.0.1:0',
-      '--database', `sqlite://${join(dataDir, 'quire.db')}`,
-      '--web-root', distDir
+      '--database', `sqlite://${join(dataDir, db)}`,
+      '--web-root', distDir,
+      ...extra
     ], { env: { ...process.env, QUIRE_LOG: 'warn' }, stdio: ['ignore', 'pipe', 'pipe'] })
     let stdout = ''
     const timer = setTimeout(() => {
@@ -68,7 +72,7 @@ function startServer () {
       if (m && !port) {
         clearTimeout(timer)
         port = Number(m[2])
-        resolvePromise(child)
+        resolvePromise({ child, port })
       }
     })
     child.stderr.on('data', (chunk) => { serverLog += chunk })
@@ -86,7 +90,7 @@ function startServer () {
 before(async () => {
   await mkdir(shotsDir, { recursive: true })
   dataDir = await mkdtemp(join(tmpdir(), 'quire-e2e-'))
-  server = await startServer()
+  ;({ child: server, port } = await startServer())
   base = `http://127.0.0.1:${port}`
   browser = await chromium.launch({
     executablePath: CHROMIUM,
@@ -638,4 +642,50 @@ test('the document picker lists documents and opens one by name', { timeout: TES
   await page.waitForFunction(() => window.quire && window.quire.client.synced, null, { timeout: WAIT })
   assert.deepEqual(page.errors, [])
   await page.closeContext()
+})
+
+test('an editor on expiring tokens keeps editing: a fresh token per connection, nothing lost', { timeout: TEST_TIMEOUT }, async (t) => {
+  const ADMIN = 'admin-key-for-e2e-tests'
+  const secured = await startServer('secured.db', ['--auth-key', 'k1:e2e-test-secret-0123456789', '--admin-key', ADMIN])
+  const origin = `http://127.0.0.1:${secured.port}`
+  try {
+    const doc = freshDoc('expiring')
+    // Tokens live one to two seconds (`exp` counts whole seconds); the page's token
+    // endpoint (`?tokenUrl=`) is played by the test, which asks the server for each one.
+    let issued = 0
+    const mint = async (ttl) => {
+      const res = await fetch(`${origin}/api/v1/tokens`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ user: 'ada', doc, permission: 'write', ttl_secs: ttl })
+      })
+      assert.equal(res.status, 201)
+      return (await res.json()).token
+    }
+    const page = await newPage(t)
+    await page.route('**/test-token', async (route) => {
+      issued++
+      await route.fulfill({ json: { token: await mint(2) } })
+    })
+    await openWasm(page, origin, doc, 'Ada', { tokenUrl: '/test-token', minBackoffMs: '20', maxBackoffMs: '200' })
+    await caretAtLineEnd(page, 1)
+    const typed = 'typing across token expiries, one key every 40 ms, and every key must arrive.'
+    await page.keyboard.type(typed, { delay: 40 })
+    await waitSaved(page)
+    const metrics = await (await fetch(`${origin}/metrics`)).text()
+    const expired = Number(/^quire_tokens_expired_total (\S+)$/m.exec(metrics)?.[1] ?? 0)
+    assert.ok(expired >= 1, `the server closed the page's socket for an expired token (${expired})`)
+    assert.ok(issued >= 2, `a new token per connection (${issued})`)
+    // A second page, with a long token, sees every character.
+    const reader = await newPage(t)
+    await openWasm(reader, origin, doc, 'Reader', { token: await mint(3600) })
+    const text = await waitConverged([page, reader], [typed])
+    assert.equal(text, typed)
+    await shot(page, 'g-expiring-tokens')
+    await assertBindingClean(page)
+    await page.closeContext()
+    await reader.closeContext()
+  } finally {
+    secured.child.kill('SIGKILL')
+  }
 })

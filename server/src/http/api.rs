@@ -3,14 +3,13 @@
 
 use std::time::Duration;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 
-use super::extract::{ApiJson, ApiPath, ApiQuery};
+use super::extract::{ApiBytes, ApiJson, ApiPath, ApiQuery};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
@@ -202,6 +201,33 @@ async fn ask_room<T>(
     Err(unavailable())
 }
 
+/// Longest accepted text fields, in bytes of UTF-8 (a longer one gets 400 `field-too-long`).
+pub mod field_limits {
+    /// A document's title.
+    pub const TITLE: usize = 1024;
+    /// A user id: a token subject, a document owner, a user in an access entry.
+    pub const USER_ID: usize = 255;
+    /// A profile's display name.
+    pub const DISPLAY_NAME: usize = 256;
+    /// A profile's colour (`#rrggbb`, or any CSS colour).
+    pub const COLOR: usize = 64;
+    /// A profile's avatar URL.
+    pub const AVATAR_URL: usize = 2048;
+    /// A token id in a revocation.
+    pub const TOKEN_ID: usize = 255;
+}
+
+/// 400 if `value` is longer than `max` bytes.
+fn check_len(field: &str, value: Option<&str>, max: usize) -> ApiResult<()> {
+    match value {
+        Some(v) if v.len() > max => Err(ApiError::bad_request(
+            "field-too-long",
+            format!("{field} is longer than {max} bytes"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateDoc {
@@ -226,6 +252,7 @@ async fn create_doc(
 ) -> ApiResult<Response> {
     let name = DocName::parse(&body.name)
         .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
+    check_len("title", Some(&body.title), field_limits::TITLE)?;
     if principal.permission_on(name.as_str(), None) < Some(Permission::Write) {
         return Err(ApiError::forbidden(
             "write permission on this name is required",
@@ -352,6 +379,8 @@ async fn patch_doc(
     headers: HeaderMap,
     ApiJson(patch): ApiJson<DocPatch>,
 ) -> ApiResult<Response> {
+    check_len("title", patch.title.as_deref(), field_limits::TITLE)?;
+    check_len("owner", patch.owner.as_deref(), field_limits::USER_ID)?;
     let need = if patch.owner.is_some() {
         Permission::Admin
     } else {
@@ -487,7 +516,7 @@ async fn post_update(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
     ApiPath(id): ApiPath<i64>,
-    body: Bytes,
+    ApiBytes(body): ApiBytes,
 ) -> ApiResult<Json<UpdateApplied>> {
     let doc = live(doc_for(&app, &principal, id, Permission::Write).await?)?;
     let update = Update::decode_v1(&body).map_err(|e| {
@@ -571,6 +600,7 @@ async fn put_access(
     ApiPath((id, user)): ApiPath<(i64, String)>,
     ApiJson(body): ApiJson<SetRole>,
 ) -> ApiResult<Json<AccessEntry>> {
+    check_len("user", Some(&user), field_limits::USER_ID)?;
     let doc = doc_for(&app, &principal, id, Permission::Admin).await?;
     app.api.set_role(id, &user, Some(body.role)).await?;
     role_changed(&app, &doc.name, &user).await;
@@ -640,6 +670,17 @@ async fn patch_user(
     headers: HeaderMap,
     ApiJson(patch): ApiJson<UserPatch>,
 ) -> ApiResult<Response> {
+    check_len(
+        "display_name",
+        patch.display_name.as_deref(),
+        field_limits::DISPLAY_NAME,
+    )?;
+    check_len("color", patch.color.as_deref(), field_limits::COLOR)?;
+    check_len(
+        "avatar_url",
+        patch.avatar_url.as_deref(),
+        field_limits::AVATAR_URL,
+    )?;
     if principal.user != id && !principal.is_admin() {
         return Err(ApiError::forbidden(
             "only the user or an administrator may change a profile",
@@ -692,6 +733,8 @@ async fn issue_token(
     Extension(principal): Extension<Principal>,
     ApiJson(body): ApiJson<IssueToken>,
 ) -> ApiResult<Response> {
+    check_len("user", Some(&body.user), field_limits::USER_ID)?;
+    check_len("doc", Some(&body.doc), crate::room::MAX_DOC_NAME_BYTES + 1)?;
     if !principal.is_admin() {
         return Err(ApiError::forbidden("issuing tokens requires the admin key"));
     }
@@ -738,6 +781,8 @@ async fn revoke(
     if !principal.is_admin() {
         return Err(ApiError::forbidden("revoking requires the admin key"));
     }
+    check_len("user", body.user.as_deref(), field_limits::USER_ID)?;
+    check_len("token_id", body.token_id.as_deref(), field_limits::TOKEN_ID)?;
     if body.token_id.is_none() && body.user.is_none() {
         return Err(ApiError::bad_request(
             "nothing-to-revoke",

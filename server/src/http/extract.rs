@@ -1,6 +1,6 @@
 //! Extractors whose rejections are problem+json like every other API error.
 
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts};
 use axum::http::StatusCode;
 
@@ -20,6 +20,30 @@ pub struct ApiQuery<T>(pub T);
 #[derive(FromRequestParts)]
 #[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct ApiPath<T>(pub T);
+
+/// `Bytes`: a body over the limit is 413.
+pub struct ApiBytes(pub bytes::Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for ApiBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        bytes::Bytes::from_request(req, state)
+            .await
+            .map(ApiBytes)
+            .map_err(ApiError::from)
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(_: BytesRejection) -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "the request body is too large or could not be read",
+        )
+    }
+}
 
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> ApiError {

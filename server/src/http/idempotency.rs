@@ -20,7 +20,8 @@ use crate::storage::api::{IdemClaim, StoredResponse};
 use crate::storage::now_ms;
 use crate::AppState;
 
-/// Largest request or response body kept for replay.
+/// Largest response body kept for replay. (Requests are read up to the API's own body limit,
+/// `MAX_REQUEST_BODY`, so a key does not let a client make the server buffer more.)
 const MAX_BODY: usize = 16 << 20;
 /// Longest accepted key.
 const MAX_KEY_LEN: usize = 255;
@@ -58,7 +59,7 @@ pub async fn idempotency(
         }
     };
     let (parts, body) = req.into_parts();
-    let body = match to_bytes(body, MAX_BODY).await {
+    let body = match to_bytes(body, super::MAX_REQUEST_BODY).await {
         Ok(b) => b,
         Err(_) => {
             return ApiError::new(

@@ -108,8 +108,9 @@ fn web_file(root: &std::path::Path, url_path: &str) -> Option<std::path::PathBuf
     file.is_file().then_some(file)
 }
 
-/// Largest JSON request body the API reads (axum's default limit for its extractors).
-const MAX_JSON_BODY: usize = 2 << 20;
+/// Largest request body the API reads, JSON or a Yjs update (axum's default limit for its
+/// extractors); every layer that buffers a body stops there too.
+pub(crate) const MAX_REQUEST_BODY: usize = 2 << 20;
 
 /// Refuses text containing U+0000 anywhere in an API request (query string or JSON body)
 /// with 400: PostgreSQL cannot store it in a text column, and both backends must accept and
@@ -141,7 +142,7 @@ async fn reject_nul(req: axum::extract::Request, next: middleware::Next) -> Resp
         return next.run(req).await;
     }
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, MAX_JSON_BODY).await {
+    let bytes = match axum::body::to_bytes(body, MAX_REQUEST_BODY).await {
         Ok(bytes) => bytes,
         Err(_) => {
             return ApiError::new(
