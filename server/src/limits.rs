@@ -105,7 +105,9 @@ impl PeerRates {
 }
 
 /// Most addresses tracked by one per-address limit; past it, the addresses whose buckets are
-/// full again are forgotten (they would start full anyway).
+/// full again are forgotten (they would start full anyway), and if that is not enough, half
+/// of the others (their limits start afresh: memory and time stay bounded under a flood from
+/// very many addresses, at the price of some leniency then).
 const MAX_TRACKED: usize = 65_536;
 
 /// A token bucket per client address. IPv6 addresses count by their /64 prefix (one host
@@ -167,6 +169,15 @@ impl PerAddress {
             buckets.retain(|_, (tokens, last)| {
                 *tokens + (at.saturating_sub(*last)).as_secs_f64() * per_sec < burst
             });
+            // Still full (many addresses busy at once): forget half of them, so the scan
+            // above runs once per MAX_TRACKED / 2 new addresses, not once per address.
+            if buckets.len() >= MAX_TRACKED {
+                let mut n = 0;
+                buckets.retain(|_, _| {
+                    n += 1;
+                    n % 2 == 0
+                });
+            }
         }
         let (tokens, last) = buckets.entry(key).or_insert((self.burst, at));
         *tokens = (*tokens + at.saturating_sub(*last).as_secs_f64() * self.per_sec).min(self.burst);

@@ -16,6 +16,9 @@ use crate::protocol;
 /// Distinct state vectors whose answers are kept (the empty one, which every new client
 /// sends, and the few that clients reconnecting at the same version share).
 const KEPT: usize = 4;
+/// Longest state vector (in clients) whose answer is kept: a hostile Step 1 may carry
+/// millions of entries, which are not kept beyond its answer.
+const MAX_KEPT_CLIENTS: usize = 1024;
 
 #[derive(Default)]
 pub struct SharedAnswers {
@@ -42,6 +45,10 @@ impl SharedAnswers {
         }
         metrics.sync_answers_encoded.inc();
         let frame = protocol::encode_step2(&doc.transact().encode_diff_v1(sv));
+        if sv.len() > MAX_KEPT_CLIENTS {
+            // A state vector this long is nobody's everyday one: not worth keeping in memory.
+            return frame;
+        }
         self.step2.truncate(KEPT - 1);
         self.step2.insert(0, (sv.clone(), frame.clone()));
         frame
