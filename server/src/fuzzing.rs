@@ -53,8 +53,10 @@ fn runtime() -> Runtime {
 /// The configuration both harnesses start from: the built-in defaults on an in-memory SQLite
 /// database, snapshots often (so the snapshot path runs too) and a small document limit.
 fn fuzz_config() -> Config {
-    let mut config = Config::default();
-    config.database_url = Secret::from(MEMORY_DB);
+    let mut config = Config {
+        database_url: Secret::from(MEMORY_DB),
+        ..Config::default()
+    };
     config.room.max_doc_size = FUZZ_MAX_DOC_SIZE;
     config.room.snapshot_updates = 50;
     config.room.snapshot_bytes = 256 << 10;
@@ -79,7 +81,9 @@ fn registry(config: &Config, stores: &Stores, shutdown: &CancellationToken) -> A
 /// Stops every room (they commit and snapshot) and waits for them, within [`PATIENCE`].
 fn stop(rt: &Runtime, registry: &Registry, shutdown: &CancellationToken) {
     shutdown.cancel();
-    let stopped = rt.block_on(tokio::time::timeout(PATIENCE, registry.wait_stopped()));
+    // (The timer is made inside the runtime: `timeout` needs its time driver.)
+    let stopped =
+        rt.block_on(async { tokio::time::timeout(PATIENCE, registry.wait_stopped()).await });
     assert!(
         stopped.is_ok(),
         "rooms did not stop within {PATIENCE:?} of shutdown"

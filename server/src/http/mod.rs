@@ -215,17 +215,17 @@ fn verify_from(
     app: &AppState,
     ip: Option<std::net::IpAddr>,
     credential: Option<&str>,
-) -> Result<Principal, Response> {
+) -> Result<Principal, Box<Response>> {
     let now = tokio::time::Instant::now();
     let failures = &app.address_limits.auth_failures;
     if let Some(ip) = ip {
         if let Err(wait) = failures.check(ip, now) {
             app.metrics.addr_limited.inc();
-            return Err(too_many(
+            return Err(Box::new(too_many(
                 "too-many-failed-logins",
                 "too many failed authentications from this address; retry later",
                 wait,
-            ));
+            )));
         }
     }
     let verified = credential
@@ -235,7 +235,7 @@ fn verify_from(
         if let Some(ip) = ip {
             let _ = failures.take(ip, now);
         }
-        ApiError::unauthorized(e).into_response()
+        Box::new(ApiError::unauthorized(e).into_response())
     })
 }
 
@@ -247,7 +247,7 @@ async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next)
         let token = bearer(req.headers());
         match verify_from(&app, client_ip(&req), token.as_deref()) {
             Ok(p) => p,
-            Err(resp) => return resp,
+            Err(resp) => return *resp,
         }
     };
     req.extensions_mut().insert(principal);
@@ -324,7 +324,7 @@ async fn document_socket(
         let (token, via_protocol) = socket_token(&uri, &headers).unzip();
         match verify_from(&app, ip, token.as_deref()) {
             Ok(p) => (p, via_protocol.unwrap_or(false)),
-            Err(resp) => return resp,
+            Err(resp) => return *resp,
         }
     };
     let auth = match socket_permission(&app, &principal, &name).await {
