@@ -21,6 +21,7 @@ pub struct Metrics {
     pub room_load_failures: IntCounter,
     pub malformed_messages: IntCounter,
     pub peer_queue_bytes: IntGauge,
+    pub room_queue_bytes: IntGauge,
     pub sync_answers_encoded: IntCounter,
     pub sync_answers_shared: IntCounter,
     pub sync_answers_skipped: IntCounter,
@@ -97,6 +98,10 @@ impl Metrics {
             peer_queue_bytes: gauge(
                 "peer_queue_bytes",
                 "Bytes queued for connections and not yet written to their sockets",
+            ),
+            room_queue_bytes: gauge(
+                "room_queue_bytes",
+                "Bytes of updates received by rooms and not yet applied",
             ),
             sync_answers_encoded: counter(
                 "sync_answers_encoded_total",

@@ -349,3 +349,42 @@ async fn an_http_update_repeating_an_uncommitted_one_is_answered_after_its_commi
     assert_eq!(body["seq"], 2);
     token.cancel();
 }
+
+/// A room whose commit does not come back stops taking in more than `room_queue_bytes` of
+/// updates: the senders wait (their frames stay in their sockets) instead of the server
+/// holding everything they send. Once the commit returns, everything is committed.
+#[tokio::test]
+async fn a_room_stuck_on_a_commit_holds_at_most_room_queue_bytes_of_updates() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    const BOUND: usize = 64 << 10;
+    cfg.limits.room_queue_bytes = BOUND;
+    cfg.room.room_queue_bytes = BOUND;
+    let (addr, store, token) = start_with(dir.path(), cfg).await;
+    let url = format!("ws://{addr}/stuck");
+    let mut a = Client::connect(&url, 1).await;
+    store.hold_appends.store(true, Ordering::SeqCst);
+    type_char(&mut a, "x").await;
+    store.wait_appends(1).await;
+    // 40 updates of 8 KiB (320 KiB) while the first commit is held.
+    let chunk = "y".repeat(8 << 10);
+    for _ in 0..40 {
+        type_char(&mut a, &chunk).await;
+    }
+    // The room takes in a bound's worth, then stops reading.
+    wait_metric_at(addr, "quire_room_queue_bytes", |v| v >= (BOUND / 2) as f64).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = metric_at(addr, "quire_room_queue_bytes").await;
+    assert!(
+        held <= (BOUND + (9 << 10)) as f64,
+        "{held} bytes of updates queued in the room (bound {BOUND} plus one update)"
+    );
+    // The commit returns: everything sent is committed, in order.
+    store.hold_appends.store(false, Ordering::SeqCst);
+    store.release.add_permits(1);
+    a.durable_ack(1).await;
+    wait_metric_at(addr, "quire_room_queue_bytes", |v| v == 0.0).await;
+    let fresh = Client::connect(&url, 2).await;
+    assert_eq!(fresh.text_len(), 1 + 40 * chunk.len());
+    token.cancel();
+}

@@ -469,7 +469,13 @@ impl Room {
         // Updates received but not yet applied, in bytes, above which the room stops taking
         // commands until a commit drains them (the senders wait: `room_queue_bytes`).
         let inbound_bound = self.registry.config.room_queue_bytes as u64;
+        // This room's share of `quire_room_queue_bytes`, as last reported.
+        let gauge = self.registry.metrics.room_queue_bytes.clone();
+        let mut reported = 0i64;
         let exit = loop {
+            let queued = self.queued_bytes as i64;
+            gauge.add(queued - reported);
+            reported = queued;
             if let Some(seen) = self.reload_needed.take() {
                 if self.inflight.is_none() {
                     if let Err(reason) = self.reload(&seen).await {
@@ -527,6 +533,7 @@ impl Room {
                 _ = shutdown.cancelled() => break Exit::Shutdown,
             }
         };
+        gauge.sub(reported);
         match exit {
             Exit::Unloaded | Exit::Deleted => {
                 // Commit what is queued (an HTTP update, say) before leaving.
