@@ -198,10 +198,23 @@ async fn every_event_arrives_despite_failures_with_one_id_per_event() {
     );
     assert_eq!(updated[0].body["data"]["name"], "hooked");
 
-    let outbox: Value = http.get(api("/admin/outbox")).json_body().await;
-    let events = outbox["events"].as_array().expect("events");
+    // The worker marks an event delivered once the receiver's answer is back, which can be
+    // just after the receiver has counted it: wait for the outbox to say so.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let events = loop {
+        let outbox: Value = http.get(api("/admin/outbox")).json_body().await;
+        let events = outbox["events"].as_array().expect("events").clone();
+        let done = events.iter().all(|e| e["status"] == "delivered");
+        if done || tokio::time::Instant::now() > deadline {
+            break events;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(events.len(), 4);
-    assert!(events.iter().all(|e| e["status"] == "delivered"));
+    assert!(
+        events.iter().all(|e| e["status"] == "delivered"),
+        "{events:?}"
+    );
     server.stop().await;
 }
 
