@@ -16,6 +16,7 @@ pub mod auth;
 pub mod bus;
 pub mod close;
 pub mod config;
+pub mod counts;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;

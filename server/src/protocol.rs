@@ -90,6 +90,8 @@ pub fn decode_frame_max(frame: &Bytes, max: usize) -> Result<Vec<Message>, Decod
                 let payload = read_slice(frame, &mut cur)?;
                 match sync_type {
                     t if t == MSG_SYNC_STEP_1 as u64 => {
+                        crate::counts::check_state_vector(&payload)
+                            .map_err(|e| malformed(start, format!("state vector: {e}")))?;
                         let sv = StateVector::decode_v1(&payload)
                             .map_err(|e| malformed(start, format!("state vector: {e}")))?;
                         Message::SyncStep1(sv)
@@ -101,6 +103,8 @@ pub fn decode_frame_max(frame: &Bytes, max: usize) -> Result<Vec<Message>, Decod
             }
             t if t == MSG_AWARENESS as u64 => {
                 let payload = read_slice(frame, &mut cur)?;
+                crate::counts::check_awareness(&payload)
+                    .map_err(|e| malformed(start, format!("awareness: {e}")))?;
                 let update = AwarenessUpdate::decode_v1(&payload)
                     .map_err(|e| malformed(start, format!("awareness: {e}")))?;
                 Message::Awareness {
@@ -311,5 +315,88 @@ mod tests {
         assert!(decode_frame(&Bytes::from_static(&[0xff, 0xff, 0xff])).is_err());
         // Garbage state vector.
         assert!(decode_frame(&Bytes::from_static(&[0, 0, 2, 0xff, 0xff])).is_err());
+    }
+
+    /// Runs `f` and returns how far it raised this process's peak resident memory, in KiB
+    /// (Linux: the peak is reset first through /proc/self/clear_refs). `None` where that is
+    /// not available.
+    fn peak_rss_growth_kib(f: impl FnOnce()) -> Option<u64> {
+        fn kib(field: &str) -> Option<u64> {
+            let status = std::fs::read_to_string("/proc/self/status").ok()?;
+            let line = status.lines().find(|l| l.starts_with(field))?;
+            line[field.len()..]
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()
+        }
+        std::fs::write("/proc/self/clear_refs", "5").ok()?;
+        let before = kib("VmHWM:")?;
+        f();
+        Some(kib("VmHWM:")?.saturating_sub(before))
+    }
+
+    /// Fixed by [`crate::counts`]. Fuzz finding (fuzz/: frame_decoder, room_update; minimized): a count declared in a few
+    /// bytes makes yrs reserve a hash table for that many entries before it reads any of them
+    /// (`HashMap::try_reserve` in `AwarenessUpdate::decode`, `StateVector::decode` and
+    /// `Update::decode`). 104,857,558 clients here: a 2 to 5 GB allocation whose 134 MB of
+    /// control bytes are written at once, for a 7-byte frame, on every such frame. The decode
+    /// then fails (the entries are not there), so only the memory shows it. Other unit tests
+    /// running meanwhile raise the peak by far less than the bound.
+    #[test]
+    fn declared_counts_do_not_allocate_before_their_entries_arrive() {
+        const BOUND_KIB: u64 = 32 << 10;
+        let count = [0xd6, 0xff, 0xff, 0x31]; // varUint 104,857,558
+        let frames: [(&str, Vec<u8>); 3] = [
+            ("awareness", [&[1, 4][..], &count].concat()),
+            ("sync step 1", [&[0, 0, 4][..], &count].concat()),
+            ("sync update", [&[0, 2, 4][..], &count].concat()),
+        ];
+        for (what, frame) in frames {
+            let frame = Bytes::from(frame);
+            let grew = peak_rss_growth_kib(|| {
+                // What a connection does with a frame (updates are decoded there).
+                assert!(crate::ws::to_peer_msgs(&frame).is_err(), "{what}: accepted");
+            });
+            if let Some(grew) = grew {
+                assert!(
+                    grew < BOUND_KIB,
+                    "{what} ({frame:02x?}): decoding raised the peak memory by {grew} KiB"
+                );
+            }
+        }
+    }
+
+    /// Fuzz finding (fuzz/: frame_decoder, with debug assertions): a client id of 2^53 or more
+    /// in a state vector, an awareness update or an update panics in debug builds, in yrs's
+    /// `ClientID::new` (`debug_assert!(value & MASK == 0)`), on the connection's task; release
+    /// builds keep the low 53 bits (2^53 + 5 is client 5). JavaScript clients cannot send such
+    /// ids (their numbers have 53 bits), so only a hostile client does. Fixed by
+    /// [`crate::counts`], which refuses such ids before yrs reads them (1007).
+    #[test]
+    fn client_ids_of_54_bits_do_not_panic() {
+        let id = [0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x10]; // varUint 2^53
+        let frames: [(&str, Vec<u8>); 3] = [
+            // Step 1: one client, clock 1.
+            ("sync step 1", [&[0, 0, 10, 1][..], &id, &[1]].concat()),
+            // Awareness: one client, clock 1, state "{}".
+            (
+                "awareness",
+                [&[1, 13, 1][..], &id, &[1, 2, b'{', b'}']].concat(),
+            ),
+            // Update: one client with no blocks, clock 0, empty delete set.
+            (
+                "sync update",
+                [&[0, 2, 12, 1, 0][..], &id, &[0, 0]].concat(),
+            ),
+        ];
+        for (what, frame) in frames {
+            let frame = Bytes::from(frame);
+            let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                crate::ws::to_peer_msgs(&frame).is_ok()
+            }));
+            assert!(decoded.is_ok(), "{what} ({frame:02x?}) panicked");
+        }
     }
 }

@@ -520,6 +520,7 @@ pub fn to_peer_msgs(frame: &Bytes) -> Result<Vec<PeerMsg>, String> {
             // its Step2; it changes nothing, so it never reaches the room.
             Message::SyncStep2(raw) | Message::Update(raw) if raw.as_ref() == [0, 0] => {}
             Message::SyncStep2(raw) | Message::Update(raw) => {
+                crate::counts::check_update(&raw).map_err(|e| format!("invalid update: {e}"))?;
                 let update = Update::decode_v1(&raw).map_err(|e| format!("invalid update: {e}"))?;
                 out.push(PeerMsg::Update {
                     raw: own(raw),

@@ -485,9 +485,12 @@ async fn get_update(
                 .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&b64))
                 .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(&b64))
                 .map_err(|_| ApiError::bad_request("invalid-state-vector", "sv is not base64"))?;
-            StateVector::decode_v1(&raw).map_err(|_| {
-                ApiError::bad_request("invalid-state-vector", "sv is not a Yjs state vector")
-            })?
+            crate::counts::check_state_vector(&raw)
+                .ok()
+                .and_then(|()| StateVector::decode_v1(&raw).ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request("invalid-state-vector", "sv is not a Yjs state vector")
+                })?
         }
     };
     let update = ask_room(&app, &doc.name, |reply| RoomCmd::ReadUpdate {
@@ -519,6 +522,9 @@ async fn post_update(
     ApiBytes(body): ApiBytes,
 ) -> ApiResult<Json<UpdateApplied>> {
     let doc = live(doc_for(&app, &principal, id, Permission::Write).await?)?;
+    crate::counts::check_update(&body).map_err(|e| {
+        ApiError::bad_request("invalid-update", format!("not a Yjs v1 update: {e}"))
+    })?;
     let update = Update::decode_v1(&body).map_err(|e| {
         ApiError::bad_request("invalid-update", format!("not a Yjs v1 update: {e}"))
     })?;
