@@ -230,7 +230,19 @@ fn walk_block(r: &mut Reader<'_>) -> Walk<()> {
             }
             Ok(())
         }
-        // Legacy JSON content, subdocuments and anything else: left to yrs.
+        2 => {
+            // Legacy JSON content: yrs reserves room for its count of strings first (found by
+            // fuzzing: a Vec of 6 GB); each string takes at least its length byte. How many
+            // strings yrs then reads is left to it.
+            r.count(1)?;
+            Err(Stop.into())
+        }
+        9 => {
+            // A subdocument: its guid, then its options as an `Any` map.
+            r.bytes()?;
+            walk_any(r, 0)
+        }
+        // Anything else: left to yrs.
         _ => Err(Stop.into()),
     }
 }
@@ -287,6 +299,16 @@ mod tests {
             check_update(&any_map),
             Err(CountError::Impossible { .. })
         ));
+    }
+
+    #[test]
+    fn legacy_json_content_and_subdocument_options_are_checked_too() {
+        // One client, one block under root "m": JSON content (2) declaring 100 million strings.
+        let json = [&[1u8, 1, 7, 0, 2, 1, 1, b'm'][..], &HUGE].concat();
+        assert!(check_update(&json).is_err());
+        // A subdocument (9): guid "g", options a map declaring 100 million entries.
+        let doc = [&[1u8, 1, 7, 0, 9, 1, 1, b'm', 1, b'g', 118][..], &HUGE].concat();
+        assert!(check_update(&doc).is_err());
     }
 
     #[test]
