@@ -7,12 +7,13 @@
 //! crash) when it does not.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use bytes::Bytes;
+use futures_util::FutureExt;
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -110,6 +111,43 @@ fn replay(stored: &StoredDoc) -> Result<Doc, String> {
     Ok(doc)
 }
 
+/// The inputs fed since the harness last started on a fresh database, one hex line each. The
+/// harnesses keep state across inputs, so the fuzzer's artifact (the last input) may not
+/// reproduce a failure alone: on a panic, if `QUIRE_FUZZ_HISTORY` names a file (`fuzz/run.sh`
+/// sets it), they are written there. Feed them in order to a new harness to replay
+/// (`fuzz/README.md`).
+static HISTORY: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static HISTORY_HOOK: Once = Once::new();
+
+fn record(input: &[u8]) {
+    HISTORY_HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            // try_lock: the panic may come from code holding the lock.
+            let path = std::env::var_os("QUIRE_FUZZ_HISTORY");
+            if let (Some(path), Ok(history)) = (path, HISTORY.try_lock()) {
+                let mut text = history.join("\n");
+                text.push('\n');
+                match std::fs::write(&path, text) {
+                    Ok(()) => eprintln!(
+                        "the {} inputs since the last fresh database are in {}",
+                        history.len(),
+                        std::path::Path::new(&path).display()
+                    ),
+                    Err(e) => eprintln!("cannot write the input history: {e}"),
+                }
+            }
+            previous(info)
+        }));
+    });
+    let line: String = input.iter().map(|b| format!("{b:02x}")).collect();
+    HISTORY.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+}
+
+fn clear_history() {
+    HISTORY.lock().unwrap_or_else(|e| e.into_inner()).clear();
+}
+
 /// What became of one frame fed to a [`RoomHarness`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fed {
@@ -119,6 +157,10 @@ pub enum Fed {
     Ignored,
     /// The room took every message and echoed the durable acknowledgement sent after them.
     Acked,
+    /// The room took every message and committed them, but withholds the acknowledgement: an
+    /// update in the frame waits on missing dependencies (checked: the stored document has
+    /// pending updates).
+    Withheld,
     /// The room closed the peer with this code instead: 1007 (an update yrs rejected), 1013
     /// (its outbound queue overflowed) or 4413 (the document reached its size limit).
     Closed(u16),
@@ -159,10 +201,14 @@ impl RoomHarness {
 
     /// Feeds one binary frame: decoded by [`ws::to_peer_msgs`] as a connection decodes it and,
     /// if it decodes, sent to the room by a fresh writer peer, followed by a durable
-    /// acknowledgement request. Then checks, and panics if any fails:
-    /// - the echo or a close order arrives within [`PATIENCE`], and a close is one of the codes
-    ///   a client's data may cause (1007, 1013, 4413);
-    /// - every frame the room sent the peer decodes;
+    /// acknowledgement request. A second (read-only) peer then sends a durable acknowledgement
+    /// request of its own, echoed once everything before it is committed: by then the writer
+    /// has its echo, a close order, or (an update waiting on missing dependencies) neither.
+    /// Then checks, and panics if any fails:
+    /// - the second peer's echo arrives within [`PATIENCE`];
+    /// - a close is one of the codes a client's data may cause (1007, 1013, 4413), and a
+    ///   withheld echo has a reason: the stored document holds pending updates;
+    /// - every frame the room sent either peer decodes;
     /// - the room still answers: a new peer's Sync Step 1 with an empty state vector gets a Step 2
     ///   holding a valid update;
     /// - what the room serves is what it stored: the database's snapshot and log replay without
@@ -176,15 +222,17 @@ impl RoomHarness {
         if msgs.is_empty() {
             return Fed::Ignored;
         }
+        record(&frame);
         if self.room.is_none() {
             self.room = Some(self.rt.block_on(RoomState::open()));
         }
         let Some(room) = self.room.as_mut() else {
             unreachable!("opened above")
         };
-        self.acks += 1;
+        self.acks += 2;
         let ack = protocol::encode_durable_ack(self.acks);
-        let fed = self.rt.block_on(room.feed(frame, msgs, ack));
+        let barrier = protocol::encode_durable_ack(self.acks + 1);
+        let fed = self.rt.block_on(room.feed(frame, msgs, ack, barrier));
         room.inputs += 1;
         if room.inputs >= ROOM_INPUTS_PER_DOC || fed == Fed::Closed(close::DOC_TOO_LARGE) {
             self.reset();
@@ -197,6 +245,7 @@ impl RoomHarness {
         if let Some(room) = self.room.take() {
             stop(&self.rt, &room.registry, &room.shutdown);
         }
+        clear_history();
     }
 }
 
@@ -264,7 +313,13 @@ impl RoomState {
         }
     }
 
-    async fn feed(&self, frame: Bytes, msgs: Vec<crate::room::PeerMsg>, ack: Bytes) -> Fed {
+    async fn feed(
+        &self,
+        frame: Bytes,
+        msgs: Vec<crate::room::PeerMsg>,
+        ack: Bytes,
+        barrier: Bytes,
+    ) -> Fed {
         let (peer, room, rx) = self.join(true).await;
         let ack_msgs = ws::to_peer_msgs(&ack)
             .unwrap_or_else(|e| unreachable!("a durable ack request decodes: {e}"));
@@ -276,15 +331,43 @@ impl RoomState {
             room.send(peer, ack_msgs, ack.len()).await.is_ok(),
             "the room stopped while taking a durable ack request"
         );
-        let fed = loop {
-            match next_event(&rx, "durable ack echo or close order").await {
-                Next::Frame(f) if f == ack => break Fed::Acked,
+        // The barrier: another peer's acknowledgement, echoed once everything the room took
+        // before it is committed (echoes go out in order, the writer's first).
+        let (checker, check_room, check_rx) = self.join(false).await;
+        let barrier_msgs = ws::to_peer_msgs(&barrier)
+            .unwrap_or_else(|e| unreachable!("a durable ack request decodes: {e}"));
+        assert!(
+            check_room
+                .send(checker, barrier_msgs, barrier.len())
+                .await
+                .is_ok(),
+            "the room stopped while taking a durable ack request"
+        );
+        loop {
+            match next_event(&check_rx, "durable ack echo to a second peer").await {
+                Next::Frame(f) if f == barrier => break,
                 Next::Frame(f) => {
                     check_server_frame(&f);
                 }
-                Next::Kill(reason) => break Fed::Closed(reason.code),
-                Next::Closed => panic!("the room dropped the peer without a close order"),
+                Next::Kill(reason) => panic!(
+                    "the room closed a peer that only asked for an acknowledgement: {} {}",
+                    reason.code, reason.reason
+                ),
+                Next::Closed => panic!("the room dropped a peer without a close order"),
                 Next::Ping => unreachable!("skipped by next_event"),
+            }
+        }
+        // The writer's outcome is decided by now: read what it was sent, without waiting.
+        let fed = loop {
+            match rx.recv().now_or_never() {
+                Some(Next::Frame(f)) if f == ack => break Fed::Acked,
+                Some(Next::Frame(f)) => {
+                    check_server_frame(&f);
+                }
+                Some(Next::Kill(reason)) => break Fed::Closed(reason.code),
+                Some(Next::Closed) => panic!("the room dropped the peer without a close order"),
+                Some(Next::Ping) => {}
+                None => break Fed::Withheld,
             }
         };
         if let Fed::Closed(code) = fed {
@@ -297,15 +380,15 @@ impl RoomState {
             );
         }
         room.leave(peer).await;
-        let served = self.check_answers().await;
-        self.check_stored(&served).await;
+        let served = self.check_answers(checker, &check_room, &check_rx).await;
+        check_room.leave(checker).await;
+        self.check_stored(&served, fed == Fed::Withheld).await;
         fed
     }
 
     /// A new peer's Sync Step 1 with an empty state vector gets a Step 2 whose update applies
     /// to an empty document; returns that document's snapshot.
-    async fn check_answers(&self) -> Snapshot {
-        let (peer, room, rx) = self.join(false).await;
+    async fn check_answers(&self, peer: PeerId, room: &RoomHandle, rx: &QueueRx) -> Snapshot {
         let step1 = protocol::encode_step1(&StateVector::default());
         let msgs =
             ws::to_peer_msgs(&step1).unwrap_or_else(|e| unreachable!("a Sync Step 1 decodes: {e}"));
@@ -314,7 +397,7 @@ impl RoomState {
             "the room stopped after a client's frame"
         );
         let update = loop {
-            match next_event(&rx, "Sync Step 2 after the frame").await {
+            match next_event(rx, "Sync Step 2 after the frame").await {
                 Next::Frame(f) => {
                     let msgs = check_server_frame(&f);
                     if let Some(u) = msgs.into_iter().find_map(|m| match m {
@@ -332,7 +415,6 @@ impl RoomState {
                 Next::Ping => unreachable!("skipped by next_event"),
             }
         };
-        room.leave(peer).await;
         let decoded = Update::decode_v1(&update).unwrap_or_else(|e| {
             panic!(
                 "the room's Sync Step 2 is not a valid update ({e}): {:02x?}",
@@ -350,7 +432,7 @@ impl RoomState {
 
     /// The database holds exactly what the room serves (everything before the ack is
     /// committed, and a room that rejected an update reloaded from the database).
-    async fn check_stored(&self, served: &Snapshot) {
+    async fn check_stored(&self, served: &Snapshot, withheld: bool) {
         let stored = self
             .store
             .load(self.name.as_str())
@@ -359,6 +441,12 @@ impl RoomState {
         let doc = replay(&stored).unwrap_or_else(|e| {
             panic!("the stored document no longer loads (a room would fail to start): {e}")
         });
+        if withheld {
+            assert!(
+                doc.transact().has_missing_updates(),
+                "the room withheld a durable ack, but the stored document has nothing pending"
+            );
+        }
         let snapshot = doc.transact().snapshot();
         assert_eq!(
             &snapshot, served,
@@ -440,6 +528,7 @@ impl HttpHarness {
         let Some(api) = self.api.as_mut() else {
             unreachable!("opened above")
         };
+        record(&[&[selector][..], body].concat());
         let status = self.rt.block_on(api.request(selector, body));
         api.requests += 1;
         if api.requests >= HTTP_REQUESTS_PER_DB {
@@ -453,6 +542,7 @@ impl HttpHarness {
         if let Some(api) = self.api.take() {
             stop(&self.rt, &api.registry, &api.shutdown);
         }
+        clear_history();
     }
 }
 
@@ -768,5 +858,52 @@ fn check_answer(answer: &Answer, what: &str, request: &[u8]) {
             answer.status,
             shown()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use yrs::Text;
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap_or_else(|e| panic!("{e}")))
+            .collect()
+    }
+
+    /// Fuzz finding (fuzz/: room_update and http_json; minimized from the input history): two
+    /// small updates from a writer leave the document with a pending update (missing
+    /// dependencies) that yrs cannot merge back. The room's snapshot calls
+    /// `encode_state_as_update_v2` (room/actor.rs `spawn_snapshot`; `final_snapshot` on unload
+    /// and shutdown too), which panics in yrs's `merge_pending_v2`
+    /// (`merge_updates_v2(..).unwrap()`: `EndOfBuffer`), in release builds as well. The room
+    /// task dies and its peers are dropped without a close frame; the log keeps the pending
+    /// update, so every later snapshot of the document panics again and the log is never
+    /// compacted.
+    #[test]
+    fn a_pending_update_yrs_cannot_merge_does_not_kill_the_room() {
+        let pending = ["010184012123000000000000", "01010177840176016400"];
+        let mut harness = RoomHarness::new();
+        for u in pending {
+            assert_eq!(
+                harness.feed(&protocol::encode_update(&unhex(u))),
+                Fed::Withheld,
+                "{u} waits on missing dependencies"
+            );
+        }
+        // Enough ordinary updates for a snapshot (`snapshot_updates` is 50 here).
+        let typist = Doc::with_client_id(99);
+        let text = typist.get_or_insert_text("text");
+        for i in 0..60 {
+            let update = {
+                let mut txn = typist.transact_mut();
+                text.insert(&mut txn, i, "x");
+                txn.encode_update_v1()
+            };
+            assert_eq!(harness.feed(&protocol::encode_update(&update)), Fed::Acked);
+        }
+        harness.reset();
     }
 }

@@ -399,4 +399,53 @@ mod tests {
             assert!(decoded.is_ok(), "{what} ({frame:02x?}) panicked");
         }
     }
+
+    /// Fuzz finding (fuzz/: frame_decoder, with overflow checks in yrs): an update whose delete
+    /// set holds a range at clock u32::MAX panics in debug builds (tests, `cargo run`), on the
+    /// connection's task, in yrs's `Range::decode` (`id_set.rs`: clock + length, "attempt to
+    /// add with overflow"); release builds wrap the range's end around to 0.
+    #[test]
+    fn deleted_ranges_past_u32_max_do_not_panic() {
+        // Sync Update: no blocks; deletes client 1's range at clock u32::MAX, length 1.
+        let frame = Bytes::from_static(&[0, 2, 10, 0, 1, 1, 1, 0xff, 0xff, 0xff, 0xff, 0x0f, 1]);
+        let decoded = std::panic::catch_unwind(|| crate::ws::to_peer_msgs(&frame).is_ok());
+        assert!(decoded.is_ok(), "{frame:02x?} panicked");
+    }
+
+    /// Fuzz finding (fuzz/: frame_decoder, through `ws::to_peer_msgs`): an update whose block
+    /// holds legacy JSON content (`ItemContent::JSON`, info 0x02) declaring 266,338,303 strings
+    /// makes yrs reserve a `Vec<String>` for them before reading any (`block.rs`:
+    /// `buf.try_reserve(remaining)`): 6.4 GB for a 15-byte frame. A `Vec` is not written when
+    /// reserved, so this costs address space rather than resident memory, but it fails under
+    /// `vm.overcommit_memory=2` or an address-space limit. Fixed by [`crate::counts`], whose
+    /// walk now checks legacy JSON content's count too. Checked on the peak virtual size
+    /// (`VmPeak`, which only grows): a bound of 1 GiB.
+    #[test]
+    fn a_legacy_json_count_does_not_reserve_gigabytes() {
+        fn vm_peak_kib() -> Option<u64> {
+            let status = std::fs::read_to_string("/proc/self/status").ok()?;
+            let line = status.lines().find(|l| l.starts_with("VmPeak:"))?;
+            line["VmPeak:".len()..]
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()
+        }
+        // Sync Update: one client with 9 blocks, client 44, clock 0; the first block: info 0x02
+        // (JSON content, no origins), parent a root type (1) named "" (length 0 as the overlong
+        // varUint 0x80 0x00), then the string count 266,338,303 and nothing else.
+        let frame = Bytes::from_static(&[
+            0, 2, 12, 1, 9, 0x2c, 0, 2, 1, 0x80, 0, 0xff, 0xff, 0xff, 0x7e,
+        ]);
+        let before = vm_peak_kib();
+        assert!(crate::ws::to_peer_msgs(&frame).is_err(), "accepted");
+        if let (Some(before), Some(after)) = (before, vm_peak_kib()) {
+            assert!(
+                after.saturating_sub(before) < 1 << 20,
+                "decoding raised the peak address space by {} KiB",
+                after - before
+            );
+        }
+    }
 }

@@ -382,6 +382,8 @@ struct Room {
     /// A snapshot write failed: wait for the next successful append before trying again, so
     /// a failing snapshot never holds up commits.
     snapshot_failed: bool,
+    /// yrs could not encode the document for a snapshot (see `spawn_snapshot`).
+    unencodable: bool,
     queued: VecDeque<Queued>,
     inflight: Option<Inflight>,
     staged: Option<AppliedBatch>,
@@ -437,6 +439,7 @@ impl Room {
             since_snapshot_updates: stored.updates.len() as u64,
             since_snapshot_bytes: stored.updates.iter().map(|(_, u)| u.len() as u64).sum(),
             snapshot_failed: false,
+            unencodable: false,
             queued: VecDeque::new(),
             inflight: None,
             staged: None,
@@ -1140,7 +1143,9 @@ impl Room {
             (_, _) => return Err("internal: operation result does not match".into()),
         }
         if self.staged.is_none() && self.snapshot_due() {
-            self.inflight = Some(self.spawn_snapshot());
+            self.inflight = self.spawn_snapshot();
+        }
+        if self.inflight.is_some() {
             self.answer_deferred();
         } else {
             self.maybe_start_commit();
@@ -1152,6 +1157,7 @@ impl Room {
         let c = &self.registry.config;
         !self.snapshot_failed
             && self.reload_needed.is_none()
+            && !(self.unencodable && self.doc.transact().has_missing_updates())
             && snapshot_due(
                 c,
                 self.since_snapshot_updates,
@@ -1162,11 +1168,26 @@ impl Room {
 
     /// Encodes the whole document (v2, compact) and writes it with the version check. Called
     /// only when nothing is in flight, so the `Doc` is exactly the committed state.
-    fn spawn_snapshot(&self) -> Inflight {
-        let data = self
-            .doc
-            .transact()
-            .encode_state_as_update_v2(&StateVector::default());
+    ///
+    /// `None` if yrs cannot encode it: a pending update (one waiting on missing dependencies)
+    /// that yrs cannot merge makes `encode_state_as_update_v2` panic (found by fuzzing: two
+    /// small updates from a writer did it, and the panic killed the room). The panic is caught;
+    /// the log keeps every update, and no snapshot is tried again until nothing is pending.
+    fn spawn_snapshot(&mut self) -> Option<Inflight> {
+        let doc = &self.doc;
+        let encoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            doc.transact()
+                .encode_state_as_update_v2(&StateVector::default())
+        }));
+        let data = match encoded {
+            Ok(data) => data,
+            Err(_) => {
+                warn!("the document cannot be encoded while an update is pending; no snapshot until it integrates");
+                self.unencodable = true;
+                return None;
+            }
+        };
+        self.unencodable = false;
         let size = data.len() as u64;
         let store = self.registry.store.clone();
         let (doc, version, upto_seq) = (self.doc_id, self.snapshot_version, self.last_seq);
@@ -1176,11 +1197,11 @@ impl Room {
                 .write_snapshot(doc, fence, version, data, upto_seq)
                 .await
         });
-        Inflight::Snapshot {
+        Some(Inflight::Snapshot {
             upto_seq,
             size,
             task,
-        }
+        })
     }
 
     /// Replaces the `Doc` with what storage holds and sends peers what they lack relative to
@@ -1230,10 +1251,14 @@ impl Room {
 
     /// A snapshot before unloading, so the next load replays nothing.
     async fn final_snapshot(&mut self) {
-        if self.inflight.is_some() || self.since_snapshot_updates == 0 || self.snapshot_failed {
+        if self.inflight.is_some()
+            || self.since_snapshot_updates == 0
+            || self.snapshot_failed
+            || self.unencodable
+        {
             return;
         }
-        self.inflight = Some(self.spawn_snapshot());
+        self.inflight = self.spawn_snapshot();
         while self.inflight.is_some() {
             let res = wait_inflight(&mut self.inflight).await;
             if let Err(e) = self.on_op_done(res).await {
