@@ -1171,9 +1171,16 @@ impl Room {
     ///
     /// `None` if yrs cannot encode it: a pending update (one waiting on missing dependencies)
     /// that yrs cannot merge makes `encode_state_as_update_v2` panic (found by fuzzing: two
-    /// small updates from a writer did it, and the panic killed the room). The panic is caught;
-    /// the log keeps every update, and no snapshot is tried again until nothing is pending.
+    /// small updates from a writer did it, and the panic killed the room). So no snapshot is
+    /// taken while anything is pending (the log keeps every update), and a panic in yrs all the
+    /// same is caught.
     fn spawn_snapshot(&mut self) -> Option<Inflight> {
+        // Not even tried while an update is pending: that is when yrs may panic (and a panic
+        // under the fuzzer aborts, caught or not).
+        if self.doc.transact().has_missing_updates() {
+            self.unencodable = true;
+            return None;
+        }
         let doc = &self.doc;
         let encoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             doc.transact()
