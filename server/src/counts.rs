@@ -187,12 +187,10 @@ const SKIP: u8 = 10;
 
 fn walk_block(r: &mut Reader<'_>) -> Walk<()> {
     let info = r.u8()?;
-    match info & 0b1_1111 {
-        GC | SKIP => {
-            r.var()?; // length
-            return Ok(());
-        }
-        _ => {}
+    // yrs tells GC and skip blocks by the whole info byte (flags included), like Yjs.
+    if let GC | SKIP = info {
+        r.var()?; // length
+        return Ok(());
     }
     if info & HAS_ORIGIN != 0 {
         r.client()?;
@@ -219,11 +217,11 @@ fn walk_block(r: &mut Reader<'_>) -> Walk<()> {
         3..=5 => r.bytes(),                      // binary, string, embed (JSON text)
         6 => r.bytes().and_then(|()| r.bytes()), // format: key and value
         7 => {
-            // A type: its kind, and a name for XML elements and hooks.
-            let kind = r.var()?;
-            match kind {
-                3 | 5 => r.bytes(),
-                0..=6 => Ok(()),
+            // A type: its kind (one byte, as yrs reads it), and a name for XML elements only
+            // (yrs reads none for hooks).
+            match r.u8()? {
+                3 => r.bytes(),
+                0..=2 | 4..=6 | 9 | 15 => Ok(()),
                 _ => Err(Stop.into()),
             }
         }
@@ -314,6 +312,19 @@ mod tests {
         // A subdocument (9): guid "g", options a map declaring 100 million entries.
         let doc = [&[1u8, 1, 7, 0, 9, 1, 1, b'm', 1, b'g', 118][..], &HUGE].concat();
         assert!(check_update(&doc).is_err());
+    }
+
+    /// Fuzz finding (CI smoke, frame_decoder): legacy JSON content after type blocks the walk
+    /// read differently from yrs (a type's kind is one byte, and an XML hook has no name), so
+    /// it lost its place before the JSON count and let a 6.4 GB reservation through.
+    #[test]
+    fn the_walk_reads_blocks_as_yrs_does() {
+        let hex = "1316000000c49221070707070502200307ffffff7e0707070707070707070707070700000707\
+                   070707070707070000076207070707076307c0070707079c989e966e00";
+        let bytes: Vec<u8> = (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or(0))
+            .collect();
+        assert!(check_update(&bytes).is_err());
     }
 
     #[test]

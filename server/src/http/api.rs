@@ -537,6 +537,7 @@ async fn post_update(
             .or_else(|| Update::decode_v1(&body).ok())
             .unwrap_or_else(Update::new),
         reply,
+        budget: None,
     })
     .await?;
     match result {

@@ -638,7 +638,9 @@ impl Room {
                     let _ = reply.send(doc_json(&self.doc));
                 }
             }
-            RoomCmd::Apply { raw, update, reply } => {
+            RoomCmd::Apply {
+                raw, update, reply, ..
+            } => {
                 if let Err(reply) = self.enqueue(Origin::Http(reply), raw, update) {
                     if let Origin::Http(reply) = reply {
                         let _ = reply.send(Err(ApplyError::TooLarge));

@@ -187,6 +187,9 @@ pub enum RoomCmd {
         raw: Bytes,
         update: Update,
         reply: oneshot::Sender<Result<i64, ApplyError>>,
+        /// The update's share of the room's inbound byte budget, as for a socket's frame:
+        /// [`RoomHandle::command`] takes it; leave `None`.
+        budget: Option<OwnedSemaphorePermit>,
     },
 }
 
@@ -300,7 +303,15 @@ impl RoomHandle {
     }
 
     /// Sends any other command; fails if the room has stopped.
-    pub async fn command(&self, cmd: RoomCmd) -> Result<(), JoinError> {
+    pub async fn command(&self, mut cmd: RoomCmd) -> Result<(), JoinError> {
+        // An update sent over HTTP waits for the room's inbound budget like a socket's frame.
+        if let RoomCmd::Apply { raw, budget, .. } = &mut cmd {
+            let n = u32::try_from(raw.len())
+                .unwrap_or(u32::MAX)
+                .clamp(1, self.budget_max);
+            let permit = self.budget.clone().acquire_many_owned(n).await;
+            *budget = Some(permit.map_err(|_| JoinError::Gone)?);
+        }
         self.tx.send(cmd).await.map_err(|_| JoinError::Gone)
     }
 }
