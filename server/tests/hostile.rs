@@ -17,6 +17,18 @@ use yrs::{Doc, GetString, StateVector, Text, Transact};
 
 const KEY: &str = "k1:0123456789abcdef0123";
 
+/// The HTTP response that refused a WebSocket upgrade to `url` (the test fails if the upgrade
+/// succeeds or fails some other way).
+async fn refused_upgrade(
+    url: &str,
+) -> tokio_tungstenite::tungstenite::http::Response<Option<Vec<u8>>> {
+    match tokio_tungstenite::connect_async(url).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => *resp,
+        Err(other) => panic!("expected an HTTP refusal of {url}, got {other}"),
+        Ok(_) => panic!("the upgrade to {url} was accepted"),
+    }
+}
+
 /// Resident memory of a process, in bytes.
 fn rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
@@ -182,13 +194,8 @@ async fn an_expired_token_closes_its_socket_with_4401() {
     );
     assert_eq!(server.metric("quire_tokens_expired_total").await, 1.0);
     // The expired token cannot open a new socket (401 before the upgrade)...
-    let refused = tokio_tungstenite::connect_async(format!("{}?token={short}", server.url("exp")))
-        .await
-        .expect_err("expired token refused");
-    match refused {
-        tokio_tungstenite::tungstenite::Error::Http(resp) => assert_eq!(resp.status(), 401),
-        other => panic!("expected an HTTP 401, got {other}"),
-    }
+    let refused = refused_upgrade(&format!("{}?token={short}", server.url("exp"))).await;
+    assert_eq!(refused.status(), 401);
     // ... and the other client, with a valid token, carries on.
     bob.insert(0, "still writing ").await;
     bob.durable_ack(1).await;
@@ -250,22 +257,15 @@ async fn a_connection_flood_from_one_address_gets_429() {
     for i in 0..5 {
         open.push(Client::connect(&url, i + 1).await);
     }
-    let refused = tokio_tungstenite::connect_async(url.as_str())
-        .await
-        .expect_err("sixth connection refused");
-    match refused {
-        tokio_tungstenite::tungstenite::Error::Http(resp) => {
-            assert_eq!(resp.status(), 429);
-            let retry: u64 = resp
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse().ok())
-                .expect("Retry-After");
-            assert!((1..=12).contains(&retry), "retry after {retry} s");
-        }
-        other => panic!("expected HTTP 429, got {other}"),
-    }
+    let refused = refused_upgrade(&url).await;
+    assert_eq!(refused.status(), 429);
+    let retry: u64 = refused
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After");
+    assert!((1..=12).contains(&retry), "retry after {retry} s");
     assert!(server.metric("quire_address_limited_total").await >= 1.0);
     // The connections already open are not affected.
     open[0].insert(0, "hello").await;
@@ -299,13 +299,8 @@ async fn failed_authentications_lock_an_address_out_for_a_while() {
         body["type"],
         "https://quire.dev/problems/too-many-failed-logins"
     );
-    let refused = tokio_tungstenite::connect_async(format!("{}?token={good}", server.url("d")))
-        .await
-        .expect_err("locked out");
-    match refused {
-        tokio_tungstenite::tungstenite::Error::Http(resp) => assert_eq!(resp.status(), 429),
-        other => panic!("expected HTTP 429, got {other}"),
-    }
+    let refused = refused_upgrade(&format!("{}?token={good}", server.url("d"))).await;
+    assert_eq!(refused.status(), 429);
     server.stop().await;
 }
 
