@@ -181,9 +181,22 @@ pub struct Settings {
     /// connecting; slower ones are disconnected [default: 10s]
     #[arg(long, env = "QUIRE_HEADER_TIMEOUT")]
     pub header_timeout: Option<HumanDuration>,
-    /// NATS URL of the bus between nodes sharing a PostgreSQL database (nats://HOST:PORT); none: clients of a document another node owns are refused with 1013
+    /// NATS URL of the bus between nodes sharing a PostgreSQL database (nats://HOST:PORT, with
+    /// NATS credentials as nats://USER:PASSWORD@HOST:PORT or nats://TOKEN@HOST:PORT; tls://
+    /// for TLS); none: clients of a document another node owns are refused with 1013
     #[arg(long = "bus", env = "QUIRE_BUS_URL")]
     pub bus_url: Option<Secret>,
+    /// A NATS credentials file (.creds: user JWT and NKey seed) for the bus [default: none]
+    #[arg(long, env = "QUIRE_BUS_CREDENTIALS")]
+    pub bus_credentials: Option<PathBuf>,
+    /// Shared secret every node signs its bus messages with and checks others' against (at
+    /// least 16 bytes, the same on every node); required with --bus
+    #[arg(long, env = "QUIRE_CLUSTER_KEY")]
+    pub cluster_key: Option<Secret>,
+    /// Deadline of each storage operation of a room (load, append, snapshot, lease); past it
+    /// the room stops taking updates (1013, retry) until storage answers again [default: 10s]
+    #[arg(long, env = "QUIRE_STORAGE_TIMEOUT")]
+    pub storage_timeout: Option<HumanDuration>,
     /// This node's name in room leases (PostgreSQL) [default: node-<random>]
     #[arg(long, env = "QUIRE_NODE_ID")]
     pub node_id: Option<String>,
@@ -291,6 +304,12 @@ pub struct Config {
     pub webhooks: WebhookConfig,
     /// The bus between nodes (NATS), if any.
     pub bus_url: Option<Secret>,
+    pub bus_credentials: Option<PathBuf>,
+    /// Signs bus messages (required with `bus_url`).
+    pub cluster_key: Option<Secret>,
+    /// Tests only: faults injected into what this node publishes on the bus.
+    #[doc(hidden)]
+    pub bus_faults: Option<std::sync::Arc<crate::bus::Faults>>,
     /// This node's name in room leases.
     pub node_id: String,
     pub lease_ttl: Duration,
@@ -334,6 +353,8 @@ pub struct RoomConfig {
     pub awareness_timeout: Duration,
     pub unload_delay: Duration,
     pub load_retry_delay: Duration,
+    /// Deadline of each storage call a room makes (load, append, snapshot, lease).
+    pub storage_timeout: Duration,
     pub snapshot_updates: u64,
     pub snapshot_bytes: u64,
     pub snapshot_log_percent: u64,
@@ -408,6 +429,9 @@ impl Settings {
             rate_limit_loopback,
             header_timeout,
             bus_url,
+            bus_credentials,
+            cluster_key,
+            storage_timeout,
             node_id,
             lease_ttl,
             web_root,
@@ -492,6 +516,8 @@ impl Settings {
                 awareness_timeout: d(self.awareness_timeout, Duration::from_secs(30)),
                 unload_delay: d(self.room_unload_delay, Duration::from_secs(30)),
                 load_retry_delay: d(self.load_retry_delay, Duration::from_secs(2)),
+                storage_timeout: d(self.storage_timeout, Duration::from_secs(10))
+                    .max(Duration::from_millis(10)),
                 snapshot_updates: self.snapshot_updates.unwrap_or(1000).max(1),
                 snapshot_bytes: self.snapshot_bytes.unwrap_or(4 << 20).max(1),
                 snapshot_log_percent: self.snapshot_log_percent.unwrap_or(50),
@@ -500,6 +526,9 @@ impl Settings {
             admin_key: self.admin_key,
             idempotency_ttl: d(self.idempotency_ttl, Duration::from_secs(24 * 3600)),
             bus_url: self.bus_url,
+            bus_credentials: self.bus_credentials,
+            cluster_key: self.cluster_key,
+            bus_faults: None,
             node_id: self
                 .node_id
                 .unwrap_or_else(|| format!("node-{:08x}", rand::random::<u32>())),

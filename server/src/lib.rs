@@ -162,15 +162,30 @@ pub async fn run_with_stores(
     let webhooks = config.webhooks.clone();
     let idempotency_ttl = config.idempotency_ttl;
     let bus = match (&config.bus_url, &registry.config.lease) {
-        (Some(url), Some(lease)) => Some(
-            bus::Bus::start(
-                url.expose(),
-                lease.node_id.clone(),
-                registry.clone(),
-                config.limits.clone(),
+        (Some(url), Some(lease)) => {
+            let Some(key) = &config.cluster_key else {
+                anyhow::bail!(
+                    "--bus needs --cluster-key (QUIRE_CLUSTER_KEY): a shared secret of at least \
+                     {} bytes, the same on every node, that signs the messages between nodes",
+                    bus::MIN_CLUSTER_KEY
+                );
+            };
+            let bus_config = bus::BusConfig {
+                url: url.clone(),
+                credentials: config.bus_credentials.clone(),
+                key: bus::ClusterKey::new(key.expose())?,
+                faults: config.bus_faults.clone(),
+            };
+            Some(
+                bus::Bus::start(
+                    bus_config,
+                    lease.node_id.clone(),
+                    registry.clone(),
+                    config.limits.clone(),
+                )
+                .await?,
             )
-            .await?,
-        ),
+        }
         (Some(_), None) => {
             tracing::warn!("--bus is ignored: several nodes need a PostgreSQL database");
             None

@@ -28,6 +28,11 @@ pub struct Metrics {
     pub rate_limited: IntCounter,
     pub addr_limited: IntCounter,
     pub tokens_expired: IntCounter,
+    pub bus_gaps: IntCounter,
+    pub bus_duplicates: IntCounter,
+    pub bus_publish_failures: IntCounter,
+    pub bus_refused: IntCounter,
+    pub bus_resets: IntCounter,
 }
 
 impl Metrics {
@@ -126,6 +131,27 @@ impl Metrics {
             tokens_expired: counter(
                 "tokens_expired_total",
                 "Connections closed with 4401 because their token expired",
+            ),
+            bus_gaps: counter(
+                "bus_gaps_total",
+                "Relayed connections closed (1012) because a bus message between nodes was lost",
+            ),
+            bus_duplicates: counter(
+                "bus_duplicates_total",
+                "Bus messages received twice and ignored the second time",
+            ),
+            bus_publish_failures: counter(
+                "bus_publish_failures_total",
+                "Bus messages that could not be published (their relayed connection is closed)",
+            ),
+            bus_refused: counter(
+                "bus_refused_total",
+                "Bus messages refused: malformed, or not signed with the cluster key",
+            ),
+            bus_resets: counter(
+                "bus_resets_total",
+                "Times every relayed connection was closed: the link to NATS dropped, or NATS \
+                 dropped messages for this node (slow consumer)",
             ),
             registry,
         }

@@ -404,65 +404,83 @@ async fn relay(
             ))
         }
     };
-    let inbox = bus.register_relay(peer, peer_bounds(&app.registry));
+    let conn = bus.conn_id(peer);
+    let user = auth.user.clone();
+    let inbox = bus.register_relay(conn, peer_bounds(&app.registry), name.clone(), user);
     let from = bus.node.to_string();
-    bus.send(
-        &owner,
-        Envelope::Open {
-            from: from.clone(),
-            conn: peer,
-            doc: name.as_str().to_owned(),
-            user: auth.user.as_deref().map(str::to_owned),
-            can_write: auth.can_write,
-            expires_at: auth.expires_at,
-        },
-    )
-    .await;
+    let lost_link = || {
+        CloseReason::new(
+            close::RESTART,
+            "lost the link to the document's node, reconnect",
+        )
+    };
+    let open = Envelope::Open {
+        from: from.clone(),
+        conn,
+        doc: name.as_str().to_owned(),
+        user: auth.user.as_deref().map(str::to_owned),
+        can_write: auth.can_write,
+        expires_at: auth.expires_at,
+    };
+    // The last `Frame` sequence number published (the owner applies them in order, and an
+    // `Alive` tells it how many to expect).
+    let mut sent = 0u64;
     let mut tick = tokio::time::interval_at(Instant::now() + ALIVE_EVERY, ALIVE_EVERY);
-    let outcome = loop {
-        tokio::select! {
-            frame = stream.next() => match frame {
-                Some(Ok(WsMessage::Binary(data))) => {
-                    bus.send(&owner, Envelope::Frame { from: from.clone(), conn: peer, data }).await;
-                }
-                Some(Ok(WsMessage::Text(_))) => {
-                    break Some(CloseReason::new(
-                        close::UNSUPPORTED_DATA,
-                        "text frames are not part of the protocol",
-                    ))
-                }
-                Some(Ok(WsMessage::Ping(_))) | Some(Ok(WsMessage::Pong(_))) => {}
-                Some(Ok(WsMessage::Close(_))) | Some(Err(_)) | None => break None,
-            },
-            msg = inbox.recv() => match msg {
-                Next::Frame(data) => {
-                    if sink.send(WsMessage::Binary(data)).await.is_err() {
-                        break None;
+    let outcome = if bus.send(&owner, open).await.is_err() {
+        Some(lost_link())
+    } else {
+        loop {
+            tokio::select! {
+                frame = stream.next() => match frame {
+                    Some(Ok(WsMessage::Binary(data))) => {
+                        sent += 1;
+                        let frame = Envelope::Frame { from: from.clone(), conn, seq: sent, data };
+                        if bus.send(&owner, frame).await.is_err() {
+                            break Some(lost_link());
+                        }
                     }
-                }
-                Next::Kill(reason) => break Some(reason),
-                Next::Ping => {}
-                Next::Closed => break Some(moved()),
-            },
-            _ = tick.tick() => {
-                // Revocations reach rooms, and a relayed connection is in none on this node:
-                // it checks for itself.
-                if let (Some(token_id), Some(user)) = (&auth.token_id, &auth.user) {
-                    if app.auth.is_revoked(token_id, user, auth.issued_at) {
-                        break Some(CloseReason::new(close::FORBIDDEN, "access revoked"));
+                    Some(Ok(WsMessage::Text(_))) => {
+                        break Some(CloseReason::new(
+                            close::UNSUPPORTED_DATA,
+                            "text frames are not part of the protocol",
+                        ))
                     }
-                }
-                bus.send(&owner, Envelope::Alive { from: from.clone(), conn: peer }).await;
-                match app.registry.store.acquire_lease(doc, &lease.node_id, lease.ttl).await {
-                    Ok(LeaseGrant::HeldBy { owner: now, .. }) if now == owner => {}
-                    Ok(_) => break Some(moved()),
-                    Err(e) => debug!(error = %e, "lease check failed; still relaying"),
+                    Some(Ok(WsMessage::Ping(_))) | Some(Ok(WsMessage::Pong(_))) => {}
+                    Some(Ok(WsMessage::Close(_))) | Some(Err(_)) | None => break None,
+                },
+                msg = inbox.recv() => match msg {
+                    Next::Frame(data) => {
+                        if sink.send(WsMessage::Binary(data)).await.is_err() {
+                            break None;
+                        }
+                    }
+                    Next::Kill(reason) => break Some(reason),
+                    Next::Ping => {}
+                    Next::Closed => break Some(moved()),
+                },
+                _ = tick.tick() => {
+                    // Revocations reach rooms, and a relayed connection is in none on this
+                    // node: it checks for itself.
+                    if let (Some(token_id), Some(user)) = (&auth.token_id, &auth.user) {
+                        if app.auth.is_revoked(token_id, user, auth.issued_at) {
+                            break Some(CloseReason::new(close::FORBIDDEN, "access revoked"));
+                        }
+                    }
+                    let alive = Envelope::Alive { from: from.clone(), conn, sent };
+                    if bus.send(&owner, alive).await.is_err() {
+                        break Some(lost_link());
+                    }
+                    match app.registry.store.acquire_lease(doc, &lease.node_id, lease.ttl).await {
+                        Ok(LeaseGrant::HeldBy { owner: now, .. }) if now == owner => {}
+                        Ok(_) => break Some(moved()),
+                        Err(e) => debug!(error = %e, "lease check failed; still relaying"),
+                    }
                 }
             }
         }
     };
-    bus.unregister_relay(peer);
-    bus.send(&owner, Envelope::Close { from, conn: peer }).await;
+    bus.unregister_relay(conn);
+    let _ = bus.send(&owner, Envelope::Close { from, conn }).await;
     outcome
 }
 

@@ -60,7 +60,16 @@ async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room
         async move {
             ServerProcess::start_url(
                 &url,
-                &["--node-id", id, "--lease-ttl", "60s", "--bus", &bus],
+                &[
+                    "--node-id",
+                    id,
+                    "--lease-ttl",
+                    "60s",
+                    "--bus",
+                    &bus,
+                    "--cluster-key",
+                    CLUSTER_KEY,
+                ],
             )
             .await
         }
@@ -224,51 +233,24 @@ async fn a_graceful_shutdown_hands_documents_over_at_once() {
     b.signal("TERM");
 }
 
-/// A private NATS server on a free loopback port (killed when dropped).
-struct Nats {
-    child: tokio::process::Child,
-    url: String,
-}
-
-impl Nats {
-    async fn start() -> Nats {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("bind")
-            .local_addr()
-            .expect("addr")
-            .port();
-        Nats::start_on(port).await
-    }
-
-    async fn start_on(port: u16) -> Nats {
-        let child = tokio::process::Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("nats-server is installed (Debian package nats-server)");
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            assert!(tokio::time::Instant::now() < deadline, "nats-server starts");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Nats {
-            child,
-            url: format!("nats://127.0.0.1:{port}"),
-        }
-    }
-}
-
 async fn three_nodes(url: &str, bus: &str) -> Vec<ServerProcess> {
     let mut nodes = Vec::new();
     for name in ["node-1", "node-2", "node-3"] {
         nodes.push(
-            ServerProcess::start_url(url, &["--node-id", name, "--bus", bus, "--lease-ttl", "2s"])
-                .await,
+            ServerProcess::start_url(
+                url,
+                &[
+                    "--node-id",
+                    name,
+                    "--bus",
+                    bus,
+                    "--cluster-key",
+                    CLUSTER_KEY,
+                    "--lease-ttl",
+                    "2s",
+                ],
+            )
+            .await,
         );
     }
     nodes
@@ -509,6 +491,8 @@ async fn a_revoked_token_closes_a_relayed_connection() {
                     id,
                     "--bus",
                     &nats.url,
+                    "--cluster-key",
+                    CLUSTER_KEY,
                     "--auth-key",
                     KEY,
                     "--admin-key",

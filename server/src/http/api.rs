@@ -19,8 +19,8 @@ use yrs::{StateVector, Update};
 
 use super::error::{etag, ApiError, Problem};
 use crate::auth::{Permission, Principal};
-use crate::close;
-use crate::room::{ApplyError, CloseReason, DocName, PeerFilter, RoomCmd};
+use crate::bus::Change;
+use crate::room::{ApplyError, DocName, RoomCmd};
 use crate::storage::api::{
     DeadEvent, DocMeta, DocPatch, DocQuery, OutboxEvent, Revocation, Role, UserPatch, UserProfile,
     Versioned,
@@ -411,15 +411,7 @@ async fn delete_doc(
     match app.api.delete_doc(id).await? {
         Versioned::Updated(doc) => {
             if let Ok(name) = DocName::parse(&doc.name) {
-                if let Some(room) = app.registry.get(&name) {
-                    let _ = room
-                        .command(RoomCmd::Close {
-                            filter: PeerFilter::All,
-                            reason: CloseReason::new(close::DELETED, "document deleted"),
-                            unload: true,
-                        })
-                        .await;
-                }
+                doc_changed(&app, &name, Change::Deleted).await;
             }
             Ok(with_etag(StatusCode::OK, &doc, doc.version))
         }
@@ -633,17 +625,20 @@ async fn delete_access(
 }
 
 async fn role_changed(app: &AppState, name: &str, user: &str) {
-    let Ok(name) = DocName::parse(name) else {
-        return;
-    };
-    if let Some(room) = app.registry.get(&name) {
-        let _ = room
-            .command(RoomCmd::Close {
-                filter: PeerFilter::User(user.to_owned()),
-                reason: CloseReason::new(close::FORBIDDEN, "access changed; reconnect"),
-                unload: false,
-            })
-            .await;
+    if let Ok(name) = DocName::parse(name) {
+        let change = Change::Access {
+            user: user.to_owned(),
+        };
+        doc_changed(app, &name, change).await;
+    }
+}
+
+/// Closes the sockets a change affects: this node's at once, every other node's through the
+/// bus (the owner closes its room's, each node its relayed connections).
+async fn doc_changed(app: &AppState, name: &DocName, change: Change) {
+    crate::bus::apply_change(app.bus.as_deref(), &app.registry, name, change.clone()).await;
+    if let Some(bus) = &app.bus {
+        bus.announce(name, change).await;
     }
 }
 

@@ -621,3 +621,84 @@ pub async fn wait_metric_at(addr: SocketAddr, name: &str, done: impl Fn(f64) -> 
     .await;
     assert!(ok.is_ok(), "metric {name} never reached the expected value");
 }
+
+/// The cluster key the tests' nodes share.
+pub const CLUSTER_KEY: &str = "test-cluster-key-0123456789";
+
+/// A private NATS server on a free loopback port (killed when dropped).
+pub struct Nats {
+    pub child: tokio::process::Child,
+    pub url: String,
+    pub port: u16,
+}
+
+impl Nats {
+    pub async fn start() -> Nats {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        Nats::start_on(port).await
+    }
+
+    pub async fn start_on(port: u16) -> Nats {
+        Nats::start_with(port, &[]).await
+    }
+
+    /// On a free port, with these extra `nats-server` arguments (`--user`, `--pass`, ...).
+    pub async fn start_args(extra: &[&str]) -> Nats {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        Nats::start_with(port, extra).await
+    }
+
+    pub async fn start_with(port: u16, extra: &[&str]) -> Nats {
+        let child = tokio::process::Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("nats-server is installed (Debian package nats-server)");
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(tokio::time::Instant::now() < deadline, "nats-server starts");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Nats {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+            port,
+        }
+    }
+}
+
+/// A client that never held the document: connects to `url` (client id 999,999), syncs,
+/// returns the text, and goes. What a durability test checks with, since a client that
+/// held the data would upload it again on reconnect.
+pub async fn fresh_text(url: &str) -> String {
+    let c = Client::connect(url, 999_999).await;
+    let text = c.text();
+    c.close().await;
+    text
+}
+
+/// Settings of an in-process cluster node: the test's PostgreSQL database, node `id`, the
+/// bus at `bus` signed with [`CLUSTER_KEY`], a 2 s lease.
+pub fn node_config(dir: &Path, id: &str, bus: &str) -> Config {
+    let mut cfg = test_config(dir);
+    cfg.database_url = pg_database_url(dir).into();
+    cfg.node_id = id.to_owned();
+    cfg.bus_url = Some(bus.into());
+    cfg.cluster_key = Some(CLUSTER_KEY.into());
+    cfg.lease_ttl = Duration::from_secs(2);
+    cfg
+}

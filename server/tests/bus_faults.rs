@@ -1,0 +1,339 @@
+//! The relay path between nodes under a bus that loses, repeats, delays and reorders
+//! messages, and under forged messages: two in-process nodes on one PostgreSQL database and
+//! a private NATS server, with faults injected into what a node publishes
+//! (`quire_server::bus::Faults`). What the tests check with is what a loss would hide from
+//! the clients that made the edits: a fresh client, the log rows, and the durable acks the
+//! clients were (not) given. PostgreSQL pass only (several nodes need it), like cluster.rs.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use quire_server::auth::{Auth, Permission};
+use quire_server::bus::{ClusterKey, Envelope, FaultAction, Faults, Kind};
+use quire_server::protocol;
+use yrs::{Doc, Text, Transact};
+
+const KEY: &str = "k1:test-secret-0123456789";
+const ADMIN: &str = "admin-key-for-tests";
+
+/// A token signed with the nodes' key.
+fn token(user: &str, doc: &str, permission: Permission) -> String {
+    let auth = Auth::new(&[KEY.into()], None).expect("key");
+    auth.issue(user, doc, permission, 3600, quire_server::auth::now_secs())
+        .expect("issue")
+        .0
+}
+
+fn in_postgres_pass() -> bool {
+    if !on_postgres() {
+        eprintln!("several nodes need PostgreSQL: this test runs in the PostgreSQL pass");
+    }
+    on_postgres()
+}
+
+/// Node A (the owner of every document its client opens first) and node B (which relays
+/// its clients to A), each with its own fault plan.
+struct Pair {
+    a: TestServer,
+    b: TestServer,
+    a_faults: Arc<Faults>,
+    b_faults: Arc<Faults>,
+    _nats: Nats,
+}
+
+async fn pair(dir: &std::path::Path) -> Pair {
+    let nats = Nats::start().await;
+    let node = |id: &str, faults: &Arc<Faults>| {
+        let mut cfg = node_config(dir, id, &nats.url);
+        cfg.bus_faults = Some(faults.clone());
+        cfg
+    };
+    let (a_faults, b_faults) = (Arc::default(), Arc::default());
+    let a = TestServer::start(node("node-a", &a_faults)).await;
+    let b = TestServer::start(node("node-b", &b_faults)).await;
+    Pair {
+        a,
+        b,
+        a_faults,
+        b_faults,
+        _nats: nats,
+    }
+}
+
+impl Pair {
+    async fn stop(self) {
+        self.b.stop().await;
+        self.a.stop().await;
+    }
+}
+
+/// The frame carrying an update is lost between the relaying node and the owner, and the
+/// client then asks for a durable ack. The owner must not echo it (it never received the
+/// update): it sees the hole in the relayed connection's sequence numbers and closes it with
+/// 1012. The client reconnects, resyncs, and only then is the edit stored.
+#[tokio::test]
+async fn a_lost_frame_is_never_acknowledged_and_closes_the_relayed_connection() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = pair(dir.path()).await;
+    let _on_a = Client::connect(&p.a.url("lost"), 1).await;
+    let mut on_b = Client::connect(&p.b.url("lost"), 2).await;
+    on_b.insert(0, "kept ").await;
+    on_b.durable_ack(1).await;
+
+    p.b_faults.arm(FaultAction::Drop, Kind::Frame, 0);
+    on_b.insert(5, "lost").await;
+    let ack = protocol::encode_durable_ack(2);
+    on_b.send_raw(ack.clone()).await;
+    assert_eq!(on_b.wait_closed().await, Some(1012), "closed to resync");
+    assert_eq!(p.b_faults.applied(), 1, "the update's frame was dropped");
+    assert!(
+        !on_b.acks_received.contains(&ack),
+        "the owner acknowledged an update it never received"
+    );
+    assert!(p.a.metric("quire_bus_gaps_total").await >= 1.0);
+    assert_eq!(fresh_text(&p.a.url("lost")).await, "kept ");
+
+    // Reconnected (through B again), the client's resync delivers the edit.
+    let mut again = Client::connect_with_doc(&p.b.url("lost"), on_b.doc.clone()).await;
+    again.sync().await;
+    again.durable_ack(3).await;
+    assert_eq!(fresh_text(&p.a.url("lost")).await, "kept lost");
+    p.stop().await;
+}
+
+/// Frames duplicated, reordered and delayed on their way to the owner are applied once each,
+/// in the order the client sent them, without closing the connection; the ack comes after
+/// all of them.
+#[tokio::test]
+async fn repeated_reordered_and_late_frames_are_applied_once_in_order() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = pair(dir.path()).await;
+    let _on_a = Client::connect(&p.a.url("order"), 1).await;
+    let mut on_b = Client::connect(&p.b.url("order"), 2).await;
+    p.b_faults.arm(FaultAction::Duplicate, Kind::Frame, 0);
+    p.b_faults.arm(FaultAction::Reorder, Kind::Frame, 1);
+    p.b_faults.arm(
+        FaultAction::Delay(Duration::from_millis(300)),
+        Kind::Frame,
+        2,
+    );
+    let mut expected = String::new();
+    for i in 0..8 {
+        let part = format!("<{i}>");
+        on_b.insert(expected.len() as u32, &part).await;
+        expected.push_str(&part);
+    }
+    on_b.durable_ack(1).await;
+    assert_eq!(p.b_faults.applied(), 3);
+    assert!(on_b.closed.is_none());
+    assert_eq!(fresh_text(&p.a.url("order")).await, expected);
+    assert_eq!(
+        log_rows(dir.path(), "order").await,
+        8,
+        "each update logged once"
+    );
+    assert!(p.a.metric("quire_bus_duplicates_total").await >= 1.0);
+    assert_eq!(p.a.metric("quire_bus_gaps_total").await, 0.0);
+    p.stop().await;
+}
+
+/// A frame from the owner to a relayed client (here a broadcast) is lost: the owner's next
+/// heartbeat shows the relaying node the hole, and it closes the client with 1012 instead of
+/// leaving it without the update.
+#[tokio::test]
+async fn a_lost_frame_to_a_relayed_client_closes_it_so_it_resyncs() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = pair(dir.path()).await;
+    let mut on_a = Client::connect(&p.a.url("out"), 1).await;
+    let mut on_b = Client::connect(&p.b.url("out"), 2).await;
+    p.a_faults.arm(FaultAction::Drop, Kind::Out, 0);
+    on_a.insert(0, "news").await;
+    on_a.durable_ack(1).await;
+    assert_eq!(on_b.wait_closed().await, Some(1012));
+    assert_eq!(p.a_faults.applied(), 1);
+    assert!(
+        !on_b.text().contains("news"),
+        "the broadcast was the lost frame"
+    );
+    let mut again = Client::connect_with_doc(&p.b.url("out"), on_b.doc.clone()).await;
+    assert!(again.pump_until(PATIENCE, |c| c.text() == "news").await);
+    p.stop().await;
+}
+
+/// An `Open` claiming write access and a `Frame` with an update, published on the bus by a
+/// process with NATS credentials but without the cluster key (unsigned, or signed with
+/// another key), write nothing; the same messages signed with the cluster key do (so the
+/// test would see a forged write). A client without NATS credentials cannot connect at all.
+#[tokio::test]
+async fn messages_not_signed_with_the_cluster_key_cannot_write() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nats = Nats::start_args(&["--user", "quire", "--pass", "bus-secret"]).await;
+    let authed = format!("nats://quire:bus-secret@127.0.0.1:{}", nats.port);
+    let a = TestServer::start(node_config(dir.path(), "node-a", &authed)).await;
+    let mut owner = Client::connect(&a.url("guarded"), 1).await;
+    owner.insert(0, "mine").await;
+    owner.durable_ack(1).await;
+
+    assert!(
+        async_nats::connect(&nats.url).await.is_err(),
+        "NATS refuses a client without credentials"
+    );
+    // (The NATS client takes credentials from its options, not from the URL as Quire does.)
+    let forger = async_nats::ConnectOptions::new()
+        .user_and_password("quire".into(), "bus-secret".into())
+        .connect(&nats.url)
+        .await
+        .expect("connect");
+    let subject = "quire.node.node-a";
+    let messages = |conn: u64, text: &str| {
+        let doc = Doc::with_client_id(conn);
+        let t = doc.get_or_insert_text("text");
+        let update = {
+            let mut txn = doc.transact_mut();
+            t.insert(&mut txn, 0, text);
+            txn.encode_update_v1()
+        };
+        let open = Envelope::Open {
+            from: "mallory".into(),
+            conn,
+            doc: "guarded".into(),
+            user: Some("mallory".into()),
+            can_write: true,
+            expires_at: None,
+        };
+        let frame = Envelope::Frame {
+            from: "mallory".into(),
+            conn,
+            seq: 1,
+            data: protocol::encode_update(&update),
+        };
+        [open.encode(), frame.encode()]
+    };
+    let wrong = ClusterKey::new("not-the-cluster-key-at-all").expect("key");
+    let right = ClusterKey::new(CLUSTER_KEY).expect("key");
+    for body in messages(71, "U") {
+        forger.publish(subject, body).await.expect("publish");
+    }
+    for body in messages(72, "W") {
+        let sealed: Bytes = wrong.seal(subject, &body);
+        forger.publish(subject, sealed).await.expect("publish");
+    }
+    for body in messages(73, "R") {
+        forger
+            .publish(subject, right.seal(subject, &body))
+            .await
+            .expect("publish");
+    }
+    forger.flush().await.expect("flush");
+    // The signed update arrives last; once it is there, the others were read and refused.
+    assert!(owner.pump_until(PATIENCE, |c| c.text().contains('R')).await);
+    let text = fresh_text(&a.url("guarded")).await;
+    assert!(text.contains("mine") && text.contains('R'), "{text}");
+    assert!(!text.contains('U') && !text.contains('W'), "forged: {text}");
+    assert_eq!(a.metric("quire_bus_refused_total").await, 4.0);
+    a.stop().await;
+}
+
+/// A role change, then a delete, made through the API of a node that holds none of the
+/// document's sockets reach them on every node: the owner's own client and the client
+/// relayed through another node (4403, then 4404), within a second.
+#[tokio::test]
+async fn a_role_change_or_a_delete_on_one_node_reaches_sockets_on_every_node() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nats = Nats::start().await;
+    let mut nodes = Vec::new();
+    for id in ["node-a", "node-b", "node-c"] {
+        let mut cfg = node_config(dir.path(), id, &nats.url);
+        cfg.auth_keys = vec![KEY.into()];
+        cfg.admin_key = Some(ADMIN.into());
+        nodes.push(TestServer::start(cfg).await);
+    }
+    let ann = token("ann", "doomed", Permission::Write);
+    let url = |n: &TestServer| format!("{}?token={ann}", n.url("doomed"));
+    let mut on_a = Client::connect(&url(&nodes[0]), 1).await;
+    let mut on_b = Client::connect(&url(&nodes[1]), 2).await;
+    on_b.insert(0, "bye").await;
+    on_b.durable_ack(1).await;
+    let http = reqwest::Client::new();
+    let docs: serde_json::Value = http
+        .get(nodes[2].http("/api/v1/docs?prefix=doomed"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    let id = docs["items"][0]["id"].as_i64().expect("id");
+
+    let started = tokio::time::Instant::now();
+    let resp = http
+        .put(nodes[2].http(&format!("/api/v1/docs/{id}/access/ann")))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({"role": "viewer"}))
+        .send()
+        .await
+        .expect("put access");
+    assert!(resp.status().is_success(), "{}", resp.status());
+    assert_eq!(
+        on_a.wait_closed().await,
+        Some(4403),
+        "the owner's own client"
+    );
+    assert_eq!(on_b.wait_closed().await, Some(4403), "the relayed client");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    // Back, read-only now.
+    let mut on_a = Client::connect(&url(&nodes[0]), 3).await;
+    let mut on_b = Client::connect(&url(&nodes[1]), 4).await;
+    on_b.insert(0, "no ").await;
+    assert!(
+        on_b.pump_until(PATIENCE, |c| c.permission_denied.is_some())
+            .await
+    );
+
+    let started = tokio::time::Instant::now();
+    let resp = http
+        .delete(nodes[2].http(&format!("/api/v1/docs/{id}")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("delete");
+    assert!(resp.status().is_success(), "{}", resp.status());
+    assert_eq!(
+        on_a.wait_closed().await,
+        Some(4404),
+        "the owner's own client"
+    );
+    assert_eq!(on_b.wait_closed().await, Some(4404), "the relayed client");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    for n in nodes {
+        n.stop().await;
+    }
+}
