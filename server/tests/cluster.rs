@@ -302,6 +302,9 @@ async fn edits_through_three_nodes_converge_and_are_logged_once() {
     for (i, c) in clients.iter().enumerate() {
         assert_eq!(c.text(), first, "seed {seed}: client {i}");
     }
+    for n in &nodes {
+        assert_eq!(fresh_text(&n.url("shared")).await, first, "seed {seed}: a fresh client");
+    }
     let pool = pg_pool(&url).await;
     let rows = log_rows(dir.path(), "shared").await;
     assert_eq!(
@@ -335,6 +338,18 @@ async fn reconnect(doc: yrs::Doc, urls: &[String]) -> Client {
         i += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A client that never held the document connects through `urls` (retrying like
+/// [`reconnect`]) and must find every acknowledged marker: the check that cannot be fooled
+/// by clients uploading again what the servers lost.
+async fn fresh_has_all(urls: &[String], acked: &[String]) {
+    let fresh = reconnect(yrs::Doc::with_client_id(999_999), urls).await;
+    let text = fresh.text();
+    for m in acked {
+        assert!(text.contains(m.as_str()), "{m} acknowledged but lost: {text}");
+    }
+    fresh.close().await;
 }
 
 /// Each client inserts a marker of its own and waits for its durable acknowledgement.
@@ -397,6 +412,8 @@ async fn the_owner_killed_during_edits_is_replaced_and_nothing_acknowledged_is_l
     let survivors = [nodes[1].url("failover"), nodes[2].url("failover")];
     let docs: Vec<yrs::Doc> = clients.iter().map(|c| c.doc.clone()).collect();
     drop(clients);
+    // Before any old client is back (it would upload what it has), a fresh one.
+    fresh_has_all(&survivors, &acked).await;
     let mut clients = Vec::new();
     for (i, doc) in docs.into_iter().enumerate() {
         clients.push(reconnect(doc, &survivors[i % 2..]).await);
@@ -409,6 +426,7 @@ async fn the_owner_killed_during_edits_is_replaced_and_nothing_acknowledged_is_l
     );
     edit_round(&mut clients, "c", &mut acked).await;
     converge(&mut clients, &acked).await;
+    fresh_has_all(&survivors, &acked).await;
     for n in &nodes[1..] {
         n.signal("TERM");
     }
@@ -450,6 +468,7 @@ async fn a_bus_restart_during_edits_loses_nothing_acknowledged() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let nats = Nats::start_on(port).await;
+    fresh_has_all(&urls, &acked).await;
 
     // Every client reconnects (through its own node) and resyncs.
     let docs: Vec<yrs::Doc> = clients.iter().map(|c| c.doc.clone()).collect();
@@ -463,6 +482,7 @@ async fn a_bus_restart_during_edits_loses_nothing_acknowledged() {
         acked.push(format!("[offline{i}]"));
     }
     converge(&mut clients, &acked).await;
+    fresh_has_all(&urls, &acked).await;
     for n in &nodes {
         n.signal("TERM");
     }
