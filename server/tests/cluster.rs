@@ -303,7 +303,11 @@ async fn edits_through_three_nodes_converge_and_are_logged_once() {
         assert_eq!(c.text(), first, "seed {seed}: client {i}");
     }
     for n in &nodes {
-        assert_eq!(fresh_text(&n.url("shared")).await, first, "seed {seed}: a fresh client");
+        assert_eq!(
+            fresh_text(&n.url("shared")).await,
+            first,
+            "seed {seed}: a fresh client"
+        );
     }
     let pool = pg_pool(&url).await;
     let rows = log_rows(dir.path(), "shared").await;
@@ -347,7 +351,10 @@ async fn fresh_has_all(urls: &[String], acked: &[String]) {
     let fresh = reconnect(yrs::Doc::with_client_id(999_999), urls).await;
     let text = fresh.text();
     for m in acked {
-        assert!(text.contains(m.as_str()), "{m} acknowledged but lost: {text}");
+        assert!(
+            text.contains(m.as_str()),
+            "{m} acknowledged but lost: {text}"
+        );
     }
     fresh.close().await;
 }

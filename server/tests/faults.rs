@@ -388,3 +388,34 @@ async fn a_room_stuck_on_a_commit_holds_at_most_room_queue_bytes_of_updates() {
     assert_eq!(fresh.text_len(), 1 + 40 * chunk.len());
     token.cancel();
 }
+
+/// A document deleted behind its room's back (a delete on another node whose announcement
+/// was lost; here an UPDATE of its row) takes no more appends: the statement that appends
+/// checks `deleted_at`, the room closes its sockets with 4404, the client's update is not
+/// acknowledged and the log holds nothing new.
+#[tokio::test]
+async fn an_append_to_a_document_deleted_underneath_its_room_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let mut c = Client::connect(&server.url("gone"), 1).await;
+    c.insert(0, "kept").await;
+    c.durable_ack(1).await;
+    let pool = open_db(dir.path()).await;
+    sqlx::query("UPDATE documents SET deleted_at = 1 WHERE name = $1")
+        .bind("gone")
+        .execute(&pool)
+        .await
+        .expect("delete the row");
+    pool.close().await;
+    let before = log_rows(dir.path(), "gone").await;
+    c.insert(4, " more").await;
+    let ack = quire_server::protocol::encode_durable_ack(2);
+    c.send_raw(ack.clone()).await;
+    assert_eq!(c.wait_closed().await, Some(4404));
+    assert!(
+        !c.acks_received.contains(&ack),
+        "acknowledged an append to a deleted document"
+    );
+    assert_eq!(log_rows(dir.path(), "gone").await, before);
+    server.stop().await;
+}

@@ -337,6 +337,51 @@ enum Exit {
     Failed(String),
     /// The document's lease moved to another node: give the room up at once.
     Fenced(String),
+    /// The storage refused an append because the document is deleted (a delete this room
+    /// was not told about, made on another node).
+    DeletedUnderneath,
+}
+
+/// The room's lease, released when the room is dropped without releasing it (a panic
+/// unwinding through the room), so another node may take the document at once instead of
+/// waiting for the lease to run out.
+struct LeaseGuard {
+    store: Arc<dyn crate::storage::DocStore>,
+    doc: i64,
+    node: Arc<str>,
+    epoch: Epoch,
+    armed: bool,
+}
+
+impl LeaseGuard {
+    /// Releases the lease now (unless it was already).
+    async fn release(&mut self) {
+        if std::mem::take(&mut self.armed) {
+            if let Err(e) = self
+                .store
+                .release_lease(self.doc, &self.node, self.epoch)
+                .await
+            {
+                warn!(error = %e, "could not release the lease; it expires by itself");
+            }
+        }
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime left to release it with: it expires by itself
+        };
+        let (store, doc, node, epoch) =
+            (self.store.clone(), self.doc, self.node.clone(), self.epoch);
+        runtime.spawn(async move {
+            let _ = store.release_lease(doc, &node, epoch).await;
+        });
+    }
 }
 
 struct Room {
@@ -353,8 +398,12 @@ struct Room {
     renew_started: Instant,
     renew_at: Instant,
     lease_until: Instant,
+    /// Released on every exit, a panic included (`None`: no leases).
+    lease_guard: Option<LeaseGuard>,
     /// Set when a write was fenced: the room must stop.
     fenced: bool,
+    /// Set when an append was refused because the document is deleted: the room must stop.
+    deleted_underneath: bool,
     doc: Doc,
     awareness: AwarenessTable,
     /// Sync answers encoded for the current version of the `Doc`, shared between peers.
@@ -414,6 +463,16 @@ impl Room {
             .as_ref()
             .map_or(Duration::from_secs(5), |l| l.ttl);
         let granted_at = lease.map_or_else(Instant::now, |(_, at)| at);
+        let lease_guard = lease.and_then(|(epoch, _)| {
+            let node = registry.config.lease.as_ref()?.node_id.clone();
+            Some(LeaseGuard {
+                store: registry.store.clone(),
+                doc: stored.id,
+                node,
+                epoch,
+                armed: true,
+            })
+        });
         Room {
             registry,
             name,
@@ -423,7 +482,9 @@ impl Room {
             renew_started: granted_at,
             renew_at: granted_at + ttl / 3,
             lease_until: granted_at + ttl,
+            lease_guard,
             fenced: false,
+            deleted_underneath: false,
             doc,
             awareness: AwarenessTable::default(),
             answers: SharedAnswers::default(),
@@ -492,7 +553,13 @@ impl Room {
             tokio::select! {
                 res = wait_inflight(&mut self.inflight), if self.inflight.is_some() => {
                     if let Err(reason) = self.on_op_done(res).await {
-                        break if self.fenced { Exit::Fenced(reason) } else { Exit::Failed(reason) };
+                        break if self.fenced {
+                            Exit::Fenced(reason)
+                        } else if self.deleted_underneath {
+                            Exit::DeletedUnderneath
+                        } else {
+                            Exit::Failed(reason)
+                        };
                     }
                 }
                 _ = sleep_until(self.renew_at), if self.fence.is_some() && self.renewing.is_none() => {
@@ -572,12 +639,21 @@ impl Room {
                 ));
                 false
             }
+            Exit::DeletedUnderneath => {
+                warn!("the storage refused an append: the document is deleted; unloading");
+                self.close_all(CloseReason::new(close::DELETED, "document deleted"));
+                self.release_lease().await;
+                true
+            }
             Exit::Failed(reason) => {
                 error!(%reason, "room failed; peers will reconnect and resync");
                 self.close_all(CloseReason::new(
                     close::INTERNAL,
                     "document unavailable, reconnect",
                 ));
+                // Another node (or this one, on the next connection) may serve the document
+                // at once instead of after the lease runs out.
+                self.release_lease().await;
                 false
             }
         }
@@ -1070,6 +1146,12 @@ impl Room {
                 self.fenced = true;
                 return Err("an append was fenced: the lease moved to another node".into());
             }
+            (Inflight::Append { batch, .. }, OpResult::Append(Err(StorageError::Deleted))) => {
+                // Never committed: its senders were not acknowledged, and the document is gone.
+                drop(batch);
+                self.deleted_underneath = true;
+                return Err("an append was refused: the document is deleted".into());
+            }
             (
                 Inflight::Append {
                     batch,
@@ -1329,16 +1411,8 @@ impl Room {
     async fn release_lease(&mut self) {
         // A renewal still in flight is abandoned: the release ends the lease either way.
         self.renewing = None;
-        let (Some(epoch), Some(lease)) = (self.fence, self.registry.config.lease.clone()) else {
-            return;
-        };
-        if let Err(e) = self
-            .registry
-            .store
-            .release_lease(self.doc_id, &lease.node_id, epoch)
-            .await
-        {
-            warn!(error = %e, "could not release the lease; it expires by itself");
+        if let Some(guard) = &mut self.lease_guard {
+            guard.release().await;
         }
     }
 
@@ -1542,7 +1616,47 @@ pub(crate) fn doc_json(doc: &Doc) -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
-    use super::snapshot_due;
+    use super::{snapshot_due, LeaseGuard};
+    use crate::storage::LeaseGrant;
+    use std::time::Duration;
+
+    /// A room that panics drops its lease guard while unwinding: the lease is released, so
+    /// another node is granted the document at once (the lease here would last an hour).
+    #[tokio::test]
+    async fn a_room_dropped_without_releasing_its_lease_releases_it() {
+        let config = crate::config::Config {
+            database_url: "sqlite::memory:".into(),
+            ..crate::config::Config::default()
+        };
+        let stores = crate::open_stores(&config).await.expect("stores");
+        let store = stores.docs;
+        let doc = store.load("d").await.expect("load").id;
+        let hour = Duration::from_secs(3600);
+        let Ok(LeaseGrant::Granted { epoch }) = store.acquire_lease(doc, "a", hour).await else {
+            panic!("granted");
+        };
+        let guard = LeaseGuard {
+            store: store.clone(),
+            doc,
+            node: "a".into(),
+            epoch,
+            armed: true,
+        };
+        let room = tokio::spawn(async move {
+            let _guard = guard;
+            panic!("a room panics");
+        });
+        assert!(room.await.is_err(), "the task panicked");
+        let mut granted = false;
+        for _ in 0..200 {
+            if let Ok(LeaseGrant::Granted { .. }) = store.acquire_lease(doc, "b", hour).await {
+                granted = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(granted, "node b is granted the document at once");
+    }
     use crate::config::RoomConfig;
 
     fn config(updates: u64, bytes: u64, percent: u64) -> RoomConfig {

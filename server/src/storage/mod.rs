@@ -70,6 +70,10 @@ pub enum StorageError {
     /// granted the document since. Nothing was written; the writer must give the room up.
     #[error("fenced: the document's lease moved to another owner")]
     Fenced,
+    /// The document is deleted (`deleted_at` is set): appends to it are refused by the
+    /// statement that appends, so an owner that missed the delete writes nothing.
+    #[error("the document is deleted")]
+    Deleted,
     #[error("storage is shutting down")]
     Closed,
     #[error("database error: {0}")]
@@ -106,7 +110,8 @@ pub trait DocStore: Send + Sync + 'static {
 
     /// Appends `updates` with sequence numbers `first_seq..`, all or nothing. With a
     /// `fence`, the rows are written only if the document's lease epoch still equals it,
-    /// checked in the statement that writes them; otherwise [`StorageError::Fenced`].
+    /// checked in the statement that writes them; otherwise [`StorageError::Fenced`]. A
+    /// deleted document takes no rows: [`StorageError::Deleted`].
     async fn append(
         &self,
         doc: DocId,

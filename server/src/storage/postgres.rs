@@ -277,7 +277,7 @@ impl DocStore for PgStore {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(new_version) = new_version else {
-            let why = fenced_or(&mut tx, doc, fence, StorageError::Conflict).await;
+            let why = why_refused(&mut tx, doc, fence, StorageError::Conflict).await;
             tx.rollback().await?;
             return match why {
                 StorageError::Conflict => Ok(SnapshotOutcome::Conflict),
@@ -378,12 +378,22 @@ const DB_NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 
 /// Why a fenced write matched no row: the lease moved on ([`StorageError::Fenced`]), or else
 /// the write's own conflict.
-async fn fenced_or(
+async fn why_refused(
     conn: &mut PgConnection,
     doc: DocId,
     fence: Option<Epoch>,
     otherwise: StorageError,
 ) -> StorageError {
+    let deleted: Result<Option<Option<i64>>, _> =
+        sqlx::query_scalar("SELECT deleted_at FROM documents WHERE id = $1")
+            .bind(doc)
+            .fetch_optional(&mut *conn)
+            .await;
+    match deleted {
+        Ok(Some(Some(_))) => return StorageError::Deleted,
+        Ok(_) => {}
+        Err(e) => return e.into(),
+    }
     let Some(fence) = fence else {
         return otherwise;
     };
@@ -551,7 +561,7 @@ async fn append_one(
         // Some row was not inserted and the transaction is intact (a taken position, which
         // aborts it, is reported as a conflict by `insert_rows` itself): the fence or the
         // covered-position check filtered it.
-        return Err(fenced_or(conn, req.doc, req.fence, StorageError::Conflict).await);
+        return Err(why_refused(conn, req.doc, req.fence, StorageError::Conflict).await);
     }
     if let Some(debounce) = req.event_debounce_ms {
         fold_updated_events(conn, &[(req.doc, req.last_seq(), now + debounce)], now).await?;
@@ -599,7 +609,7 @@ async fn insert_rows(
         // for this transaction, or this statement sees the new epoch and writes nothing.
         let done = sqlx::query(
             "WITH locked AS ( \
-               SELECT id, snapshot_seq FROM documents \
+               SELECT id, snapshot_seq, deleted_at FROM documents \
                WHERE id = ANY($1::bigint[]) ORDER BY id FOR SHARE \
              ), leases AS ( \
                SELECT doc_id, epoch FROM room_leases \
@@ -611,7 +621,8 @@ async fn insert_rows(
                AS v(doc_id, seq, data, fence) \
              JOIN locked d ON d.id = v.doc_id \
              LEFT JOIN leases l ON l.doc_id = v.doc_id \
-             WHERE d.snapshot_seq < v.seq AND (v.fence IS NULL OR l.epoch = v.fence)",
+             WHERE d.snapshot_seq < v.seq AND d.deleted_at IS NULL \
+               AND (v.fence IS NULL OR l.epoch = v.fence)",
         )
         .bind(&docs)
         .bind(&doc_ids)

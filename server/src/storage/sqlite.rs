@@ -421,14 +421,24 @@ impl DocStore for SqliteStore {
     }
 }
 
-/// Why a fenced write matched no row: the lease moved on ([`StorageError::Fenced`]), or
-/// else the write's own conflict.
-async fn fenced_or(
+/// Why a write matched no row: the document is deleted ([`StorageError::Deleted`]), the
+/// lease moved on ([`StorageError::Fenced`]), or else the write's own conflict.
+async fn why_refused(
     conn: &mut SqliteConnection,
     doc: DocId,
     fence: Option<Epoch>,
     otherwise: StorageError,
 ) -> StorageError {
+    let deleted: Result<Option<Option<i64>>, _> =
+        sqlx::query_scalar("SELECT deleted_at FROM documents WHERE id = ?")
+            .bind(doc)
+            .fetch_optional(&mut *conn)
+            .await;
+    match deleted {
+        Ok(Some(Some(_))) => return StorageError::Deleted,
+        Ok(_) => {}
+        Err(e) => return e.into(),
+    }
     let Some(fence) = fence else {
         return otherwise;
     };
@@ -610,10 +620,10 @@ async fn insert_rows(
     );
     // The lease join only when a row carries a fence (never on a single node).
     q.push(if fenced {
-        "CASE WHEN d.snapshot_seq < v.column2 \
+        "CASE WHEN d.snapshot_seq < v.column2 AND d.deleted_at IS NULL \
            AND (v.column5 IS NULL OR l.epoch = v.column5) THEN v.column3 END, "
     } else {
-        "CASE WHEN d.snapshot_seq < v.column2 THEN v.column3 END, "
+        "CASE WHEN d.snapshot_seq < v.column2 AND d.deleted_at IS NULL THEN v.column3 END, "
     });
     q.push("v.column4 FROM (");
     q.push_values(rows, |mut b, (doc, fence, seq, data)| {
@@ -735,7 +745,8 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
                     "INSERT INTO doc_updates (doc_id, seq, data, created_at) \
                      SELECT ?1, ?2, ?3, ?4 \
                      WHERE ?5 <> 0 OR ( \
-                       (SELECT snapshot_seq FROM documents WHERE id = ?1) < ?2 \
+                       (SELECT snapshot_seq FROM documents WHERE id = ?1 AND deleted_at IS NULL) \
+                         < ?2 \
                        AND (?6 IS NULL OR (SELECT epoch FROM room_leases WHERE doc_id = ?1) = ?6))",
                 )
                 .bind(doc)
@@ -749,7 +760,7 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
                 match r {
                     Ok(done) if done.rows_affected() == 1 => {}
                     Ok(_) => {
-                        return Err(fenced_or(conn, *doc, *fence, StorageError::Conflict).await)
+                        return Err(why_refused(conn, *doc, *fence, StorageError::Conflict).await)
                     }
                     Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                         return Err(StorageError::Conflict)
@@ -784,7 +795,7 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
             .execute(&mut *conn)
             .await?;
             if done.rows_affected() == 0 {
-                return match fenced_or(conn, *doc, *fence, StorageError::Conflict).await {
+                return match why_refused(conn, *doc, *fence, StorageError::Conflict).await {
                     StorageError::Conflict => Ok(WriteOutcome::Snapshot(SnapshotOutcome::Conflict)),
                     e => Err(e),
                 };
