@@ -33,6 +33,8 @@ pub struct Metrics {
     pub bus_publish_failures: IntCounter,
     pub bus_refused: IntCounter,
     pub bus_resets: IntCounter,
+    pub rooms_stalled: IntGauge,
+    pub storage_timeouts: IntCounter,
 }
 
 impl Metrics {
@@ -152,6 +154,15 @@ impl Metrics {
                 "bus_resets_total",
                 "Times every relayed connection was closed: the link to NATS dropped, or NATS \
                  dropped messages for this node (slow consumer)",
+            ),
+            rooms_stalled: gauge(
+                "rooms_storage_stalled",
+                "Rooms whose last log append failed or timed out: they refuse updates (1013) and \
+                 retry until storage answers",
+            ),
+            storage_timeouts: counter(
+                "storage_timeouts_total",
+                "Storage operations of rooms given up after storage_timeout",
             ),
             registry,
         }

@@ -178,8 +178,12 @@ async fn a_failed_commit_is_retried_and_nothing_is_sent_before_it_succeeds() {
     token.cancel();
 }
 
+/// A commit that keeps failing stalls the room instead of closing it: nothing is broadcast
+/// or acknowledged, an update sent meanwhile closes its sender with 1013 (retry), `/readyz`
+/// says why it is not ready and a gauge counts the room; when storage answers again the
+/// stalled commit lands by itself, its ack goes out and a fresh client finds it.
 #[tokio::test]
-async fn a_commit_that_keeps_failing_closes_the_room_with_1011_and_clients_resync() {
+async fn a_commit_that_keeps_failing_stalls_the_room_until_storage_answers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (addr, store, token) = start(dir.path()).await;
     let url = format!("ws://{addr}/broken");
@@ -187,24 +191,102 @@ async fn a_commit_that_keeps_failing_closes_the_room_with_1011_and_clients_resyn
     let mut b = Client::connect(&url, 2).await;
     store.fail_appends.store(u32::MAX, Ordering::SeqCst);
     a.insert(0, "unsaved").await;
-    a.send_raw(quire_server::protocol::encode_durable_ack(1))
-        .await;
-    assert_eq!(a.wait_closed().await, Some(1011));
-    assert_eq!(b.wait_closed().await, Some(1011));
+    let ack = quire_server::protocol::encode_durable_ack(1);
+    a.send_raw(ack.clone()).await;
+    wait_metric_at(addr, "quire_rooms_storage_stalled", |v| v == 1.0).await;
+    let (status, body) = http_get(addr, "/readyz").await;
+    assert_eq!(status, 503);
+    assert!(
+        body.contains("storage-stalled") && body.contains("injected"),
+        "{body}"
+    );
+    b.insert(0, "refused").await;
+    assert_eq!(
+        b.wait_closed().await,
+        Some(1013),
+        "updates are refused while stalled"
+    );
     assert!(a.acks_received.is_empty(), "never acknowledged");
     assert_eq!(b.updates_received, 0, "never broadcast");
-    assert_eq!(b.text(), "");
     assert_eq!(log_rows(dir.path(), "broken").await, 0);
 
-    // Storage recovers; the client reconnects with its document and the handshake re-sends it.
+    // Storage recovers: the stalled commit goes through on its next attempt.
     store.fail_appends.store(0, Ordering::SeqCst);
-    let doc = a.doc.clone();
-    let mut again = Client::connect_with_doc(&url, doc).await;
-    again.sync().await;
-    again.durable_ack(2).await;
-    let fresh = Client::connect(&url, 3).await;
-    assert_eq!(fresh.text(), "unsaved");
+    assert!(
+        a.pump_until(PATIENCE, |c| c.acks_received.contains(&ack))
+            .await
+    );
+    assert!(a.closed.is_none(), "the writer stayed connected");
+    wait_metric_at(addr, "quire_rooms_storage_stalled", |v| v == 0.0).await;
+    assert_eq!(http_get(addr, "/readyz").await.0, 200);
+    assert_eq!(fresh_text(&url).await, "unsaved");
+    assert_eq!(log_rows(dir.path(), "broken").await, 1);
     token.cancel();
+}
+
+/// A database that stops answering (another session holds the log table's lock, so every
+/// append waits) stalls the room once `storage_timeout` passes, instead of leaving it stuck
+/// forever; when the lock goes, the room resumes and every acknowledged update is there once.
+/// On the real database of either backend.
+#[tokio::test]
+async fn a_database_that_stops_answering_stalls_the_room_and_it_resumes_by_itself() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.room.storage_timeout = Duration::from_millis(500);
+    let server = TestServer::start(cfg).await;
+    let url = server.url("hung");
+    let mut a = Client::connect(&url, 1).await;
+    a.insert(0, "before ").await;
+    a.durable_ack(1).await;
+
+    let pool = open_db(dir.path()).await;
+    let mut lock = pool.acquire().await.expect("connection");
+    if on_postgres() {
+        sqlx::query("BEGIN")
+            .execute(&mut *lock)
+            .await
+            .expect("begin");
+        sqlx::query("LOCK TABLE doc_updates IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut *lock)
+            .await
+            .expect("lock");
+    } else {
+        sqlx::query("BEGIN EXCLUSIVE")
+            .execute(&mut *lock)
+            .await
+            .expect("lock");
+    }
+    a.insert(7, "during").await;
+    let ack = quire_server::protocol::encode_durable_ack(2);
+    a.send_raw(ack.clone()).await;
+    wait_metric_at(server.addr, "quire_rooms_storage_stalled", |v| v == 1.0).await;
+    assert!(server.metric("quire_storage_timeouts_total").await >= 1.0);
+    assert!(
+        a.acks_received.iter().all(|f| *f != ack),
+        "acknowledged while hung"
+    );
+    let (status, body) = http_get(server.addr, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+
+    sqlx::query("ROLLBACK")
+        .execute(&mut *lock)
+        .await
+        .expect("unlock");
+    drop(lock);
+    pool.close().await;
+    assert!(
+        a.pump_until(PATIENCE, |c| c.acks_received.contains(&ack))
+            .await
+    );
+    wait_metric_at(server.addr, "quire_rooms_storage_stalled", |v| v == 0.0).await;
+    assert_eq!(http_get(server.addr, "/readyz").await.0, 200);
+    assert_eq!(fresh_text(&url).await, "before during");
+    assert_eq!(
+        log_rows(dir.path(), "hung").await,
+        2,
+        "each update logged once"
+    );
+    server.stop().await;
 }
 
 /// Appends one character at the end of the shared text.

@@ -535,6 +535,11 @@ async fn post_update(
     match result {
         Ok(seq) => Ok(Json(UpdateApplied { seq })),
         Err(ApplyError::Invalid(e)) => Err(ApiError::bad_request("invalid-update", e)),
+        Err(ApplyError::Unavailable) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "document-unavailable",
+            "the document's storage is not answering; retry later",
+        )),
         Err(ApplyError::TooLarge) => Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "document-too-large",

@@ -179,18 +179,33 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
+/// Ready when the database answers within `storage_timeout` and no room is stalled on a
+/// failing append; otherwise 503 with the reason (the load balancer sends new clients
+/// elsewhere; open connections keep what they have).
 async fn readyz(State(app): State<AppState>) -> Response {
-    match app.store.ping().await {
-        Ok(()) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => {
-            tracing::warn!(error = %e, "readiness check failed");
-            problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "database-unreachable",
-                "The database does not answer",
-            )
-        }
+    let limit = app.registry.config.storage_timeout;
+    let ping = tokio::time::timeout(limit, app.store.ping()).await;
+    let unreachable = match ping {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!("no answer within {limit:?}")),
+    };
+    if let Some(e) = unreachable {
+        tracing::warn!(error = %e, "readiness check failed");
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database-unreachable",
+            &format!("The database does not answer: {e}"),
+        );
     }
+    if let Some((rooms, why)) = app.registry.storage_stalled() {
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage-stalled",
+            &format!("{rooms} document(s) cannot commit to storage: {why}"),
+        );
+    }
+    (StatusCode::OK, "ready").into_response()
 }
 
 async fn metrics(State(app): State<AppState>) -> Response {

@@ -38,8 +38,19 @@ use crate::storage::{Epoch, LeaseGrant, SnapshotOutcome, StorageError, StoredDoc
 
 /// Attempts at committing one batch before the room gives up (closing its peers with 1011 so
 /// they resync against a fresh load). Backoff doubles from [`COMMIT_RETRY_BASE`].
-const MAX_COMMIT_ATTEMPTS: u32 = 6;
 const COMMIT_RETRY_BASE: Duration = Duration::from_millis(50);
+/// Attempts of a failing commit while the room is leaving (unloading, shutting down).
+const DRAIN_COMMIT_ATTEMPTS: u32 = 6;
+/// The longest wait between two attempts of a failing commit.
+const COMMIT_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The wait before attempt `attempt` (1, 2, ...) of a failing commit: doubling from
+/// [`COMMIT_RETRY_BASE`] up to [`COMMIT_RETRY_MAX`].
+fn commit_backoff(attempt: u32) -> Duration {
+    COMMIT_RETRY_BASE
+        .saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1).min(16)))
+        .min(COMMIT_RETRY_MAX)
+}
 
 /// Removes the room from the registry however the task ends, a panic included, so the next
 /// connection starts a fresh room instead of finding a dead handle.
@@ -148,8 +159,32 @@ struct Loaded {
     doc: Doc,
 }
 
+/// `fut`, a storage operation, given up after `limit` (counted in `storage_timeouts`): an
+/// error like any other for the caller, which retries or fails.
+async fn within<T>(
+    limit: Duration,
+    metrics: &crate::metrics::Metrics,
+    op: &'static str,
+    fut: impl std::future::Future<Output = Result<T, StorageError>>,
+) -> Result<T, StorageError> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(result) => result,
+        Err(_) => {
+            metrics.storage_timeouts.inc();
+            Err(StorageError::Timeout { op, after: limit })
+        }
+    }
+}
+
 async fn load(registry: &Registry, name: &DocName) -> Result<Loaded, LoadError> {
-    let stored = registry.store.load(name.as_str()).await?;
+    let limit = registry.config.storage_timeout;
+    let stored = within(
+        limit,
+        &registry.metrics,
+        "load",
+        registry.store.load(name.as_str()),
+    )
+    .await?;
     let doc = build_doc(&stored)?;
     debug!(
         snapshot_bytes = stored.snapshot.as_ref().map_or(0, Vec::len),
@@ -183,21 +218,17 @@ async fn load_owned(registry: &Registry, name: &DocName) -> Result<Owned, LoadEr
     // The database counts the lease from the grant: so does the room (taken before asking,
     // so the room's idea of the lease never outlives the database's).
     let asked = Instant::now();
-    let grant = registry
-        .store
-        .acquire_lease(doc, &lease.node_id, lease.ttl)
-        .await?;
+    let limit = registry.config.storage_timeout;
+    let asking = registry.store.acquire_lease(doc, &lease.node_id, lease.ttl);
+    let grant = within(limit, &registry.metrics, "lease", asking).await?;
     let epoch = match grant {
         LeaseGrant::Granted { epoch } => epoch,
         LeaseGrant::HeldBy { owner, .. } => return Ok(Owned::Elsewhere { owner }),
     };
     info!(epoch, "lease granted");
     let release = || async {
-        if let Err(e) = registry
-            .store
-            .release_lease(doc, &lease.node_id, epoch)
-            .await
-        {
+        let releasing = registry.store.release_lease(doc, &lease.node_id, epoch);
+        if let Err(e) = within(limit, &registry.metrics, "lease", releasing).await {
             warn!(error = %e, "could not release the lease; it expires by itself");
         }
     };
@@ -404,6 +435,10 @@ struct Room {
     fenced: bool,
     /// Set when an append was refused because the document is deleted: the room must stop.
     deleted_underneath: bool,
+    /// The last append failed or timed out: updates are refused (1013) until one succeeds.
+    stalled: bool,
+    /// The room is leaving: failing commits are given up after a few attempts.
+    draining: bool,
     doc: Doc,
     awareness: AwarenessTable,
     /// Sync answers encoded for the current version of the `Doc`, shared between peers.
@@ -485,6 +520,8 @@ impl Room {
             lease_guard,
             fenced: false,
             deleted_underneath: false,
+            stalled: false,
+            draining: false,
             doc,
             awareness: AwarenessTable::default(),
             answers: SharedAnswers::default(),
@@ -604,6 +641,13 @@ impl Room {
             }
         };
         gauge.sub(reported);
+        let result = self.leave(exit).await;
+        self.set_stalled(None);
+        result
+    }
+
+    /// What the room does on its way out.
+    async fn leave(&mut self, exit: Exit) -> bool {
         match exit {
             Exit::Unloaded | Exit::Deleted => {
                 // Commit what is queued (an HTTP update, say) before leaving.
@@ -716,6 +760,12 @@ impl Room {
             }
             RoomCmd::Apply {
                 raw, update, reply, ..
+            } if self.stalled => {
+                drop((raw, update));
+                let _ = reply.send(Err(ApplyError::Unavailable));
+            }
+            RoomCmd::Apply {
+                raw, update, reply, ..
             } => {
                 if let Err(reply) = self.enqueue(Origin::Http(reply), raw, update) {
                     if let Origin::Http(reply) = reply {
@@ -727,6 +777,27 @@ impl Room {
             }
         }
         None
+    }
+
+    /// Enters the stalled state (`Some(why)`: the last append failed or timed out) or leaves
+    /// it (`None`).
+    fn set_stalled(&mut self, why: Option<String>) {
+        let metrics = &self.registry.metrics;
+        match why {
+            Some(why) => {
+                self.registry.set_storage_error(why);
+                if !self.stalled {
+                    self.stalled = true;
+                    metrics.rooms_stalled.inc();
+                }
+            }
+            None if self.stalled => {
+                self.stalled = false;
+                metrics.rooms_stalled.dec();
+                info!("storage answers again; the room takes updates");
+            }
+            None => {}
+        }
     }
 
     fn has_uncommitted(&self) -> bool {
@@ -801,6 +872,12 @@ impl Room {
                 if !can_write {
                     // Not applied, not logged; the client is told why.
                     self.send_to(peer, protocol::encode_permission_denied("read-only access"));
+                    return;
+                }
+                if self.stalled {
+                    // Not applied: the client keeps it and sends it again when it resyncs.
+                    let why = "storage is not answering; retry later";
+                    self.close_peer(peer, CloseReason::new(close::TRY_AGAIN_LATER, why));
                     return;
                 }
                 if self.enqueue(Origin::Peer(peer), raw, update).is_err() {
@@ -1085,11 +1162,16 @@ impl Room {
         let fence = self.fence;
         let first_seq = self.last_seq + 1;
         let rows: Vec<Bytes> = batch.iter().map(|a| a.raw.clone()).collect();
+        let (limit, metrics) = (
+            self.registry.config.storage_timeout,
+            self.registry.metrics.clone(),
+        );
         let task: StorageOp<()> = Box::pin(async move {
             if attempt > 0 {
-                sleep(COMMIT_RETRY_BASE * 2u32.pow(attempt - 1)).await;
+                sleep(commit_backoff(attempt)).await;
             }
-            store.append(doc, fence, first_seq, rows).await
+            let append = store.append(doc, fence, first_seq, rows);
+            within(limit, &metrics, "append", append).await
         });
         Inflight::Append {
             batch,
@@ -1115,6 +1197,7 @@ impl Room {
                 },
                 OpResult::Append(Ok(())),
             ) => {
+                self.set_stalled(None);
                 let m = &self.registry.metrics;
                 m.commits.inc();
                 m.commit_seconds.observe(started.elapsed().as_secs_f64());
@@ -1162,8 +1245,11 @@ impl Room {
             ) => {
                 // Another writer took our log position: reload what is stored, then apply this
                 // batch again on top of it and commit it at the new position.
+                // (After an append that timed out, it may be our own earlier attempt that
+                // committed late: the reload finds its updates and the batch adds nothing.)
                 warn!("log position taken by another writer; reloading");
                 self.registry.metrics.commit_failures.inc();
+                self.set_stalled(None); // storage answered
                 self.reload(&committed_sv).await?;
                 // The reload put a staged batch back in the queue; this one goes before it.
                 self.requeue_applied(batch);
@@ -1178,16 +1264,19 @@ impl Room {
                 },
                 OpResult::Append(Err(e)),
             ) => {
+                // Storage is failing, or slow past `storage_timeout`: the room stalls (no new
+                // updates, 1013 to their senders) and retries this batch until storage
+                // answers. Nothing in it was broadcast or acknowledged.
                 self.registry.metrics.commit_failures.inc();
-                if attempt + 1 >= MAX_COMMIT_ATTEMPTS {
-                    for a in batch {
-                        if let Origin::Http(reply) = a.origin {
-                            drop(reply); // the caller sees the room give up: 503
-                        }
-                    }
-                    return Err(format!("commit failed {MAX_COMMIT_ATTEMPTS} times: {e}"));
+                if attempt == 0 {
+                    warn!(error = %e, "commit failed; the room stalls and retries");
+                } else {
+                    debug!(error = %e, attempt, "commit failed again; retrying");
                 }
-                warn!(error = %e, attempt, "commit failed; retrying");
+                self.set_stalled(Some(e.to_string()));
+                if self.draining && attempt + 1 >= DRAIN_COMMIT_ATTEMPTS {
+                    return Err(format!("commit failed {DRAIN_COMMIT_ATTEMPTS} times: {e}"));
+                }
                 self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, attempt + 1));
                 return Ok(());
             }
@@ -1283,10 +1372,13 @@ impl Room {
         let store = self.registry.store.clone();
         let (doc, version, upto_seq) = (self.doc_id, self.snapshot_version, self.last_seq);
         let fence = self.fence;
+        let (limit, metrics) = (
+            self.registry.config.storage_timeout,
+            self.registry.metrics.clone(),
+        );
         let task = Box::pin(async move {
-            store
-                .write_snapshot(doc, fence, version, data, upto_seq)
-                .await
+            let write = store.write_snapshot(doc, fence, version, data, upto_seq);
+            within(limit, &metrics, "snapshot", write).await
         });
         Some(Inflight::Snapshot {
             upto_seq,
@@ -1327,6 +1419,9 @@ impl Room {
 
     /// Commits everything queued and waits for it (unload and shutdown paths).
     async fn drain_pipeline(&mut self) -> Result<(), String> {
+        // Leaving: a commit that keeps failing is given up after a few attempts instead of
+        // retried until storage answers (its senders resend when they resync elsewhere).
+        self.draining = true;
         loop {
             if let Some(seen) = self.reload_needed.take() {
                 self.reload(&seen).await?;

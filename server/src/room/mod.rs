@@ -199,6 +199,8 @@ pub enum ApplyError {
     Invalid(String),
     #[error("the document would exceed its size limit")]
     TooLarge,
+    #[error("storage is unavailable; retry later")]
+    Unavailable,
 }
 
 #[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]

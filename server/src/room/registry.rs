@@ -30,9 +30,25 @@ pub struct Registry {
     pub(crate) room_queue: usize,
     pub(crate) shutdown: CancellationToken,
     pub(crate) tracker: TaskTracker,
+    /// Why the last failed append failed (read by `/readyz` while rooms are stalled).
+    storage_error: Mutex<String>,
 }
 
 impl Registry {
+    /// Records why an append failed (for `/readyz`).
+    pub(crate) fn set_storage_error(&self, why: String) {
+        *self.storage_error.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
+    /// Rooms stalled on a failing storage, and why the last append failed; `None` if none is.
+    pub fn storage_stalled(&self) -> Option<(i64, String)> {
+        let stalled = self.metrics.rooms_stalled.get();
+        (stalled > 0).then(|| {
+            let why = self.storage_error.lock().unwrap_or_else(|e| e.into_inner());
+            (stalled, why.clone())
+        })
+    }
+
     pub fn new(
         store: Arc<dyn DocStore>,
         metrics: Arc<Metrics>,
@@ -49,6 +65,7 @@ impl Registry {
             room_queue,
             shutdown,
             tracker: TaskTracker::new(),
+            storage_error: Mutex::new(String::new()),
         })
     }
 

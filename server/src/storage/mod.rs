@@ -76,6 +76,13 @@ pub enum StorageError {
     Deleted,
     #[error("storage is shutting down")]
     Closed,
+    /// The operation did not finish within the configured `storage_timeout` (it may still
+    /// have taken effect: appends and snapshots are checked so that a retry is safe).
+    #[error("storage did not answer within {after:?} ({op})")]
+    Timeout {
+        op: &'static str,
+        after: std::time::Duration,
+    },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("migration failed: {0}")]
