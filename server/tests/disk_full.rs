@@ -28,7 +28,13 @@ impl SmallDisk {
     fn mount(size: u64) -> Option<SmallDisk> {
         let dir = tempfile::tempdir().expect("tempdir");
         let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0777"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0777"),
+                "tmpfs",
+            ])
             .arg(dir.path())
             .status()
             .is_ok_and(|s| s.success());
@@ -62,7 +68,10 @@ impl SmallDisk {
 
 impl Drop for SmallDisk {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }
 
@@ -110,8 +119,14 @@ async fn full_disk_under_load(database_url: String, disk: &SmallDisk, dir: &Path
     };
     let acked = edit_until_full(&server, &mut c).await;
     filling.await.expect("filled");
-    assert!(!acked.is_empty(), "edits were acknowledged while the disk filled");
-    eprintln!("{} edits acknowledged before the disk was full", acked.len());
+    assert!(
+        !acked.is_empty(),
+        "edits were acknowledged while the disk filled"
+    );
+    eprintln!(
+        "{} edits acknowledged before the disk was full",
+        acked.len()
+    );
     let (status, body) = http_get(server.addr, "/readyz").await;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("storage-stalled"), "{body}");
@@ -181,7 +196,10 @@ async fn a_full_disk_refuses_updates_and_loses_nothing_acknowledged_on_postgres(
         .arg(&space)
         .status()
         .expect("chown");
-    assert!(chown.success(), "the tablespace directory belongs to postgres");
+    assert!(
+        chown.success(),
+        "the tablespace directory belongs to postgres"
+    );
     let id = format!("{}_{}", std::process::id(), rand::random::<u32>());
     let (tablespace, database) = (format!("quire_small_{id}"), format!("quire_full_{id}"));
     let admin = sqlx::postgres::PgPoolOptions::new()
@@ -198,9 +216,15 @@ async fn a_full_disk_refuses_updates_and_loses_nothing_acknowledged_on_postgres(
         space.display()
     ))
     .await;
-    exec(format!("CREATE DATABASE {database} TABLESPACE {tablespace}")).await;
+    exec(format!(
+        "CREATE DATABASE {database} TABLESPACE {tablespace}"
+    ))
+    .await;
     let base = pg_admin_url();
-    let base = base.rsplit_once('/').map(|(b, _)| b.to_owned()).unwrap_or(base);
+    let base = base
+        .rsplit_once('/')
+        .map(|(b, _)| b.to_owned())
+        .unwrap_or(base);
     let dir = tempfile::tempdir().expect("tempdir");
     full_disk_under_load(format!("{base}/{database}"), &disk, dir.path()).await;
     exec(format!("DROP DATABASE {database} WITH (FORCE)")).await;

@@ -369,13 +369,23 @@ impl Client {
     }
 
     pub async fn connect_with_doc(url: &str, doc: Doc) -> Client {
+        match Client::try_connect_with_doc(url, doc).await {
+            Ok(c) => c,
+            Err(e) => panic!("websocket connect: {e}"),
+        }
+    }
+
+    /// Like [`Client::connect_with_doc`], but a refused connection is an error (a server
+    /// that is down, or answers 503/429).
+    pub async fn try_connect_with_doc(
+        url: &str,
+        doc: Doc,
+    ) -> Result<Client, tokio_tungstenite::tungstenite::Error> {
         // Large documents arrive as one large Step2 frame; lift tungstenite's 16 MiB default.
         let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
             .max_frame_size(None)
             .max_message_size(None);
-        let (ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true)
-            .await
-            .expect("websocket connect");
+        let (ws, _) = tokio_tungstenite::connect_async_with_config(url, Some(config), true).await?;
         let mut c = Client {
             doc,
             ws,
@@ -388,7 +398,7 @@ impl Client {
         };
         let sv = c.doc.transact().state_vector();
         c.send_raw(protocol::encode_step1(&sv)).await;
-        c
+        Ok(c)
     }
 
     pub async fn sync(&mut self) {
@@ -701,4 +711,143 @@ pub fn node_config(dir: &Path, id: &str, bus: &str) -> Config {
     cfg.cluster_key = Some(CLUSTER_KEY.into());
     cfg.lease_ttl = Duration::from_secs(2);
     cfg
+}
+
+/// A client that edits without pause through servers that fail under it: each edit is a
+/// marker of its own at the end of the text, followed by a durable-ack request; a marker is
+/// *acknowledged* once its ack is echoed. When its connection drops, refuses or times out it
+/// reconnects (with its document, as y-websocket does) through the current `urls`, in turn.
+pub struct Editor {
+    pub id: u64,
+    pub doc: Doc,
+    pub acked: Vec<String>,
+    /// Every editor's acknowledged markers, shared (for checks while they run).
+    pub log: Arc<std::sync::Mutex<Vec<String>>>,
+    pub sent: u64,
+    pub reconnects: u64,
+}
+
+/// The servers editors connect through (a test replaces one when it restarts a node).
+pub type Urls = Arc<std::sync::Mutex<Vec<String>>>;
+
+impl Editor {
+    pub fn new(id: u64) -> Editor {
+        Editor {
+            id,
+            doc: Doc::with_client_id(id),
+            acked: Vec::new(),
+            log: Arc::default(),
+            sent: 0,
+            reconnects: 0,
+        }
+    }
+
+    /// Connects through `urls` (trying each in turn) until a sync completes.
+    pub async fn connect(&mut self, urls: &Urls, patience: Duration) -> Client {
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut i = self.id as usize;
+        loop {
+            let url = {
+                let urls = urls.lock().unwrap_or_else(|e| e.into_inner());
+                (!urls.is_empty()).then(|| urls[i % urls.len()].clone())
+            };
+            i += 1;
+            // (No url: the test holds reconnections back for a moment.)
+            let attempt = match url {
+                Some(url) => Client::try_connect_with_doc(&url, self.doc.clone())
+                    .await
+                    .ok(),
+                None => None,
+            };
+            if let Some(mut c) = attempt {
+                if c.pump_until(Duration::from_secs(3), |c| c.synced).await {
+                    return c;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "editor {} cannot reconnect",
+                self.id
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Edits until `stop` fires; returns itself with what was acknowledged.
+    pub async fn run(mut self, urls: Urls, stop: CancellationToken) -> Editor {
+        let mut client: Option<Client> = None;
+        while !stop.is_cancelled() {
+            let mut c = match client.take() {
+                Some(c) => c,
+                None => {
+                    self.reconnects += 1;
+                    self.connect(&urls, PATIENCE * 3).await
+                }
+            };
+            self.sent += 1;
+            let marker = format!("[{}.{}]", self.id, self.sent);
+            let end = c.text_len() as u32;
+            c.insert(end, &marker).await;
+            let ack = protocol::encode_durable_ack(self.sent);
+            c.send_raw(ack.clone()).await;
+            let acked = c
+                .pump_until(Duration::from_secs(3), |c| c.acks_received.contains(&ack))
+                .await;
+            if acked {
+                self.log
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(marker.clone());
+                self.acked.push(marker);
+                client = Some(c);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // Otherwise closed or silent: dropped, and the next round reconnects.
+        }
+        self
+    }
+}
+
+/// After a soak: a client that never held the document must have every marker the editors
+/// saw acknowledged; then every editor reconnects (uploading what it has) and all converge.
+/// Returns the number of acknowledged markers checked.
+pub async fn check_soak(editors: Vec<Editor>, urls: &Urls) -> usize {
+    let mut fresh = Editor::new(999_999);
+    let c = fresh.connect(urls, PATIENCE * 3).await;
+    let text = c.text();
+    c.close().await;
+    let mut checked = 0;
+    for e in &editors {
+        for m in &e.acked {
+            assert!(text.contains(m.as_str()), "{m} was acknowledged, then lost");
+            checked += 1;
+        }
+    }
+    let mut clients = Vec::new();
+    for mut e in editors {
+        let mut c = e.connect(urls, PATIENCE * 3).await;
+        c.durable_ack(u64::MAX).await;
+        clients.push(c);
+    }
+    let c = fresh.connect(urls, PATIENCE).await;
+    let all = c.text();
+    c.close().await;
+    for c in clients.iter_mut() {
+        assert!(
+            c.pump_until(PATIENCE, |c| c.text() == all).await,
+            "an editor converges"
+        );
+    }
+    checked
+}
+
+/// The text a client that never held the document gets through `urls` (retrying until a
+/// node serves it).
+pub async fn fresh_text_via(urls: &[String]) -> String {
+    let mut fresh = Editor::new(999_998);
+    let urls: Urls = Arc::new(std::sync::Mutex::new(urls.to_vec()));
+    let c = fresh.connect(&urls, PATIENCE * 3).await;
+    let text = c.text();
+    c.close().await;
+    text
 }
