@@ -42,7 +42,7 @@ async fn a_postgres_restart_under_load_loses_nothing_acknowledged() {
         &["--node-id", "pg-restart", "--storage-timeout", "2s"],
     )
     .await;
-    let live = vec![node.url("restart"), node.url("restart-2")];
+    let live = [node.url("restart"), node.url("restart-2")];
     let log = Arc::new(Mutex::new(Vec::new()));
     let stop = CancellationToken::new();
     let editors: Vec<_> = (0..10)
@@ -68,7 +68,7 @@ async fn a_postgres_restart_under_load_loses_nothing_acknowledged() {
         let text = fresh_text_via(&[node.url(doc)]).await;
         for m in acked.iter().filter(|m| {
             let id: u64 = m[1..5].parse().unwrap_or(0);
-            (id % 2 == 0) == (doc == "restart")
+            id.is_multiple_of(2) == (doc == "restart")
         }) {
             assert!(text.contains(m.as_str()), "{m} acknowledged, then lost");
         }
