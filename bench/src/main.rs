@@ -97,6 +97,13 @@ struct TypingArgs {
     /// Also request a durable acknowledgement (tag 102) after each update (Quire only)
     #[arg(long)]
     ack: bool,
+    /// Soak: every this long, append a sample of the server's RSS and open file descriptors
+    /// (needs --server-pid) and the updates sent and delivered so far to --samples
+    #[arg(long, value_parser = humantime::parse_duration)]
+    sample_every: Option<Duration>,
+    /// File the soak samples go to, one JSON object per line
+    #[arg(long, default_value = "soak.jsonl")]
+    samples: std::path::PathBuf,
 }
 
 #[derive(clap::Args, Clone)]
@@ -372,6 +379,17 @@ async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
         .collect();
     let stop_at = start + args.duration + Duration::from_secs(2);
     let server_cpu_start = c.server_pid.and_then(process_cpu_seconds);
+    let sampler = match (args.sample_every, c.server_pid) {
+        (Some(every), Some(pid)) => Some(tokio::spawn(sample(
+            pid,
+            every,
+            args.samples.clone(),
+            shared.clone(),
+            stop_at,
+        ))),
+        (Some(_), None) => anyhow::bail!("--sample-every needs --server-pid"),
+        _ => None,
+    };
     let mut tasks = Vec::with_capacity(sockets.len());
     for (i, (room, client, doc, ws)) in sockets.into_iter().enumerate() {
         let shared = shared.clone();
@@ -396,6 +414,9 @@ async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
     }
     for t in tasks {
         let _ = t.await;
+    }
+    if let Some(sampler) = sampler {
+        sampler.await??;
     }
     let server_cpu = match (c.server_pid.and_then(process_cpu_seconds), server_cpu_start) {
         (Some(end), Some(start)) => Some(end - start),
@@ -891,6 +912,39 @@ fn watched_text(updates: &[Bytes]) -> String {
     }
     let s = text.get_string(&doc.transact());
     s
+}
+
+/// The soak's samples: every `every` until `until`, the server's RSS and open file
+/// descriptors and the updates sent and delivered so far, as JSON lines in `path`.
+async fn sample(
+    pid: u32,
+    every: Duration,
+    path: std::path::PathBuf,
+    shared: Arc<Shared>,
+    until: Instant,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::fs::File::create(&path).with_context(|| format!("{}", path.display()))?;
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(every);
+    while Instant::now() < until {
+        tick.tick().await;
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        let line = serde_json::json!({
+            "t_s": started.elapsed().as_secs_f64(),
+            "rss_kib": process_rss_kib(pid),
+            "fds": fds,
+            "cpu_s": process_cpu_seconds(pid),
+            "sent": shared.sent.load(Ordering::Relaxed),
+            "delivered": shared.delivered.load(Ordering::Relaxed),
+            "errors": shared.errors.load(Ordering::Relaxed),
+        });
+        writeln!(out, "{line}")?;
+        out.flush()?;
+    }
+    Ok(())
 }
 
 /// CPU seconds (user + system) used by this process so far.

@@ -73,6 +73,9 @@ pub const REORDER_WINDOW: usize = 16;
 /// The subject every node listens on for cluster-wide changes.
 const ALL: &str = "quire.all";
 
+/// Oldest announcement of a change a node acts on (clock skew between nodes included).
+pub const CHANGE_MAX_AGE: Duration = Duration::from_secs(30);
+
 /// What must reach every node's sockets on a document.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
@@ -130,6 +133,9 @@ pub enum Envelope {
     /// To every node: a change to a document that its sockets must see.
     Changed {
         from: String,
+        /// When it was announced (milliseconds since the epoch, the sender's clock): a
+        /// replayed announcement older than [`CHANGE_MAX_AGE`] is ignored.
+        at_ms: i64,
         doc: String,
         change: Change,
     },
@@ -254,9 +260,15 @@ impl Envelope {
                 b.put_u16(*code);
                 put_str(&mut b, reason);
             }
-            Envelope::Changed { from, doc, change } => {
+            Envelope::Changed {
+                from,
+                at_ms,
+                doc,
+                change,
+            } => {
                 b.put_u8(CHANGED);
                 b.put_u64(0);
+                b.put_i64(*at_ms);
                 put_str(&mut b, from);
                 put_str(&mut b, doc);
                 match change {
@@ -349,6 +361,7 @@ impl Envelope {
                 }
             }
             CHANGED => {
+                let at_ms = get_u64(&mut b)? as i64;
                 let from = get_str(&mut b)?;
                 let doc = get_str(&mut b)?;
                 let change = match (b.remaining() >= 1).then(|| b.get_u8())? {
@@ -358,7 +371,12 @@ impl Envelope {
                     },
                     _ => return None,
                 };
-                Envelope::Changed { from, doc, change }
+                Envelope::Changed {
+                    from,
+                    at_ms,
+                    doc,
+                    change,
+                }
             }
             _ => return None,
         })
@@ -528,15 +546,16 @@ impl Faults {
     fn take(&self, kind: Kind) -> Option<FaultAction> {
         let mut plan = lock(&self.plan);
         let mut fire = None;
+        // The first plan for this kind that is due fires; the others count this message.
         for (i, (action, k, skip)) in plan.iter_mut().enumerate() {
             if *k != kind {
                 continue;
             }
-            if *skip == 0 {
+            if *skip == 0 && fire.is_none() {
                 fire = Some((i, *action));
-                break;
+            } else {
+                *skip = skip.saturating_sub(1);
             }
-            *skip -= 1;
         }
         let (i, action) = fire?;
         plan.remove(i);
@@ -756,6 +775,7 @@ impl Bus {
     pub async fn announce(&self, doc: &DocName, change: Change) {
         let env = Envelope::Changed {
             from: self.node.to_string(),
+            at_ms: crate::storage::now_ms(),
             doc: doc.as_str().to_owned(),
             change,
         };
@@ -955,12 +975,32 @@ impl Bus {
                     let _ = remote.tx.send(RemoteIn::Close);
                 }
             }
-            Envelope::Changed { from, doc, change } => {
-                if *from != *self.node {
-                    if let Ok(name) = DocName::parse(&doc) {
-                        apply_change(Some(self), registry, &name, change).await;
-                    }
+            Envelope::Changed {
+                from,
+                at_ms,
+                doc,
+                change,
+            } => {
+                let age = crate::storage::now_ms()
+                    .saturating_sub(at_ms)
+                    .unsigned_abs();
+                if *from == *self.node || age > CHANGE_MAX_AGE.as_millis() as u64 {
+                    return;
                 }
+                let Ok(name) = DocName::parse(&doc) else {
+                    return;
+                };
+                // Not inline: a room slow to take the command must not hold up the bus.
+                let (bus, registry) = (self.clone(), registry.clone());
+                tokio::spawn(async move {
+                    if change == Change::Deleted && !deleted_in_storage(&registry, &name).await {
+                        // A replayed or forged-by-a-node announcement: the database, the
+                        // source of truth, says the document is not deleted.
+                        debug!(doc = %name, "ignoring a delete announcement storage does not confirm");
+                        return;
+                    }
+                    apply_change(Some(&bus), &registry, &name, change).await;
+                });
             }
         }
     }
@@ -1042,6 +1082,15 @@ impl Bus {
         };
         let _ = self.send(from, kill).await;
     }
+}
+
+/// Whether storage says `name` is deleted (false if it cannot tell in time).
+async fn deleted_in_storage(registry: &Registry, name: &DocName) -> bool {
+    let limit = registry.config.storage_timeout;
+    matches!(
+        tokio::time::timeout(limit, registry.store.load(name.as_str())).await,
+        Ok(Ok(stored)) if stored.deleted
+    )
 }
 
 impl Change {
@@ -1220,11 +1269,13 @@ mod tests {
             },
             Envelope::Changed {
                 from: "n1".into(),
+                at_ms: 1_800_000_000_000,
                 doc: "a/b".into(),
                 change: Change::Deleted,
             },
             Envelope::Changed {
                 from: "n1".into(),
+                at_ms: 1,
                 doc: "a/b".into(),
                 change: Change::Access { user: "ann".into() },
             },
@@ -1337,10 +1388,12 @@ mod tests {
     fn planned_faults_hit_the_nth_message_of_their_kind_once() {
         let faults = Faults::default();
         faults.arm(FaultAction::Drop, Kind::Frame, 1);
+        faults.arm(FaultAction::Duplicate, Kind::Frame, 2);
         assert_eq!(faults.take(Kind::Out), None);
         assert_eq!(faults.take(Kind::Frame), None);
         assert_eq!(faults.take(Kind::Frame), Some(FaultAction::Drop));
+        assert_eq!(faults.take(Kind::Frame), Some(FaultAction::Duplicate));
         assert_eq!(faults.take(Kind::Frame), None);
-        assert_eq!(faults.applied(), 1);
+        assert_eq!(faults.applied(), 2);
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use quire_server::auth::{Auth, Permission};
-use quire_server::bus::{ClusterKey, Envelope, FaultAction, Faults, Kind};
+use quire_server::bus::{Change, ClusterKey, Envelope, FaultAction, Faults, Kind};
 use quire_server::protocol;
 use yrs::{Doc, Text, Transact};
 
@@ -247,12 +247,32 @@ async fn messages_not_signed_with_the_cluster_key_cannot_write() {
     assert!(text.contains("mine") && text.contains('R'), "{text}");
     assert!(!text.contains('U') && !text.contains('W'), "forged: {text}");
     assert_eq!(a.metric("quire_bus_refused_total").await, 4.0);
+
+    // A signed delete announcement (replayed, or from a node gone wrong) for a document the
+    // database does not have deleted closes nothing.
+    let all = "quire.all";
+    let announced = Envelope::Changed {
+        from: "mallory".into(),
+        at_ms: quire_server::storage::now_ms(),
+        doc: "guarded".into(),
+        change: Change::Deleted,
+    };
+    forger
+        .publish(all, right.seal(all, &announced.encode()))
+        .await
+        .expect("publish");
+    forger.flush().await.expect("flush");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    owner.insert(0, "still ").await;
+    owner.durable_ack(2).await;
+    assert!(owner.closed.is_none(), "closed by an unconfirmed delete");
     a.stop().await;
 }
 
 /// A role change, then a delete, made through the API of a node that holds none of the
 /// document's sockets reach them on every node: the owner's own client and the client
-/// relayed through another node (4403, then 4404), within a second.
+/// relayed through another node (4403, then 4404), within two seconds (a few milliseconds in
+/// practice).
 #[tokio::test]
 async fn a_role_change_or_a_delete_on_one_node_reaches_sockets_on_every_node() {
     if !in_postgres_pass() {
@@ -301,7 +321,7 @@ async fn a_role_change_or_a_delete_on_one_node_reaches_sockets_on_every_node() {
     );
     assert_eq!(on_b.wait_closed().await, Some(4403), "the relayed client");
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < Duration::from_secs(2),
         "{:?}",
         started.elapsed()
     );
@@ -329,7 +349,7 @@ async fn a_role_change_or_a_delete_on_one_node_reaches_sockets_on_every_node() {
     );
     assert_eq!(on_b.wait_closed().await, Some(4404), "the relayed client");
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < Duration::from_secs(2),
         "{:?}",
         started.elapsed()
     );

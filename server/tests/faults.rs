@@ -501,3 +501,48 @@ async fn an_append_to_a_document_deleted_underneath_its_room_is_refused() {
     assert_eq!(log_rows(dir.path(), "gone").await, before);
     server.stop().await;
 }
+
+/// A room stalled with a queue of updates behind its failing commit still takes commands: a
+/// delete closes its sockets at once instead of waiting until storage comes back.
+#[tokio::test]
+async fn a_delete_reaches_a_stalled_room_with_updates_queued() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.limits.room_queue_bytes = 64 << 10;
+    cfg.room.commit_batch = 1;
+    let (addr, store, token) = start_with(dir.path(), cfg).await;
+    let url = format!("ws://{addr}/clogged");
+    let mut a = Client::connect(&url, 1).await;
+    let mut b = Client::connect(&url, 2).await;
+    // The first append is held while the queue fills up behind it, then fails: the room
+    // stalls holding a full queue.
+    store.hold_appends.store(true, Ordering::SeqCst);
+    for i in 0..12 {
+        a.insert(0, &format!("{i}{}", "x".repeat(16 << 10))).await;
+    }
+    store.wait_appends(1).await;
+    wait_metric_at(addr, "quire_room_queue_bytes", |v| v >= (64 << 10) as f64).await;
+    store.fail_appends.store(u32::MAX, Ordering::SeqCst);
+    store.hold_appends.store(false, Ordering::SeqCst);
+    store.release.add_permits(1);
+    wait_metric_at(addr, "quire_rooms_storage_stalled", |v| v == 1.0).await;
+    let http = reqwest::Client::new();
+    let docs: serde_json::Value = http
+        .get(format!("http://{addr}/api/v1/docs?prefix=clogged"))
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    let id = docs["items"][0]["id"].as_i64().expect("id");
+    let deleted = http
+        .delete(format!("http://{addr}/api/v1/docs/{id}"))
+        .send()
+        .await
+        .expect("delete");
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    assert_eq!(b.wait_closed().await, Some(4404));
+    drop(a);
+    token.cancel();
+}

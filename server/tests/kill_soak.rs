@@ -81,10 +81,12 @@ async fn twenty_kills_of_a_single_node_lose_nothing_acknowledged() {
     let editors = start_editors(&urls, &log, &stop);
     for kill in 1..=KILLS {
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..1_200))).await;
-        node.signal("KILL");
-        let _ = node.child.wait().await;
+        // Reconnections are held back from before the kill until the check: a client that
+        // reconnects uploads what it has.
         urls.lock().expect("urls").clear();
         let acked = log.lock().expect("log").clone();
+        node.signal("KILL");
+        let _ = node.child.wait().await;
         node = ServerProcess::start(dir.path(), &[]).await;
         let live = vec![node.url(DOC)];
         check_fresh(&live, &acked, seed, kill).await;
@@ -138,10 +140,10 @@ async fn twenty_kills_of_random_nodes_of_three_lose_nothing_acknowledged() {
     for kill in 1..=KILLS {
         tokio::time::sleep(Duration::from_millis(rng.random_range(300..1_500))).await;
         let victim = rng.random_range(0..nodes.len());
-        nodes[victim].signal("KILL");
-        let _ = nodes[victim].child.wait().await;
         urls.lock().expect("urls").clear();
         let acked = log.lock().expect("log").clone();
+        nodes[victim].signal("KILL");
+        let _ = nodes[victim].child.wait().await;
         // Restarted under its name, the node takes its own leases back at once.
         nodes[victim] = start(ids[victim]).await;
         let live = all(&nodes);

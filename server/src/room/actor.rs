@@ -382,18 +382,21 @@ struct LeaseGuard {
     node: Arc<str>,
     epoch: Epoch,
     armed: bool,
+    /// The deadline of the release (`storage_timeout`).
+    limit: Duration,
 }
 
 impl LeaseGuard {
     /// Releases the lease now (unless it was already).
     async fn release(&mut self) {
         if std::mem::take(&mut self.armed) {
-            if let Err(e) = self
-                .store
-                .release_lease(self.doc, &self.node, self.epoch)
-                .await
-            {
-                warn!(error = %e, "could not release the lease; it expires by itself");
+            let releasing = self.store.release_lease(self.doc, &self.node, self.epoch);
+            match tokio::time::timeout(self.limit, releasing).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    warn!(error = %e, "could not release the lease; it expires by itself")
+                }
+                Err(_) => warn!("the lease release did not answer in time; it expires by itself"),
             }
         }
     }
@@ -409,9 +412,43 @@ impl Drop for LeaseGuard {
         };
         let (store, doc, node, epoch) =
             (self.store.clone(), self.doc, self.node.clone(), self.epoch);
+        let limit = self.limit;
         runtime.spawn(async move {
-            let _ = store.release_lease(doc, &node, epoch).await;
+            let _ = tokio::time::timeout(limit, store.release_lease(doc, &node, epoch)).await;
         });
+    }
+}
+
+/// The room's share of `quire_rooms_storage_stalled`: given back however the room ends, a
+/// panic included (or `/readyz` would stay 503).
+struct Stalled {
+    gauge: prometheus::IntGauge,
+    on: bool,
+}
+
+impl Stalled {
+    fn is_on(&self) -> bool {
+        self.on
+    }
+
+    /// Sets the state; true if it changed.
+    fn set(&mut self, on: bool) -> bool {
+        if self.on == on {
+            return false;
+        }
+        self.on = on;
+        if on {
+            self.gauge.inc();
+        } else {
+            self.gauge.dec();
+        }
+        true
+    }
+}
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        self.set(false);
     }
 }
 
@@ -436,7 +473,7 @@ struct Room {
     /// Set when an append was refused because the document is deleted: the room must stop.
     deleted_underneath: bool,
     /// The last append failed or timed out: updates are refused (1013) until one succeeds.
-    stalled: bool,
+    stalled: Stalled,
     /// The room is leaving: failing commits are given up after a few attempts.
     draining: bool,
     doc: Doc,
@@ -498,6 +535,10 @@ impl Room {
             .as_ref()
             .map_or(Duration::from_secs(5), |l| l.ttl);
         let granted_at = lease.map_or_else(Instant::now, |(_, at)| at);
+        let stalled = Stalled {
+            gauge: registry.metrics.rooms_stalled.clone(),
+            on: false,
+        };
         let lease_guard = lease.and_then(|(epoch, _)| {
             let node = registry.config.lease.as_ref()?.node_id.clone();
             Some(LeaseGuard {
@@ -506,6 +547,7 @@ impl Room {
                 node,
                 epoch,
                 armed: true,
+                limit: registry.config.storage_timeout,
             })
         });
         Room {
@@ -520,7 +562,7 @@ impl Room {
             lease_guard,
             fenced: false,
             deleted_underneath: false,
-            stalled: false,
+            stalled,
             draining: false,
             doc,
             awareness: AwarenessTable::default(),
@@ -608,7 +650,9 @@ impl Room {
                         break exit;
                     }
                 }
-                cmd = rx.recv(), if self.queued_bytes < inbound_bound => match cmd {
+                // (A stalled room takes commands whatever it holds: it applies no new updates
+                // then, and it must keep answering joins, leaves and closes.)
+                cmd = rx.recv(), if self.queued_bytes < inbound_bound || self.stalled.is_on() => match cmd {
                     Some(cmd) => {
                         if let Some(exit) = self.handle(cmd) {
                             break exit;
@@ -641,9 +685,7 @@ impl Room {
             }
         };
         gauge.sub(reported);
-        let result = self.leave(exit).await;
-        self.set_stalled(None);
-        result
+        self.leave(exit).await
     }
 
     /// What the room does on its way out.
@@ -760,7 +802,7 @@ impl Room {
             }
             RoomCmd::Apply {
                 raw, update, reply, ..
-            } if self.stalled => {
+            } if self.stalled.is_on() => {
                 drop((raw, update));
                 let _ = reply.send(Err(ApplyError::Unavailable));
             }
@@ -782,21 +824,16 @@ impl Room {
     /// Enters the stalled state (`Some(why)`: the last append failed or timed out) or leaves
     /// it (`None`).
     fn set_stalled(&mut self, why: Option<String>) {
-        let metrics = &self.registry.metrics;
         match why {
             Some(why) => {
                 self.registry.set_storage_error(why);
-                if !self.stalled {
-                    self.stalled = true;
-                    metrics.rooms_stalled.inc();
+                self.stalled.set(true);
+            }
+            None => {
+                if self.stalled.set(false) {
+                    info!("storage answers again; the room takes updates");
                 }
             }
-            None if self.stalled => {
-                self.stalled = false;
-                metrics.rooms_stalled.dec();
-                info!("storage answers again; the room takes updates");
-            }
-            None => {}
         }
     }
 
@@ -874,7 +911,7 @@ impl Room {
                     self.send_to(peer, protocol::encode_permission_denied("read-only access"));
                     return;
                 }
-                if self.stalled {
+                if self.stalled.is_on() {
                     // Not applied: the client keeps it and sends it again when it resyncs.
                     let why = "storage is not answering; retry later";
                     self.close_peer(peer, CloseReason::new(close::TRY_AGAIN_LATER, why));
@@ -1736,6 +1773,7 @@ mod tests {
             node: "a".into(),
             epoch,
             armed: true,
+            limit: Duration::from_secs(5),
         };
         let room = tokio::spawn(async move {
             let _guard = guard;
