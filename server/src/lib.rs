@@ -153,13 +153,6 @@ pub async fn run_with_stores(
                     ttl: config.lease_ttl,
                 }
             }),
-            // With leases, a hung storage call must be given up before the lease runs out
-            // (a room whose renewals fail gives the document up when it does).
-            storage_timeout: if storage::postgres::is_postgres_url(config.database_url.expose()) {
-                config.room.storage_timeout.min(config.lease_ttl / 2)
-            } else {
-                config.room.storage_timeout
-            },
             ..config.room.clone()
         },
         config.limits.room_queue,
