@@ -294,16 +294,7 @@ async fn a_role_change_or_a_delete_on_one_node_reaches_sockets_on_every_node() {
     on_b.insert(0, "bye").await;
     on_b.durable_ack(1).await;
     let http = reqwest::Client::new();
-    let docs: serde_json::Value = http
-        .get(nodes[2].http("/api/v1/docs?prefix=doomed"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
-    let id = docs["items"][0]["id"].as_i64().expect("id");
+    let id = doc_id(nodes[2].addr, "doomed", Some(ADMIN)).await;
 
     let started = tokio::time::Instant::now();
     let resp = http

@@ -57,22 +57,7 @@ async fn a_paused_owner_that_resumes_is_fenced_by_the_storage_and_gives_the_room
     // storage refusing its write.
     let node = |id: &'static str| {
         let (url, bus) = (url.clone(), nats.url.clone());
-        async move {
-            ServerProcess::start_url(
-                &url,
-                &[
-                    "--node-id",
-                    id,
-                    "--lease-ttl",
-                    "60s",
-                    "--bus",
-                    &bus,
-                    "--cluster-key",
-                    CLUSTER_KEY,
-                ],
-            )
-            .await
-        }
+        async move { ServerProcess::start_url(&url, &node_args(id, &bus, "60s")).await }
     };
     let a = node("node-a").await;
     let b = node("node-b").await;
@@ -236,22 +221,7 @@ async fn a_graceful_shutdown_hands_documents_over_at_once() {
 async fn three_nodes(url: &str, bus: &str) -> Vec<ServerProcess> {
     let mut nodes = Vec::new();
     for name in ["node-1", "node-2", "node-3"] {
-        nodes.push(
-            ServerProcess::start_url(
-                url,
-                &[
-                    "--node-id",
-                    name,
-                    "--bus",
-                    bus,
-                    "--cluster-key",
-                    CLUSTER_KEY,
-                    "--lease-ttl",
-                    "2s",
-                ],
-            )
-            .await,
-        );
+        nodes.push(ServerProcess::start_url(url, &node_args(name, bus, "2s")).await);
     }
     nodes
 }

@@ -527,15 +527,7 @@ async fn a_delete_reaches_a_stalled_room_with_updates_queued() {
     store.release.add_permits(1);
     wait_metric_at(addr, "quire_rooms_storage_stalled", |v| v == 1.0).await;
     let http = reqwest::Client::new();
-    let docs: serde_json::Value = http
-        .get(format!("http://{addr}/api/v1/docs?prefix=clogged"))
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
-    let id = docs["items"][0]["id"].as_i64().expect("id");
+    let id = doc_id(addr, "clogged", None).await;
     let deleted = http
         .delete(format!("http://{addr}/api/v1/docs/{id}"))
         .send()

@@ -111,22 +111,7 @@ async fn twenty_kills_of_random_nodes_of_three_lose_nothing_acknowledged() {
     let ids = ["node-1", "node-2", "node-3"];
     let start = |id: &'static str| {
         let (url, bus) = (url.clone(), nats.url.clone());
-        async move {
-            ServerProcess::start_url(
-                &url,
-                &[
-                    "--node-id",
-                    id,
-                    "--bus",
-                    &bus,
-                    "--cluster-key",
-                    CLUSTER_KEY,
-                    "--lease-ttl",
-                    "2s",
-                ],
-            )
-            .await
-        }
+        async move { ServerProcess::start_url(&url, &node_args(id, &bus, "2s")).await }
     };
     let mut nodes = Vec::new();
     for id in ids {
