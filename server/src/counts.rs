@@ -9,10 +9,14 @@
 //! They also refuse `Any` values nested deeper than [`MAX_DEPTH`], which yrs decodes
 //! recursively (a deep enough nesting would overflow its stack).
 //!
-//! The walk follows the Yjs v1 update encoding only as far as it needs to find counts; where
-//! it meets a kind of content it does not walk (legacy JSON content, subdocuments, unknown
-//! kinds), it stops and leaves the rest to yrs, whose own checks still apply: the aim is to
-//! refuse impossible counts, never to refuse a payload yrs would accept.
+//! The walk follows yrs 0.28's v1 update decoder byte for byte (every kind of content it can
+//! decode, with the same integer widths), so that it stops only where yrs's decoder fails as
+//! well: a walk that stopped early and left the rest to yrs would let yrs read counts nobody
+//! checked (a fuzz finding: a walk that stopped at legacy JSON content let a block count
+//! through that made yrs reserve 100 GB). `walk_update` says whether it reached the end. The
+//! aim is to refuse impossible counts, never to refuse a payload yrs would accept; a yrs
+//! upgrade should re-run the fuzz targets, which check that a stopped walk means a failed
+//! decode.
 
 use yrs::encoding::read::{Cursor, Read};
 
@@ -69,6 +73,12 @@ impl<'a> Reader<'a> {
         self.cur.read_var::<u64>().map_err(|_| Fault::Stop)
     }
 
+    /// A varint read as yrs reads a `u32` (the same bytes as [`Reader::var`], its value
+    /// wrapped: yrs reads lengths and parent flags this way).
+    fn var32(&mut self) -> Walk<u32> {
+        self.cur.read_var::<u32>().map_err(|_| Fault::Stop)
+    }
+
     fn u8(&mut self) -> Walk<u8> {
         self.cur.read_u8().map_err(|_| Fault::Stop)
     }
@@ -103,10 +113,10 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    /// A length-prefixed string or buffer.
+    /// A length-prefixed string or buffer (its length a `u32`, as yrs reads it).
     fn bytes(&mut self) -> Walk<()> {
-        let n = self.var()?;
-        self.skip(n)
+        let n = self.var32()?;
+        self.skip(u64::from(n))
     }
 
     /// A signed lib0 varint.
@@ -117,8 +127,23 @@ impl<'a> Reader<'a> {
 }
 
 fn finish(walk: Walk<()>) -> Result<(), CountError> {
+    walked(walk).map(drop)
+}
+
+/// How far a walk that found nothing wrong went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Walked {
+    /// To the end of what yrs decodes.
+    Whole,
+    /// It stopped at something yrs's decoder refuses too (a truncated varint, a string longer
+    /// than the payload, an unknown kind of content, type or value).
+    Stopped,
+}
+
+fn walked(walk: Walk<()>) -> Result<Walked, CountError> {
     match walk {
-        Ok(()) | Err(Fault::Stop) => Ok(()),
+        Ok(()) => Ok(Walked::Whole),
+        Err(Fault::Stop) => Ok(Walked::Stopped),
         Err(Fault::Count(e)) => Err(e),
     }
 }
@@ -152,6 +177,12 @@ pub fn check_awareness(payload: &[u8]) -> Result<(), CountError> {
 /// `Any` content.
 pub fn check_update(payload: &[u8]) -> Result<(), CountError> {
     finish(walk_update(&mut Reader::new(payload)))
+}
+
+/// [`check_update`], saying whether the walk reached the end (the fuzz targets check that a
+/// walk that stopped means an update yrs refuses).
+pub fn walk_update_v1(payload: &[u8]) -> Result<Walked, CountError> {
+    walked(walk_update(&mut Reader::new(payload)))
 }
 
 fn walk_update(r: &mut Reader<'_>) -> Walk<()> {
@@ -201,8 +232,9 @@ fn walk_block(r: &mut Reader<'_>) -> Walk<()> {
         r.var()?;
     }
     if info & (HAS_ORIGIN | HAS_RIGHT_ORIGIN) == 0 {
-        // The parent: a root type's name, or the id of the item holding the type.
-        if r.var()? == 1 {
+        // The parent: a root type's name, or the id of the item holding the type (yrs reads
+        // the flag as a u32).
+        if r.var32()? == 1 {
             r.bytes()?;
         } else {
             r.client()?;
@@ -222,6 +254,8 @@ fn walk_block(r: &mut Reader<'_>) -> Walk<()> {
             match r.u8()? {
                 3 => r.bytes(),
                 0..=2 | 4..=6 | 9 | 15 => Ok(()),
+                // Weak links (7, behind yrs's `weak` feature, which Quire leaves off) and
+                // unknown kinds: yrs refuses them too.
                 _ => Err(Stop.into()),
             }
         }
@@ -235,17 +269,20 @@ fn walk_block(r: &mut Reader<'_>) -> Walk<()> {
         }
         2 => {
             // Legacy JSON content: yrs reserves room for its count of strings first (found by
-            // fuzzing: a Vec of 6 GB); each string takes at least its length byte. How many
-            // strings yrs then reads is left to it.
-            r.count(1)?;
-            Err(Stop.into())
+            // fuzzing: a Vec of 6 GB); each string takes at least its length byte. yrs 0.28
+            // then reads one string more than the count (Yjs reads exactly the count).
+            let n = r.count(1)?;
+            for _ in 0..=n {
+                r.bytes()?;
+            }
+            Ok(())
         }
         9 => {
             // A subdocument: its guid, then its options as an `Any` map.
             r.bytes()?;
             walk_any(r, 0)
         }
-        // Anything else: left to yrs.
+        // Anything else (0 or 10 with flags, 11 to 15): yrs refuses it too.
         _ => Err(Stop.into()),
     }
 }
@@ -276,6 +313,7 @@ fn walk_any(r: &mut Reader<'_>, depth: usize) -> Walk<()> {
             }
             Ok(())
         }
+        // An unknown tag: yrs refuses it too.
         _ => Err(Stop.into()),
     }
 }
@@ -327,6 +365,61 @@ mod tests {
         assert!(check_update(&bytes).is_err());
     }
 
+    /// Fuzz finding `fuzz/findings/frame_decoder-oom-b76a71c1` (frame_decoder, `-seed=1`): the
+    /// walk stopped at legacy JSON content, and yrs then read a later client's block count
+    /// unchecked and reserved about 100 GB for it. The frame: Sync Step 1, then Sync Step 2
+    /// whose update is the one refused here.
+    #[test]
+    fn a_count_after_legacy_json_content_is_checked() {
+        let frame = hex(
+            "00000401 01a70200 01e3026d 00000000 00000002 02020202 02020202 02020202\
+             02020202 02020202 02020202 02290202 02020202 fecefdfd fdc1fdfd 7f020202\
+             02020202 02020202 1502636b 6177655b 5f797068 656e735d 7b75726c 7d0a5c75\
+             73657061 636b6167 657b0202 02020202 02020202 02020202 02020202 ea020202\
+             02020202 02020202 02290202 02020202 02310202 023e0202 7f020202 02020202\
+             02020202 1502636b 6177655b 68797068 656e735d 7b75726c 7d0a5c75 73657061\
+             636b6167 657b646f 697d0a5c 75739b99 61636b61 67657b68 79706572 7265667d\
+             0a5c7573 65706163 6b616764 5b6e756d 62657273 2c736f72 745d7b6e 61746269\
+             8101e001 018401e1 0112627d 0a5c6879 7068656e 6174696f 6e7b6461 8101f301\
+             028401f5 01012d81 01f60101 8401f701 2f74612d 63656e2d 74657220 64612d74\
+             612d6365 6e2d7465 72737d0a 5c667265 72737d0a 5c667265 6e636873 70616369\
+             0101043b 01e10101 f40102f7 0101",
+        );
+        let msgs = crate::protocol::decode_frame(&frame.into()).expect("the frame decodes");
+        let [_, crate::protocol::Message::SyncStep2(update)] = msgs.as_slice() else {
+            panic!("expected Sync Step 1 and 2, got {msgs:?}");
+        };
+        assert!(
+            matches!(check_update(update), Err(CountError::Impossible { .. })),
+            "{:?}",
+            check_update(update)
+        );
+    }
+
+    /// Legacy JSON content as yrs 0.28 reads it (one string more than its count) is walked to
+    /// the end, and the delete set after it is checked.
+    #[test]
+    fn legacy_json_content_is_walked_through() {
+        // One client, one block under root "m": JSON content, count 1, strings "a" and "b";
+        // then a delete set of one client whose range count is impossible.
+        let mut u = vec![1u8, 1, 7, 0, 2, 1, 1, b'm', 1, 1, b'a', 1, b'b'];
+        assert_eq!(walk_update_v1(&[&u[..], &[0]].concat()), Ok(Walked::Whole));
+        u.extend([1, 7]);
+        u.extend(HUGE);
+        assert!(check_update(&u).is_err());
+    }
+
+    fn hex(text: &str) -> Vec<u8> {
+        let digits: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
+        digits
+            .chunks(2)
+            .map(|pair| {
+                let pair = std::str::from_utf8(pair).unwrap_or("00");
+                u8::from_str_radix(pair, 16).unwrap_or(0)
+            })
+            .collect()
+    }
+
     #[test]
     fn deep_nesting_is_refused() {
         // One client, one block: a root "m", Any content of one array nested 100 deep.
@@ -364,7 +457,7 @@ mod tests {
                 .encode_state_as_update_v1(&Default::default()),
         );
         for u in &updates {
-            assert_eq!(check_update(u), Ok(()), "{u:02x?}");
+            assert_eq!(walk_update_v1(u), Ok(Walked::Whole), "{u:02x?}");
         }
         let sv = doc.transact().state_vector().encode_v1();
         assert_eq!(check_state_vector(&sv), Ok(()));
