@@ -82,8 +82,9 @@ pub enum Change {
     /// The document was deleted: close every socket on it (4404) and unload its room.
     Deleted,
     /// A user's role on the document changed: close that user's sockets on it (4403; they
-    /// reconnect under the new role).
-    Access { user: String },
+    /// reconnect under the new role). `id` is the change's row in `doc_changes`, so each node
+    /// acts on it once whether it learns of it from the bus or from the table.
+    Access { user: String, id: i64 },
 }
 
 /// One message on the bus.
@@ -267,13 +268,17 @@ impl Envelope {
                 change,
             } => {
                 b.put_u8(CHANGED);
-                b.put_u64(0);
+                // The change's id (0 for a delete, which needs none).
+                b.put_u64(match change {
+                    Change::Access { id, .. } => *id as u64,
+                    Change::Deleted => 0,
+                });
                 b.put_i64(*at_ms);
                 put_str(&mut b, from);
                 put_str(&mut b, doc);
                 match change {
                     Change::Deleted => b.put_u8(1),
-                    Change::Access { user } => {
+                    Change::Access { user, .. } => {
                         b.put_u8(2);
                         put_str(&mut b, user);
                     }
@@ -368,6 +373,8 @@ impl Envelope {
                     1 => Change::Deleted,
                     2 => Change::Access {
                         user: get_str(&mut b)?,
+                        // The header's u64, which is a connection id in the other kinds.
+                        id: conn as i64,
                     },
                     _ => return None,
                 };
@@ -522,7 +529,8 @@ pub enum FaultAction {
 }
 
 /// Fault injection for tests: messages of a kind that this node publishes are dropped,
-/// duplicated, delayed or reordered, one at a time, as planned.
+/// duplicated, delayed or reordered, one at a time, as planned; and this node can be made a
+/// slow consumer (a small subscription buffer, a pause before it reads the next message).
 #[derive(Debug, Default)]
 pub struct Faults {
     /// (action, kind, messages of that kind still to let through first)
@@ -530,9 +538,24 @@ pub struct Faults {
     /// A message held back by `Reorder`.
     held: Mutex<Option<(String, Bytes)>>,
     applied: AtomicUsize,
+    /// Messages each subscription buffers (0: the client library's default).
+    subscription_capacity: AtomicUsize,
+    /// A pause before reading the next message, taken once.
+    inbox_pause: Mutex<Option<Duration>>,
 }
 
 impl Faults {
+    /// Each of this node's subscriptions buffers `n` messages; NATS drops what arrives while
+    /// they are full (a slow consumer). Set before the node starts.
+    pub fn set_subscription_capacity(&self, n: usize) {
+        self.subscription_capacity.store(n, Ordering::Relaxed);
+    }
+
+    /// This node stops reading the bus for `pause` when it next takes a message.
+    pub fn pause_inbox_once(&self, pause: Duration) {
+        *lock(&self.inbox_pause) = Some(pause);
+    }
+
     /// Applies `action` to the message of `kind` after the next `skip` ones.
     pub fn arm(&self, action: FaultAction, kind: Kind, skip: usize) {
         lock(&self.plan).push((action, kind, skip));
@@ -692,6 +715,15 @@ impl Bus {
                 anyhow::anyhow!("cannot read the bus credentials {}: {e}", path.display())
             })?;
         }
+        if let Some(n) = config
+            .faults
+            .as_ref()
+            .map(|f| f.subscription_capacity.load(Ordering::Relaxed))
+        {
+            if n > 0 {
+                options = options.subscription_capacity(n);
+            }
+        }
         let client = options
             .retry_on_initial_connect()
             .event_callback(move |event| {
@@ -723,6 +755,13 @@ impl Bus {
         tokio::spawn(async move {
             while let Some(msg) = inbox.next().await {
                 let Some(bus) = weak.upgrade() else { return };
+                let pause = bus
+                    .faults
+                    .as_ref()
+                    .and_then(|f| lock(&f.inbox_pause).take());
+                if let Some(pause) = pause {
+                    tokio::time::sleep(pause).await;
+                }
                 if msg.payload.len() > max_message_size + 1024 {
                     bus.metrics.bus_refused.inc();
                     continue;
@@ -999,7 +1038,7 @@ impl Bus {
                         debug!(doc = %name, "ignoring a delete announcement storage does not confirm");
                         return;
                     }
-                    apply_change(Some(&bus), &registry, &name, change).await;
+                    crate::changes::apply_once(Some(&bus), &registry, &name, change).await;
                 });
             }
         }
@@ -1085,7 +1124,7 @@ impl Bus {
 }
 
 /// Whether storage says `name` is deleted (false if it cannot tell in time).
-async fn deleted_in_storage(registry: &Registry, name: &DocName) -> bool {
+pub(crate) async fn deleted_in_storage(registry: &Registry, name: &DocName) -> bool {
     let limit = registry.config.storage_timeout;
     matches!(
         tokio::time::timeout(limit, registry.store.load(name.as_str())).await,
@@ -1102,7 +1141,7 @@ impl Change {
                 CloseReason::new(close::DELETED, "document deleted"),
                 true,
             ),
-            Change::Access { user } => (
+            Change::Access { user, .. } => (
                 PeerFilter::User(user),
                 CloseReason::new(close::FORBIDDEN, "access changed; reconnect"),
                 false,
@@ -1277,7 +1316,10 @@ mod tests {
                 from: "n1".into(),
                 at_ms: 1,
                 doc: "a/b".into(),
-                change: Change::Access { user: "ann".into() },
+                change: Change::Access {
+                    user: "ann".into(),
+                    id: 7,
+                },
             },
         ];
         for env in all {

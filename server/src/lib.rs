@@ -14,6 +14,7 @@
 
 pub mod auth;
 pub mod bus;
+pub mod changes;
 pub mod close;
 pub mod config;
 pub mod counts;
@@ -205,6 +206,7 @@ pub async fn run_with_stores(
     };
     let background = TaskTracker::new();
     background.spawn(revocation::watch(app.clone(), shutdown.clone()));
+    background.spawn(changes::watch(app.clone(), shutdown.clone()));
     if !webhooks.urls.is_empty() {
         background.spawn(webhooks::run(
             stores.api.clone(),

@@ -46,13 +46,19 @@ struct Pair {
 }
 
 async fn pair(dir: &std::path::Path) -> Pair {
+    pair_with(dir, 0).await
+}
+
+/// A pair whose node A buffers only `a_capacity` messages per subscription (0: the default).
+async fn pair_with(dir: &std::path::Path, a_capacity: usize) -> Pair {
     let nats = Nats::start().await;
     let node = |id: &str, faults: &Arc<Faults>| {
         let mut cfg = node_config(dir, id, &nats.url);
         cfg.bus_faults = Some(faults.clone());
         cfg
     };
-    let (a_faults, b_faults) = (Arc::default(), Arc::default());
+    let (a_faults, b_faults): (Arc<Faults>, Arc<Faults>) = (Arc::default(), Arc::default());
+    a_faults.set_subscription_capacity(a_capacity);
     let a = TestServer::start(node("node-a", &a_faults)).await;
     let b = TestServer::start(node("node-b", &b_faults)).await;
     Pair {
@@ -173,6 +179,47 @@ async fn a_lost_frame_to_a_relayed_client_closes_it_so_it_resyncs() {
     p.stop().await;
 }
 
+/// The owner falls behind reading the bus while a relayed client sends a burst of updates and
+/// asks for a durable ack: NATS buffers a few messages per subscription and drops the rest (a
+/// slow consumer, which it reports as an event, not a disconnect). The owner must not
+/// acknowledge what NATS dropped: it closes its relayed connections (1012), the client
+/// resyncs, and a fresh client then has every update.
+#[tokio::test]
+async fn a_slow_consumer_owner_closes_its_relayed_connections_so_they_resync() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = pair_with(dir.path(), 4).await;
+    let _on_a = Client::connect(&p.a.url("slow"), 1).await;
+    let mut on_b = Client::connect(&p.b.url("slow"), 2).await;
+    on_b.insert(0, "start.").await;
+    on_b.durable_ack(1).await;
+
+    p.a_faults.pause_inbox_once(Duration::from_millis(800));
+    for _ in 0..40 {
+        on_b.insert(0, "x").await;
+    }
+    let ack = protocol::encode_durable_ack(2);
+    on_b.send_raw(ack.clone()).await;
+    assert_eq!(on_b.wait_closed().await, Some(1012), "closed to resync");
+    assert!(
+        !on_b.acks_received.contains(&ack),
+        "the owner acknowledged updates NATS dropped"
+    );
+    assert!(
+        p.a.metric("quire_bus_resets_total").await >= 1.0,
+        "the owner saw the slow-consumer event"
+    );
+
+    let mut again = Client::connect_with_doc(&p.b.url("slow"), on_b.doc.clone()).await;
+    again.sync().await;
+    again.durable_ack(3).await;
+    let expected = format!("{}start.", "x".repeat(40));
+    assert_eq!(fresh_text(&p.a.url("slow")).await, expected);
+    p.stop().await;
+}
+
 /// An `Open` claiming write access and a `Frame` with an update, published on the bus by a
 /// process with NATS credentials but without the cluster key (unsigned, or signed with
 /// another key), write nothing; the same messages signed with the cluster key do (so the
@@ -272,19 +319,41 @@ async fn messages_not_signed_with_the_cluster_key_cannot_write() {
 /// A role change, then a delete, made through the API of a node that holds none of the
 /// document's sockets reach them on every node: the owner's own client and the client
 /// relayed through another node (4403, then 4404), within two seconds (a few milliseconds in
-/// practice).
+/// practice). The clients that reconnect after the role change are not closed again.
 #[tokio::test]
 async fn a_role_change_or_a_delete_on_one_node_reaches_sockets_on_every_node() {
     if !in_postgres_pass() {
         return;
     }
+    role_change_and_delete_reach_every_node(false).await;
+}
+
+/// The same when the bus loses both announcements: every node reads the change from the
+/// `doc_changes` rows within a poll (`quire_server::changes::POLL`).
+#[tokio::test]
+async fn a_role_change_or_a_delete_whose_announcement_the_bus_loses_still_reaches_every_node() {
+    if !in_postgres_pass() {
+        return;
+    }
+    role_change_and_delete_reach_every_node(true).await;
+}
+
+async fn role_change_and_delete_reach_every_node(lose_announcements: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
     let nats = Nats::start().await;
     let mut nodes = Vec::new();
+    let faults: Arc<Faults> = Arc::default();
+    if lose_announcements {
+        faults.arm(FaultAction::Drop, Kind::Changed, 0);
+        faults.arm(FaultAction::Drop, Kind::Changed, 0);
+    }
     for id in ["node-a", "node-b", "node-c"] {
         let mut cfg = node_config(dir.path(), id, &nats.url);
         cfg.auth_keys = vec![KEY.into()];
         cfg.admin_key = Some(ADMIN.into());
+        if id == "node-c" {
+            cfg.bus_faults = Some(faults.clone());
+        }
         nodes.push(TestServer::start(cfg).await);
     }
     let ann = token("ann", "doomed", Permission::Write);
@@ -324,6 +393,12 @@ async fn a_role_change_or_a_delete_on_one_node_reaches_sockets_on_every_node() {
         on_b.pump_until(PATIENCE, |c| c.permission_denied.is_some())
             .await
     );
+    // Acted on once per node: the change's row, read a poll later, closes nothing again.
+    let again = 4 * quire_server::changes::POLL;
+    for c in [&mut on_a, &mut on_b] {
+        let closed = c.pump_until(again, |c| c.closed.is_some()).await;
+        assert!(!closed, "closed again after reconnecting: {:?}", c.closed);
+    }
 
     let started = tokio::time::Instant::now();
     let resp = http
@@ -344,6 +419,8 @@ async fn a_role_change_or_a_delete_on_one_node_reaches_sockets_on_every_node() {
         "{:?}",
         started.elapsed()
     );
+    let lost = if lose_announcements { 2 } else { 0 };
+    assert_eq!(faults.applied(), lost, "announcements lost on the bus");
     for n in nodes {
         n.stop().await;
     }

@@ -606,8 +606,8 @@ async fn put_access(
 ) -> ApiResult<Json<AccessEntry>> {
     check_len("user", Some(&user), field_limits::USER_ID)?;
     let doc = doc_for(&app, &principal, id, Permission::Admin).await?;
-    app.api.set_role(id, &user, Some(body.role)).await?;
-    role_changed(&app, &doc.name, &user).await;
+    let change = app.api.set_role(id, &user, Some(body.role)).await?;
+    role_changed(&app, &doc.name, &user, change).await;
     Ok(Json(AccessEntry {
         user,
         role: body.role,
@@ -624,24 +624,26 @@ async fn delete_access(
     ApiPath((id, user)): ApiPath<(i64, String)>,
 ) -> ApiResult<StatusCode> {
     let doc = doc_for(&app, &principal, id, Permission::Admin).await?;
-    app.api.set_role(id, &user, None).await?;
-    role_changed(&app, &doc.name, &user).await;
+    let change = app.api.set_role(id, &user, None).await?;
+    role_changed(&app, &doc.name, &user, change).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn role_changed(app: &AppState, name: &str, user: &str) {
+async fn role_changed(app: &AppState, name: &str, user: &str, id: i64) {
     if let Ok(name) = DocName::parse(name) {
         let change = Change::Access {
             user: user.to_owned(),
+            id,
         };
         doc_changed(app, &name, change).await;
     }
 }
 
 /// Closes the sockets a change affects: this node's at once, every other node's through the
-/// bus (the owner closes its room's, each node its relayed connections).
+/// bus (the owner closes its room's, each node its relayed connections), and, should the bus
+/// lose the announcement, through the `doc_changes` row storage wrote (`crate::changes`).
 async fn doc_changed(app: &AppState, name: &DocName, change: Change) {
-    crate::bus::apply_change(app.bus.as_deref(), &app.registry, name, change.clone()).await;
+    crate::changes::apply_once(app.bus.as_deref(), &app.registry, name, change.clone()).await;
     if let Some(bus) = &app.bus {
         bus.announce(name, change).await;
     }

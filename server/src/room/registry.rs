@@ -32,6 +32,8 @@ pub struct Registry {
     pub(crate) tracker: TaskTracker,
     /// Why the last failed append failed (read by `/readyz` while rooms are stalled).
     storage_error: Mutex<String>,
+    /// The role changes this node has acted on (`crate::changes`).
+    pub(crate) changes: crate::changes::Seen,
 }
 
 impl Registry {
@@ -66,6 +68,7 @@ impl Registry {
             shutdown,
             tracker: TaskTracker::new(),
             storage_error: Mutex::new(String::new()),
+            changes: crate::changes::Seen::default(),
         })
     }
 

@@ -110,6 +110,18 @@ pub struct StoredResponse {
     pub body: Vec<u8>,
 }
 
+/// A change live sockets on every node must see, from `doc_changes` (see `crate::changes`).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct DocChange {
+    pub id: i64,
+    pub doc_name: String,
+    /// `deleted` or `access`.
+    pub kind: String,
+    /// Whose role changed (`access` only).
+    pub user_id: Option<String>,
+    pub changed_at: i64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Revocation {
     pub id: i64,
@@ -180,7 +192,8 @@ pub trait ApiStore: Send + Sync + 'static {
         expected_version: i64,
         patch: &DocPatch,
     ) -> Result<Versioned<DocMeta>, StorageError>;
-    /// Soft delete (with a `document.deleted` event); `Stale` if already deleted.
+    /// Soft delete (with a `document.deleted` event and a `doc_changes` row); `Stale` if
+    /// already deleted.
     async fn delete_doc(&self, id: DocId) -> Result<Versioned<DocMeta>, StorageError>;
     /// Undo a soft delete; `Stale` if it was not deleted.
     async fn restore_doc(&self, id: DocId) -> Result<Versioned<DocMeta>, StorageError>;
@@ -197,13 +210,14 @@ pub trait ApiStore: Send + Sync + 'static {
     ) -> Result<Versioned<UserProfile>, StorageError>;
 
     async fn get_role(&self, doc: DocId, user: &str) -> Result<Option<Role>, StorageError>;
-    /// Sets (or with `None` removes) a user's role on a document.
+    /// Sets (or with `None` removes) a user's role on a document, with a `doc_changes` row in
+    /// the same transaction; returns that row's id.
     async fn set_role(
         &self,
         doc: DocId,
         user: &str,
         role: Option<Role>,
-    ) -> Result<(), StorageError>;
+    ) -> Result<i64, StorageError>;
     async fn list_access(&self, doc: DocId) -> Result<Vec<(String, Role)>, StorageError>;
 
     async fn idem_claim(
@@ -231,6 +245,13 @@ pub trait ApiStore: Send + Sync + 'static {
         now: i64,
     ) -> Result<Revocation, StorageError>;
     async fn revocations_after(&self, id: i64) -> Result<Vec<Revocation>, StorageError>;
+
+    /// The newest `doc_changes` id (0 if none): where a starting node begins to watch.
+    async fn last_doc_change(&self) -> Result<i64, StorageError>;
+    /// `doc_changes` rows after `id`, oldest first, at most `limit`.
+    async fn doc_changes_after(&self, id: i64, limit: u32) -> Result<Vec<DocChange>, StorageError>;
+    /// Removes `doc_changes` rows older than `before` (ms); how many.
+    async fn doc_changes_cleanup(&self, before: i64) -> Result<u64, StorageError>;
 
     async fn due_events(&self, now: i64, limit: u32) -> Result<Vec<OutboxEvent>, StorageError>;
     /// Marks delivered if the row still has `revision` (a fold in between means deliver again).

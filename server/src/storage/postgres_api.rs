@@ -316,6 +316,14 @@ impl ApiStore for PgStore {
             return self.doc_versioned(id, false).await;
         };
         let doc = doc_row(&row)?;
+        lock_doc_changes(&mut tx).await?;
+        sqlx::query(
+            "INSERT INTO doc_changes (doc_id, kind, changed_at) VALUES ($1, 'deleted', $2)",
+        )
+        .bind(id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
         self.emit(
             &mut tx,
             "document.deleted",
@@ -424,7 +432,8 @@ impl ApiStore for PgStore {
         doc: DocId,
         user: &str,
         role: Option<Role>,
-    ) -> Result<(), StorageError> {
+    ) -> Result<i64, StorageError> {
+        let mut tx = self.pool.begin().await?;
         match role {
             Some(role) => {
                 sqlx::query(
@@ -434,18 +443,29 @@ impl ApiStore for PgStore {
                 .bind(doc)
                 .bind(user)
                 .bind(role.as_str())
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?;
             }
             None => {
                 sqlx::query("DELETE FROM document_access WHERE doc_id = $1 AND user_id = $2")
                     .bind(doc)
                     .bind(user)
-                    .execute(&self.pool)
+                    .execute(&mut *tx)
                     .await?;
             }
         }
-        Ok(())
+        lock_doc_changes(&mut tx).await?;
+        let id = sqlx::query_scalar(
+            "INSERT INTO doc_changes (doc_id, kind, user_id, changed_at) \
+             VALUES ($1, 'access', $2, $3) RETURNING id",
+        )
+        .bind(doc)
+        .bind(user)
+        .bind(now_ms())
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(id)
     }
 
     async fn list_access(&self, doc: DocId) -> Result<Vec<(String, Role)>, StorageError> {
@@ -624,6 +644,33 @@ impl ApiStore for PgStore {
             .collect())
     }
 
+    async fn last_doc_change(&self) -> Result<i64, StorageError> {
+        let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM doc_changes")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(id.unwrap_or(0))
+    }
+
+    async fn doc_changes_after(&self, id: i64, limit: u32) -> Result<Vec<DocChange>, StorageError> {
+        Ok(sqlx::query_as(
+            "SELECT c.id, d.name AS doc_name, c.kind, c.user_id, c.changed_at \
+             FROM doc_changes c JOIN documents d ON d.id = c.doc_id \
+             WHERE c.id > $1 ORDER BY c.id LIMIT $2",
+        )
+        .bind(id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn doc_changes_cleanup(&self, before: i64) -> Result<u64, StorageError> {
+        let done = sqlx::query("DELETE FROM doc_changes WHERE changed_at < $1")
+            .bind(before)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     async fn due_events(&self, now: i64, limit: u32) -> Result<Vec<OutboxEvent>, StorageError> {
         let rows = sqlx::query(
             "SELECT * FROM outbox WHERE status = 'pending' AND available_at <= $1 \
@@ -705,4 +752,16 @@ impl ApiStore for PgStore {
     ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError> {
         self.outbox_view_with(limit, async {}).await
     }
+}
+
+/// Serializes `doc_changes` inserts until the transaction commits, so ids become visible in
+/// order (readers apply the rows after the last id they have seen; two concurrent inserts
+/// could otherwise commit out of id order). The lock conflicts with itself, not with readers.
+async fn lock_doc_changes(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+) -> Result<(), StorageError> {
+    sqlx::query("LOCK TABLE doc_changes IN SHARE ROW EXCLUSIVE MODE")
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }

@@ -308,6 +308,11 @@ impl ApiStore for SqliteStore {
             return self.doc_versioned(id, false).await;
         };
         let doc = doc_row(&row)?;
+        sqlx::query("INSERT INTO doc_changes (doc_id, kind, changed_at) VALUES (?, 'deleted', ?)")
+            .bind(id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
         self.emit(
             &mut tx,
             "document.deleted",
@@ -415,7 +420,8 @@ impl ApiStore for SqliteStore {
         doc: DocId,
         user: &str,
         role: Option<Role>,
-    ) -> Result<(), StorageError> {
+    ) -> Result<i64, StorageError> {
+        let mut tx = self.pool.begin().await?;
         match role {
             Some(role) => {
                 sqlx::query(
@@ -425,18 +431,28 @@ impl ApiStore for SqliteStore {
                 .bind(doc)
                 .bind(user)
                 .bind(role.as_str())
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?;
             }
             None => {
                 sqlx::query("DELETE FROM document_access WHERE doc_id = ? AND user_id = ?")
                     .bind(doc)
                     .bind(user)
-                    .execute(&self.pool)
+                    .execute(&mut *tx)
                     .await?;
             }
         }
-        Ok(())
+        let id = sqlx::query_scalar(
+            "INSERT INTO doc_changes (doc_id, kind, user_id, changed_at) \
+             VALUES (?, 'access', ?, ?) RETURNING id",
+        )
+        .bind(doc)
+        .bind(user)
+        .bind(now_ms())
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(id)
     }
 
     async fn list_access(&self, doc: DocId) -> Result<Vec<(String, Role)>, StorageError> {
@@ -594,6 +610,33 @@ impl ApiStore for SqliteStore {
                 revoked_at,
             })
             .collect())
+    }
+
+    async fn last_doc_change(&self) -> Result<i64, StorageError> {
+        let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM doc_changes")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(id.unwrap_or(0))
+    }
+
+    async fn doc_changes_after(&self, id: i64, limit: u32) -> Result<Vec<DocChange>, StorageError> {
+        Ok(sqlx::query_as(
+            "SELECT c.id, d.name AS doc_name, c.kind, c.user_id, c.changed_at \
+             FROM doc_changes c JOIN documents d ON d.id = c.doc_id \
+             WHERE c.id > ? ORDER BY c.id LIMIT ?",
+        )
+        .bind(id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn doc_changes_cleanup(&self, before: i64) -> Result<u64, StorageError> {
+        let done = sqlx::query("DELETE FROM doc_changes WHERE changed_at < ?")
+            .bind(before)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn due_events(&self, now: i64, limit: u32) -> Result<Vec<OutboxEvent>, StorageError> {

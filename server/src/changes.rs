@@ -1,0 +1,171 @@
+//! Changes that every node's sockets must see: a document deleted (its sockets close with
+//! 4404), a user's role changed (that user's sockets close with 4403 and reconnect under the
+//! new role).
+//!
+//! The node that makes a change applies it to its own sockets at once and announces it on the
+//! bus, so other nodes act within milliseconds; the bus delivers at most once, though, so the
+//! change is also a `doc_changes` row written in the change's transaction, and every node
+//! reads the rows after the last it has seen every [`POLL`]. A change thus reaches every node
+//! within about [`POLL`] even when the bus loses its announcement.
+//!
+//! Each node acts on a role change once, whichever way it learns of it first ([`Seen`]): a
+//! second close would also close the sockets that reconnected under the new role. A delete
+//! needs no such bookkeeping: acting on it twice finds no sockets the second time, and it is
+//! acted on only while storage says the document is deleted (a restore in between wins).
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::bus::{apply_change, Change};
+use crate::room::{DocName, Registry};
+use crate::AppState;
+
+/// How often each node reads new `doc_changes` rows.
+pub const POLL: Duration = Duration::from_millis(250);
+
+/// How long `doc_changes` rows are kept (a node that was down longer has no sockets to close).
+pub const KEEP: Duration = Duration::from_secs(24 * 3600);
+
+/// Rows read per query.
+const BATCH: u32 = 500;
+
+/// Which role changes this node has acted on: every id up to `upto` (the rows the watcher
+/// has read), and the later ones it acted on as they were announced.
+#[derive(Debug, Default)]
+pub struct Seen {
+    inner: Mutex<SeenInner>,
+}
+
+#[derive(Debug, Default)]
+struct SeenInner {
+    upto: i64,
+    ahead: BTreeSet<i64>,
+}
+
+impl Seen {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SeenInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True the first time `id` is offered (from the bus or the node's own API).
+    pub fn first(&self, id: i64) -> bool {
+        let mut seen = self.lock();
+        id > seen.upto && seen.ahead.insert(id)
+    }
+
+    /// The watcher read row `id` (rows come in id order): true if nothing acted on it yet.
+    fn reached(&self, id: i64) -> bool {
+        let mut seen = self.lock();
+        seen.upto = seen.upto.max(id);
+        let acted = seen.ahead.remove(&id);
+        // Announcements of rows the watcher has now passed can no longer be told apart.
+        let upto = seen.upto;
+        seen.ahead.retain(|&later| later > upto);
+        !acted
+    }
+
+    /// Where the watcher starts (the newest row at start-up).
+    fn start_at(&self, id: i64) {
+        self.lock().upto = id;
+    }
+}
+
+/// Applies `change` to this node's sockets on `name`, unless this node has already acted on
+/// it (a role change is acted on once; see the module's notes).
+pub async fn apply_once(
+    bus: Option<&crate::bus::Bus>,
+    registry: &Registry,
+    name: &DocName,
+    change: Change,
+) {
+    if let Change::Access { id, .. } = &change {
+        if !registry.changes.first(*id) {
+            return;
+        }
+    }
+    apply_change(bus, registry, name, change).await;
+}
+
+/// Reads new `doc_changes` rows every [`POLL`] and applies those this node has not acted on;
+/// removes rows older than [`KEEP`] now and then.
+pub async fn watch(app: AppState, shutdown: CancellationToken) {
+    let registry = &app.registry;
+    let start = loop {
+        match app.api.last_doc_change().await {
+            Ok(id) => break id,
+            Err(e) => tracing::warn!(error = %e, "cannot read document changes"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(POLL) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    };
+    registry.changes.start_at(start);
+    let mut cursor = start;
+    let mut polls: u64 = 0;
+    loop {
+        match app.api.doc_changes_after(cursor, BATCH).await {
+            Ok(rows) => {
+                for row in rows {
+                    cursor = row.id;
+                    let fresh = registry.changes.reached(row.id);
+                    let Ok(name) = DocName::parse(&row.doc_name) else {
+                        continue;
+                    };
+                    let change = match (row.kind.as_str(), row.user_id) {
+                        ("deleted", _) => Change::Deleted,
+                        ("access", Some(user)) if fresh => Change::Access { user, id: row.id },
+                        _ => continue,
+                    };
+                    if change == Change::Deleted
+                        && !crate::bus::deleted_in_storage(registry, &name).await
+                    {
+                        continue;
+                    }
+                    apply_change(app.bus.as_deref(), registry, &name, change).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read document changes"),
+        }
+        polls += 1;
+        // About every ten minutes.
+        if polls % 2400 == 1 {
+            let before = crate::storage::now_ms() - KEEP.as_millis() as i64;
+            if let Err(e) = app.api.doc_changes_cleanup(before).await {
+                tracing::warn!(error = %e, "cannot prune document changes");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(POLL) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_role_change_is_acted_on_once_whichever_way_it_arrives_first() {
+        let seen = Seen::default();
+        seen.start_at(10);
+        // Older than where the watcher started: never acted on.
+        assert!(!seen.first(9));
+        // Announced first, then read by the watcher: acted on once.
+        assert!(seen.first(12));
+        assert!(!seen.first(12));
+        assert!(!seen.reached(12));
+        // Read by the watcher first: a later announcement is a duplicate.
+        assert!(seen.reached(13));
+        assert!(!seen.first(13));
+        // An announcement the watcher has passed without reading (it was older): dropped.
+        assert!(seen.first(15));
+        assert!(seen.reached(16));
+        assert!(!seen.first(15));
+        assert!(!seen.first(14));
+    }
+}
