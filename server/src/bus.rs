@@ -899,6 +899,11 @@ impl Bus {
         }
     }
 
+    /// Whether this node relays any connection to `doc`.
+    pub(crate) fn relays_to(&self, doc: &DocName) -> bool {
+        lock(&self.relays).values().any(|relay| &relay.doc == doc)
+    }
+
     /// Closes this node's relayed connections to `doc` that `filter` matches.
     fn kill_relays(&self, doc: &DocName, filter: &PeerFilter, reason: &CloseReason) {
         lock(&self.relays).retain(|_, relay| {

@@ -9,9 +9,12 @@
 //! within about [`POLL`] even when the bus loses its announcement.
 //!
 //! Each node acts on a role change once, whichever way it learns of it first ([`Seen`]): a
-//! second close would also close the sockets that reconnected under the new role. A delete
-//! needs no such bookkeeping: acting on it twice finds no sockets the second time, and it is
-//! acted on only while storage says the document is deleted (a restore in between wins).
+//! second close would also close the sockets that reconnected under the new role. (Nodes act
+//! independently, though: when the announcement is lost, one node may act up to a poll after
+//! another, and a client that reconnected in between is closed once more and reconnects
+//! again, under the same new role.) A delete needs no such bookkeeping: acting on it twice
+//! finds no sockets the second time, and it is not acted on if storage says the document has
+//! been restored since.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -82,27 +85,19 @@ pub async fn apply_once(
     change: Change,
 ) {
     if let Change::Access { id, .. } = &change {
-        if !registry.changes.first(*id) {
+        // (0: no row id, from a node of an earlier version.)
+        if *id > 0 && !registry.changes.first(*id) {
             return;
         }
     }
     apply_change(bus, registry, name, change).await;
 }
 
-/// Reads new `doc_changes` rows every [`POLL`] and applies those this node has not acted on;
-/// removes rows older than [`KEEP`] now and then.
-pub async fn watch(app: AppState, shutdown: CancellationToken) {
+/// Reads new `doc_changes` rows after `start` (the newest row before this node took its first
+/// socket) every [`POLL`] and applies those this node has not acted on; removes rows older
+/// than [`KEEP`] now and then.
+pub async fn watch(app: AppState, start: i64, shutdown: CancellationToken) {
     let registry = &app.registry;
-    let start = loop {
-        match app.api.last_doc_change().await {
-            Ok(id) => break id,
-            Err(e) => tracing::warn!(error = %e, "cannot read document changes"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(POLL) => {}
-            _ = shutdown.cancelled() => return,
-        }
-    };
     registry.changes.start_at(start);
     let mut cursor = start;
     let mut polls: u64 = 0;
@@ -120,12 +115,14 @@ pub async fn watch(app: AppState, shutdown: CancellationToken) {
                         ("access", Some(user)) if fresh => Change::Access { user, id: row.id },
                         _ => continue,
                     };
-                    if change == Change::Deleted
-                        && !crate::bus::deleted_in_storage(registry, &name).await
-                    {
-                        continue;
-                    }
-                    apply_change(app.bus.as_deref(), registry, &name, change).await;
+                    // Not inline: a room slow to take the command must not hold up the others.
+                    let app = app.clone();
+                    tokio::spawn(async move {
+                        if change == Change::Deleted && !deleted_here(&app, &name).await {
+                            return;
+                        }
+                        apply_change(app.bus.as_deref(), &app.registry, &name, change).await;
+                    });
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cannot read document changes"),
@@ -143,6 +140,21 @@ pub async fn watch(app: AppState, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
         }
     }
+}
+
+/// Whether a delete has sockets to close on this node, and the document is still deleted (a
+/// restore since then wins; if storage cannot tell, the row is evidence enough).
+async fn deleted_here(app: &AppState, name: &DocName) -> bool {
+    let here =
+        app.registry.get(name).is_some() || app.bus.as_ref().is_some_and(|bus| bus.relays_to(name));
+    if !here {
+        return false;
+    }
+    let restored = matches!(
+        app.api.get_doc_by_name(name.as_str()).await,
+        Ok(Some(doc)) if doc.deleted_at.is_none()
+    );
+    !restored
 }
 
 #[cfg(test)]

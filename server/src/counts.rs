@@ -55,6 +55,11 @@ type Walk<T> = Result<T, Fault>;
 struct Reader<'a> {
     cur: Cursor<'a>,
     len: usize,
+    /// Bytes the entries declared by open containers still take at least: a new count is
+    /// checked against the bytes left after those, so nested counts cannot each claim the
+    /// whole rest of the payload (found in review: 65 nested maps, each declaring half of
+    /// 16 MiB in entries, passed one by one).
+    owed: u64,
 }
 
 impl<'a> Reader<'a> {
@@ -62,6 +67,7 @@ impl<'a> Reader<'a> {
         Reader {
             cur: Cursor::new(buf),
             len: buf.len(),
+            owed: 0,
         }
     }
 
@@ -83,15 +89,26 @@ impl<'a> Reader<'a> {
         self.cur.read_u8().map_err(|_| Fault::Stop)
     }
 
-    /// A count of entries that each take at least `per_entry` bytes.
+    /// A count of entries that each take at least `per_entry` bytes, checked against the
+    /// bytes left that no open container's entries are owed; each entry then starts with
+    /// [`Reader::entry`].
     fn count(&mut self, per_entry: usize) -> Walk<u64> {
         let at = self.cur.next;
         let count = self.var()?;
-        let left = self.left();
-        if count.saturating_mul(per_entry as u64) > left as u64 {
+        let free = (self.left() as u64).saturating_sub(self.owed);
+        let need = count.saturating_mul(per_entry as u64);
+        if need > free {
+            let left = usize::try_from(free).unwrap_or(usize::MAX);
             return Err(Fault::Count(CountError::Impossible { at, count, left }));
         }
+        self.owed += need;
         Ok(count)
+    }
+
+    /// An entry of a counted container begins: its least size is no longer owed (its bytes
+    /// are about to be read).
+    fn entry(&mut self, per_entry: usize) {
+        self.owed = self.owed.saturating_sub(per_entry as u64);
     }
 
     /// Skips `n` bytes (a string's or a buffer's body).
@@ -153,6 +170,7 @@ pub fn check_state_vector(payload: &[u8]) -> Result<(), CountError> {
     let r = &mut Reader::new(payload);
     finish((|| {
         for _ in 0..r.count(2)? {
+            r.entry(2);
             r.client()?;
             r.var()?;
         }
@@ -165,6 +183,7 @@ pub fn check_awareness(payload: &[u8]) -> Result<(), CountError> {
     let r = &mut Reader::new(payload);
     finish((|| {
         for _ in 0..r.count(3)? {
+            r.entry(3);
             r.client()?;
             r.var()?;
             r.bytes()?;
@@ -189,17 +208,21 @@ fn walk_update(r: &mut Reader<'_>) -> Walk<()> {
     // Per client: the number of blocks, the client id and the first clock.
     let clients = r.count(3)?;
     for _ in 0..clients {
+        r.entry(3);
         let blocks = r.count(1)?;
         r.client()?;
         r.var()?; // clock
         for _ in 0..blocks {
+            r.entry(1);
             walk_block(r)?;
         }
     }
     // The delete set: per client, its ranges (clock and length).
     for _ in 0..r.count(2)? {
+        r.entry(2);
         r.client()?;
         for _ in 0..r.count(2)? {
+            r.entry(2);
             // yrs adds the two as u32 (a debug-build panic past u32::MAX; found by fuzzing).
             let (clock, len) = (r.var()?, r.var()?);
             if clock.saturating_add(len) > u64::from(u32::MAX) {
@@ -263,6 +286,7 @@ fn walk_block(r: &mut Reader<'_>) -> Walk<()> {
             // `Any` values: each takes at least its tag byte.
             let n = r.count(1)?;
             for _ in 0..n {
+                r.entry(1);
                 walk_any(r, 0)?;
             }
             Ok(())
@@ -273,6 +297,7 @@ fn walk_block(r: &mut Reader<'_>) -> Walk<()> {
             // then reads one string more than the count (Yjs reads exactly the count).
             let n = r.count(1)?;
             for _ in 0..=n {
+                r.entry(1);
                 r.bytes()?;
             }
             Ok(())
@@ -301,6 +326,7 @@ fn walk_any(r: &mut Reader<'_>, depth: usize) -> Walk<()> {
             // A map: each entry is a key (at least its length byte) and a value (its tag).
             let n = r.count(2)?;
             for _ in 0..n {
+                r.entry(2);
                 r.bytes()?;
                 walk_any(r, depth + 1)?;
             }
@@ -309,6 +335,7 @@ fn walk_any(r: &mut Reader<'_>, depth: usize) -> Walk<()> {
         117 => {
             let n = r.count(1)?;
             for _ in 0..n {
+                r.entry(1);
                 walk_any(r, depth + 1)?;
             }
             Ok(())
@@ -418,6 +445,40 @@ mod tests {
                 u8::from_str_radix(pair, 16).unwrap_or(0)
             })
             .collect()
+    }
+
+    /// Nested containers cannot each declare the whole rest of the payload: 60 maps nested
+    /// in one another, each declaring half of what is left in entries, with the padding that
+    /// makes every count pass on its own.
+    #[test]
+    fn nested_counts_together_cannot_claim_more_than_the_payload() {
+        let mut u = vec![1u8, 1, 7, 0, 8, 1, 1, b'm', 1];
+        let mut counts_at = Vec::new();
+        for _ in 0..60 {
+            u.push(118); // a map
+            counts_at.push(u.len());
+            u.extend([0u8; 4]); // its count, filled in below
+            u.extend([1, b'k']); // the first entry's key
+        }
+        u.push(126); // null
+        u.extend(std::iter::repeat_n(0u8, 4096));
+        for &at in counts_at.iter().rev() {
+            let left = (u.len() - at - 4) as u64;
+            let n = left / 2;
+            // A 4-byte varint, padded.
+            let bytes = [
+                (n & 0x7f) as u8 | 0x80,
+                ((n >> 7) & 0x7f) as u8 | 0x80,
+                ((n >> 14) & 0x7f) as u8 | 0x80,
+                ((n >> 21) & 0x7f) as u8,
+            ];
+            u[at..at + 4].copy_from_slice(&bytes);
+        }
+        assert!(
+            matches!(check_update(&u), Err(CountError::Impossible { .. })),
+            "{:?}",
+            check_update(&u)
+        );
     }
 
     #[test]

@@ -206,7 +206,9 @@ pub async fn run_with_stores(
     };
     let background = TaskTracker::new();
     background.spawn(revocation::watch(app.clone(), shutdown.clone()));
-    background.spawn(changes::watch(app.clone(), shutdown.clone()));
+    // Where the changes watcher starts: the newest change before this node serves anything.
+    let changes_start = stores.api.last_doc_change().await?;
+    background.spawn(changes::watch(app.clone(), changes_start, shutdown.clone()));
     if !webhooks.urls.is_empty() {
         background.spawn(webhooks::run(
             stores.api.clone(),
