@@ -25,6 +25,7 @@ pub struct Metrics {
     pub sync_answers_encoded: IntCounter,
     pub sync_answers_shared: IntCounter,
     pub sync_answers_skipped: IntCounter,
+    pub stalled_reads: IntCounter,
     pub rate_limited: IntCounter,
     pub addr_limited: IntCounter,
     pub tokens_expired: IntCounter,
@@ -121,6 +122,10 @@ impl Metrics {
             sync_answers_skipped: counter(
                 "sync_answers_skipped_total",
                 "Sync and awareness requests not answered because the previous answer was unread",
+            ),
+            stalled_reads: counter(
+                "stalled_sync_answers_total",
+                "Sync requests answered from the committed copy while the room's storage was stalled",
             ),
             rate_limited: counter(
                 "rate_limited_total",

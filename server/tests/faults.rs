@@ -226,8 +226,11 @@ async fn a_commit_that_keeps_failing_stalls_the_room_until_storage_answers() {
 
 /// A database that stops answering (another session holds the log table's lock, so every
 /// append waits) stalls the room once `storage_timeout` passes, instead of leaving it stuck
-/// forever; when the lock goes, the room resumes and every acknowledged update is there once.
-/// On the real database of either backend.
+/// forever. Meanwhile the room keeps serving reads of the committed state from memory: a
+/// client joining during the stall syncs at once (without the stalled update, which is not
+/// committed) and so does an HTTP read. When the lock goes, the room resumes, the joined
+/// client receives the stalled update, and every acknowledged update is there once. On the
+/// real database of either backend.
 #[tokio::test]
 async fn a_database_that_stops_answering_stalls_the_room_and_it_resumes_by_itself() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -238,6 +241,8 @@ async fn a_database_that_stops_answering_stalls_the_room_and_it_resumes_by_itsel
     let mut a = Client::connect(&url, 1).await;
     a.insert(0, "before ").await;
     a.durable_ack(1).await;
+    let id = doc_id(server.addr, "hung", None).await;
+    let json_path = format!("/api/v1/docs/{id}/json");
 
     let pool = open_db(dir.path()).await;
     let mut lock = pool.acquire().await.expect("connection");
@@ -267,6 +272,17 @@ async fn a_database_that_stops_answering_stalls_the_room_and_it_resumes_by_itsel
     );
     let (status, body) = http_get(server.addr, "/readyz").await;
     assert_eq!(status, 503, "{body}");
+    // Reads of the committed state, served from memory while storage is stalled (each
+    // within its own deadline: a read waiting for the commit would wait for the lock).
+    let joined = tokio::time::timeout(PATIENCE, Client::connect(&url, 9)).await;
+    let mut joined = joined.expect("a client joining a stalled room syncs at once");
+    assert_eq!(joined.text(), "before ", "the committed state only");
+    let read = tokio::time::timeout(PATIENCE, http_get(server.addr, &json_path)).await;
+    let (status, body) = read.expect("an HTTP read of a stalled room answers at once");
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).expect("json body");
+    assert_eq!(json["text"], "before ", "{body}");
+    assert!(server.metric("quire_stalled_sync_answers_total").await >= 1.0);
 
     sqlx::query("ROLLBACK")
         .execute(&mut *lock)
@@ -280,6 +296,13 @@ async fn a_database_that_stops_answering_stalls_the_room_and_it_resumes_by_itsel
     );
     wait_metric_at(server.addr, "quire_rooms_storage_stalled", |v| v == 0.0).await;
     assert_eq!(http_get(server.addr, "/readyz").await.0, 200);
+    assert!(
+        joined
+            .pump_until(PATIENCE, |c| c.text() == "before during")
+            .await,
+        "the client that joined during the stall gets the update once it commits: {:?}",
+        joined.text()
+    );
     assert_eq!(fresh_text(&url).await, "before during");
     assert_eq!(
         log_rows(dir.path(), "hung").await,

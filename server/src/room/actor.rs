@@ -14,6 +14,8 @@
 //!   acknowledgements that were waiting for them, and answers Sync/Step1 requests that were
 //!   deferred because the `Doc` held uncommitted data. Then it starts the next batch.
 //! - Snapshots are written between appends, when the `Doc` is exactly the committed state.
+//! - While storage is stalled (an append failed or passed its deadline and is being retried),
+//!   the waiting reads are answered from the committed copy (`committed.rs`) instead.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -27,6 +29,7 @@ use yrs::{Doc, ReadTxn, StateVector, Transact, Update};
 
 use super::answers::SharedAnswers;
 use super::awareness::AwarenessTable;
+use super::committed::{self, CommittedCopy};
 use super::queue::{Answer, QueueTx, SendError};
 use super::{
     ApplyError, CloseReason, DocName, JoinError, PeerAuth, PeerFilter, PeerId, PeerLink, PeerMsg,
@@ -248,23 +251,11 @@ async fn load_owned(registry: &Registry, name: &DocName) -> Result<Owned, LoadEr
 
 /// Latest snapshot plus the log rows after it, replayed into a fresh `Doc`.
 fn build_doc(stored: &StoredDoc) -> Result<Doc, LoadError> {
-    let doc = Doc::new();
-    {
-        let mut txn = doc.transact_mut();
-        if let Some(snapshot) = &stored.snapshot {
-            let update = Update::decode_v2(snapshot)
-                .map_err(|e| LoadError::Corrupt(format!("snapshot: {e}")))?;
-            txn.apply_update(update)
-                .map_err(|e| LoadError::Corrupt(format!("snapshot: {e}")))?;
-        }
-        for (seq, data) in &stored.updates {
-            let update = Update::decode_v1(data)
-                .map_err(|e| LoadError::Corrupt(format!("log row {seq}: {e}")))?;
-            txn.apply_update(update)
-                .map_err(|e| LoadError::Corrupt(format!("log row {seq}: {e}")))?;
-        }
-    }
-    Ok(doc)
+    let rows = stored
+        .updates
+        .iter()
+        .map(|(seq, data)| (*seq, data.as_slice()));
+    committed::replay(stored.snapshot.as_deref(), rows).map_err(LoadError::Corrupt)
 }
 
 struct Peer {
@@ -351,6 +342,8 @@ enum Inflight {
     Snapshot {
         upto_seq: i64,
         size: u64,
+        /// What is being written, for the committed copy once it is.
+        data: Bytes,
         task: StorageOp<SnapshotOutcome>,
     },
 }
@@ -477,6 +470,8 @@ struct Room {
     /// The room is leaving: failing commits are given up after a few attempts.
     draining: bool,
     doc: Doc,
+    /// The committed state as storage holds it, for reads while the room is stalled.
+    committed: CommittedCopy,
     awareness: AwarenessTable,
     /// Sync answers encoded for the current version of the `Doc`, shared between peers.
     answers: SharedAnswers,
@@ -528,7 +523,7 @@ impl Room {
         loaded: Loaded,
         lease: Option<(Epoch, Instant)>,
     ) -> Room {
-        let Loaded { stored, doc } = loaded;
+        let Loaded { mut stored, doc } = loaded;
         let ttl = registry
             .config
             .lease
@@ -590,6 +585,8 @@ impl Room {
             committed_idx: 0,
             reload_needed: None,
             unload_at: None,
+            // Last: it takes the snapshot and rows out of `stored`.
+            committed: CommittedCopy::take(&mut stored),
         }
     }
 
@@ -789,6 +786,7 @@ impl Room {
             RoomCmd::ReadUpdate { since, reply } => {
                 if self.has_uncommitted() {
                     self.deferred_reads.push(DeferredRead::Update(since, reply));
+                    self.answer_from_committed();
                 } else {
                     let _ = reply.send(self.doc.transact().encode_diff_v1(&since));
                 }
@@ -796,6 +794,7 @@ impl Room {
             RoomCmd::ReadJson { reply } => {
                 if self.has_uncommitted() {
                     self.deferred_reads.push(DeferredRead::Json(reply));
+                    self.answer_from_committed();
                 } else {
                     let _ = reply.send(doc_json(&self.doc));
                 }
@@ -828,11 +827,14 @@ impl Room {
             Some(why) => {
                 self.registry.set_storage_error(why);
                 self.stalled.set(true);
+                // The reads already waiting for the commit need not wait for storage.
+                self.answer_from_committed();
             }
             None => {
                 if self.stalled.set(false) {
                     info!("storage answers again; the room takes updates");
                 }
+                self.committed.forget_view();
             }
         }
     }
@@ -927,6 +929,7 @@ impl Room {
             PeerMsg::Step1(sv) => {
                 if self.has_uncommitted() {
                     self.deferred_step1.insert(peer, sv);
+                    self.answer_from_committed();
                 } else {
                     self.answer_step1(peer, &sv);
                 }
@@ -994,6 +997,51 @@ impl Room {
         };
         if full {
             self.overflow(peer);
+        }
+    }
+
+    /// While the room is stalled, answers the reads waiting for committed state from the
+    /// committed copy (the `Doc` holds the stalled batch): a joined peer gets the stalled
+    /// batch as a broadcast once it commits, like any peer. Otherwise they keep waiting.
+    fn answer_from_committed(&mut self) {
+        if !self.stalled.is_on()
+            || (self.deferred_step1.is_empty() && self.deferred_reads.is_empty())
+        {
+            return;
+        }
+        let Some(view) = self.committed.view() else {
+            return;
+        };
+        let mut answers = Vec::new();
+        let mut json = Vec::new();
+        {
+            let txn = view.transact();
+            for (peer, sv) in std::mem::take(&mut self.deferred_step1) {
+                answers.push((peer, protocol::encode_step2(&txn.encode_diff_v1(&sv))));
+            }
+            for read in std::mem::take(&mut self.deferred_reads) {
+                match read {
+                    DeferredRead::Update(sv, reply) => {
+                        let _ = reply.send(txn.encode_diff_v1(&sv));
+                    }
+                    DeferredRead::Json(reply) => json.push(reply),
+                }
+            }
+        }
+        if !json.is_empty() {
+            let value = doc_json(view);
+            for reply in json {
+                let _ = reply.send(value.clone());
+            }
+        }
+        self.registry
+            .metrics
+            .stalled_reads
+            .inc_by(answers.len() as u64);
+        for (peer, frame) in answers {
+            if self.peers.contains_key(&peer) && !self.answer_pending(peer, Answer::Sync) {
+                self.send_answer(peer, Answer::Sync, frame);
+            }
         }
     }
 
@@ -1241,6 +1289,8 @@ impl Room {
                 m.updates_logged.inc_by(batch.len() as u64);
                 let bytes: u64 = batch.iter().map(|a| a.raw.len() as u64).sum();
                 self.applied_bytes -= bytes;
+                let rows = batch.iter().map(|a| a.raw.clone());
+                self.committed.committed(self.last_seq + 1, rows);
                 self.last_seq += batch.len() as i64;
                 self.stored_bytes += bytes;
                 self.since_snapshot_updates += batch.len() as u64;
@@ -1317,9 +1367,18 @@ impl Room {
                 self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, attempt + 1));
                 return Ok(());
             }
-            (Inflight::Snapshot { upto_seq, size, .. }, OpResult::Snapshot(res)) => match res {
+            (
+                Inflight::Snapshot {
+                    upto_seq,
+                    size,
+                    data,
+                    ..
+                },
+                OpResult::Snapshot(res),
+            ) => match res {
                 Ok(SnapshotOutcome::Written { new_version }) => {
                     self.registry.metrics.snapshots.inc();
+                    self.committed.snapshotted(data, upto_seq);
                     debug!(upto_seq, size, "snapshot written");
                     self.snapshot_version = new_version;
                     let logged_after = (self.last_seq - upto_seq) as u64;
@@ -1406,6 +1465,7 @@ impl Room {
         };
         self.unencodable = false;
         let size = data.len() as u64;
+        let kept = Bytes::copy_from_slice(&data);
         let store = self.registry.store.clone();
         let (doc, version, upto_seq) = (self.doc_id, self.snapshot_version, self.last_seq);
         let fence = self.fence;
@@ -1420,6 +1480,7 @@ impl Room {
         Some(Inflight::Snapshot {
             upto_seq,
             size,
+            data: kept,
             task,
         })
     }
@@ -1435,7 +1496,7 @@ impl Room {
             .await
             .map_err(|e| format!("reload failed: {e}"))?;
         let diff = loaded.doc.transact().encode_diff_v1(seen);
-        let Loaded { stored, doc } = loaded;
+        let Loaded { mut stored, doc } = loaded;
         self.doc = doc;
         self.answers.invalidate();
         self.snapshot_version = stored.snapshot_version;
@@ -1443,6 +1504,7 @@ impl Room {
         self.stored_bytes = stored.stored_bytes();
         self.since_snapshot_updates = stored.updates.len() as u64;
         self.since_snapshot_bytes = stored.updates.iter().map(|(_, u)| u.len() as u64).sum();
+        self.committed = CommittedCopy::take(&mut stored);
         if !is_empty_update(&diff) {
             self.broadcast(&protocol::encode_update(&diff), None);
         }

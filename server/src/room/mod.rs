@@ -7,6 +7,7 @@
 mod actor;
 mod answers;
 pub mod awareness;
+mod committed;
 pub mod queue;
 mod registry;
 
