@@ -350,6 +350,7 @@ fn bus_seeds(seeds: &mut Seeds, fixtures: &[(String, Bytes)]) {
                 user: Some("ann".into()),
                 can_write: true,
                 expires_at: Some(1_767_225_600),
+                seen_change: 0,
             },
         ),
         (
@@ -361,6 +362,7 @@ fn bus_seeds(seeds: &mut Seeds, fixtures: &[(String, Bytes)]) {
                 user: None,
                 can_write: false,
                 expires_at: None,
+                seen_change: 0,
             },
         ),
         (

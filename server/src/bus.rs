@@ -99,6 +99,8 @@ pub enum Envelope {
         /// When the client's token expires (seconds since the epoch): the owner closes the
         /// remote peer then, as it would a local one.
         expires_at: Option<i64>,
+        /// The newest role change the client's permission reflects (`PeerAuth::seen_change`).
+        seen_change: i64,
     },
     Frame {
         from: String,
@@ -200,6 +202,7 @@ impl Envelope {
                 user,
                 can_write,
                 expires_at,
+                seen_change,
             } => {
                 b.put_u8(OPEN);
                 b.put_u64(*conn);
@@ -219,6 +222,10 @@ impl Envelope {
                         b.put_i64(*exp);
                     }
                     None => b.put_u8(0),
+                }
+                // Left out when 0, as a node of an earlier version leaves it out.
+                if *seen_change != 0 {
+                    b.put_i64(*seen_change);
                 }
             }
             Envelope::Frame {
@@ -315,6 +322,12 @@ impl Envelope {
                     1 => return None,
                     _ => None,
                 };
+                // (Absent from an earlier version's message: every role change then applies.)
+                let seen_change = match b.remaining() {
+                    0 => 0,
+                    8.. => b.get_i64(),
+                    _ => return None,
+                };
                 Envelope::Open {
                     from,
                     conn,
@@ -322,6 +335,7 @@ impl Envelope {
                     user,
                     can_write,
                     expires_at,
+                    seen_change,
                 }
             }
             FRAME => {
@@ -642,6 +656,8 @@ struct Relay {
     order: InOrder,
     doc: DocName,
     user: Option<Arc<str>>,
+    /// See [`PeerAuth::seen_change`].
+    seen_change: i64,
 }
 
 /// The owner's end of a relayed client: its inbox, the bytes of frames waiting in it, and
@@ -867,14 +883,15 @@ impl Bus {
         conn: u64,
         bounds: Bounds,
         doc: DocName,
-        user: Option<Arc<str>>,
+        auth: &PeerAuth,
     ) -> QueueRx {
         let (tx, rx) = crate::room::queue::queue(bounds);
         let relay = Relay {
             tx,
             order: InOrder::default(),
             doc,
-            user,
+            user: auth.user.clone(),
+            seen_change: auth.seen_change,
         };
         lock(&self.relays).insert(conn, relay);
         rx
@@ -907,12 +924,9 @@ impl Bus {
     /// Closes this node's relayed connections to `doc` that `filter` matches.
     fn kill_relays(&self, doc: &DocName, filter: &PeerFilter, reason: &CloseReason) {
         lock(&self.relays).retain(|_, relay| {
-            let hit = &relay.doc == doc
-                && match filter {
-                    PeerFilter::All => true,
-                    PeerFilter::User(u) => relay.user.as_deref() == Some(u.as_str()),
-                    PeerFilter::Token(_) => false,
-                };
+            // (A relay holds no token: revocations reach it through the owner's room.)
+            let hit =
+                &relay.doc == doc && filter.matches(relay.user.as_deref(), None, relay.seen_change);
             if hit {
                 relay.tx.kill(reason.clone());
             }
@@ -946,6 +960,7 @@ impl Bus {
                 user,
                 can_write,
                 expires_at,
+                seen_change,
             } => {
                 let Ok(name) = DocName::parse(&doc) else {
                     return;
@@ -973,6 +988,7 @@ impl Bus {
                     issued_at: 0,
                     can_write,
                     expires_at,
+                    seen_change,
                 };
                 tokio::spawn(remote_peer(
                     self.clone(),
@@ -1146,8 +1162,14 @@ impl Change {
                 CloseReason::new(close::DELETED, "document deleted"),
                 true,
             ),
-            Change::Access { user, .. } => (
-                PeerFilter::User(user),
+            // Only the sockets whose permission was read before the change (0: the id of a
+            // change from an earlier version, which applies to all of the user's).
+            Change::Access { user, id } => (
+                if id > 0 {
+                    PeerFilter::UserBefore(user, id)
+                } else {
+                    PeerFilter::User(user)
+                },
                 CloseReason::new(close::FORBIDDEN, "access changed; reconnect"),
                 false,
             ),
@@ -1276,6 +1298,7 @@ mod tests {
                 user: Some("ann".into()),
                 can_write: true,
                 expires_at: Some(1_800_000_000),
+                seen_change: 3,
             },
             Envelope::Open {
                 from: "n1".into(),
@@ -1284,6 +1307,7 @@ mod tests {
                 user: None,
                 can_write: false,
                 expires_at: None,
+                seen_change: 3,
             },
             Envelope::Frame {
                 from: "n2".into(),
@@ -1339,6 +1363,7 @@ mod tests {
             user: Some("u".into()),
             can_write: true,
             expires_at: None,
+            seen_change: 3,
         }
         .encode();
         truncated.truncate(truncated.len() - 2);
@@ -1378,6 +1403,7 @@ mod tests {
             user: Some("mallory".into()),
             can_write: true,
             expires_at: None,
+            seen_change: 3,
         }
         .encode();
         let sealed = key.seal("quire.node.n2", &body);

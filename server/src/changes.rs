@@ -8,13 +8,14 @@
 //! reads the rows after the last it has seen every [`POLL`]. A change thus reaches every node
 //! within about [`POLL`] even when the bus loses its announcement.
 //!
-//! Each node acts on a role change once, whichever way it learns of it first ([`Seen`]): a
-//! second close would also close the sockets that reconnected under the new role. (Nodes act
-//! independently, though: when the announcement is lost, one node may act up to a poll after
-//! another, and a client that reconnected in between is closed once more and reconnects
-//! again, under the same new role.) A delete needs no such bookkeeping: acting on it twice
-//! finds no sockets the second time, and it is not acted on if storage says the document has
-//! been restored since.
+//! A role change closes only the sockets whose permission was read before it: each socket
+//! records the newest change id when its permission was read (`PeerAuth::seen_change`, read
+//! just before the role), so a client that reconnected under the new role is left alone by
+//! a node that acts later (nodes act independently: up to a poll apart when the announcement
+//! is lost). Each node also acts on a role change once, whichever way it learns of it first
+//! ([`Seen`]), which saves the work of acting twice. A delete needs no such bookkeeping:
+//! acting on it twice finds no sockets the second time, and it is not acted on if storage
+//! says the document has been restored since.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;

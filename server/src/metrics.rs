@@ -124,8 +124,8 @@ impl Metrics {
                 "Sync and awareness requests not answered because the previous answer was unread",
             ),
             stalled_reads: counter(
-                "stalled_sync_answers_total",
-                "Sync requests answered from the committed copy while the room's storage was stalled",
+                "stalled_reads_total",
+                "Sync requests and HTTP reads answered from the committed copy while the room's storage was stalled",
             ),
             rate_limited: counter(
                 "rate_limited_total",

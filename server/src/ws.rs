@@ -405,8 +405,7 @@ async fn relay(
         }
     };
     let conn = bus.conn_id(peer);
-    let user = auth.user.clone();
-    let inbox = bus.register_relay(conn, peer_bounds(&app.registry), name.clone(), user);
+    let inbox = bus.register_relay(conn, peer_bounds(&app.registry), name.clone(), &auth);
     let from = bus.node.to_string();
     let lost_link = || {
         CloseReason::new(
@@ -421,6 +420,7 @@ async fn relay(
         user: auth.user.as_deref().map(str::to_owned),
         can_write: auth.can_write,
         expires_at: auth.expires_at,
+        seen_change: auth.seen_change,
     };
     // The last `Frame` sequence number published (the owner applies them in order, and an
     // `Alive` tells it how many to expect).

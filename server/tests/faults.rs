@@ -282,7 +282,10 @@ async fn a_database_that_stops_answering_stalls_the_room_and_it_resumes_by_itsel
     assert_eq!(status, 200, "{body}");
     let json: serde_json::Value = serde_json::from_str(&body).expect("json body");
     assert_eq!(json["text"], "before ", "{body}");
-    assert!(server.metric("quire_stalled_sync_answers_total").await >= 1.0);
+    assert!(
+        server.metric("quire_stalled_reads_total").await >= 2.0,
+        "the join and the read"
+    );
 
     sqlx::query("ROLLBACK")
         .execute(&mut *lock)

@@ -380,6 +380,8 @@ async fn socket_permission(
     principal: &Principal,
     name: &DocName,
 ) -> Result<PeerAuth, ApiError> {
+    // Read before the role: a role change with this id or older is in what is read next.
+    let seen_change = app.api.last_doc_change().await?;
     let existing = app.api.get_doc_by_name(name.as_str()).await?;
     let role = match &existing {
         Some(doc) => app.api.get_role(doc.id, &principal.user).await?,
@@ -398,6 +400,7 @@ async fn socket_permission(
         issued_at: principal.issued_at,
         can_write: perm >= Permission::Write,
         expires_at: principal.expires_at,
+        seen_change,
     })
 }
 

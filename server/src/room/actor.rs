@@ -32,8 +32,8 @@ use super::awareness::AwarenessTable;
 use super::committed::{self, CommittedCopy};
 use super::queue::{Answer, QueueTx, SendError};
 use super::{
-    ApplyError, CloseReason, DocName, JoinError, PeerAuth, PeerFilter, PeerId, PeerLink, PeerMsg,
-    Registry, RoomCmd,
+    ApplyError, CloseReason, DocName, JoinError, PeerAuth, PeerId, PeerLink, PeerMsg, Registry,
+    RoomCmd,
 };
 use crate::close;
 use crate::protocol;
@@ -247,6 +247,12 @@ async fn load_owned(registry: &Registry, name: &DocName) -> Result<Owned, LoadEr
             Err(e)
         }
     }
+}
+
+/// The most bytes of committed rows a room keeps in its committed copy: twice what triggers a
+/// snapshot, so only a room whose snapshots cannot be written passes it.
+fn committed_copy_limit(registry: &Registry) -> usize {
+    usize::try_from(registry.config.snapshot_bytes.saturating_mul(2)).unwrap_or(usize::MAX)
 }
 
 /// Latest snapshot plus the log rows after it, replayed into a fresh `Doc`.
@@ -524,6 +530,7 @@ impl Room {
         lease: Option<(Epoch, Instant)>,
     ) -> Room {
         let Loaded { mut stored, doc } = loaded;
+        let copy_limit = committed_copy_limit(&registry);
         let ttl = registry
             .config
             .lease
@@ -586,7 +593,7 @@ impl Room {
             reload_needed: None,
             unload_at: None,
             // Last: it takes the snapshot and rows out of `stored`.
-            committed: CommittedCopy::take(&mut stored),
+            committed: CommittedCopy::take(&mut stored, copy_limit),
         }
     }
 
@@ -769,10 +776,9 @@ impl Room {
                 let matching: Vec<PeerId> = self
                     .peers
                     .iter()
-                    .filter(|(_, p)| match &filter {
-                        PeerFilter::All => true,
-                        PeerFilter::User(u) => p.auth.user.as_deref() == Some(u.as_str()),
-                        PeerFilter::Token(t) => p.auth.token_id.as_deref() == Some(t.as_str()),
+                    .filter(|(_, p)| {
+                        let (user, token) = (p.auth.user.as_deref(), p.auth.token_id.as_deref());
+                        filter.matches(user, token, p.auth.seen_change)
                     })
                     .map(|(id, _)| *id)
                     .collect();
@@ -1009,39 +1015,30 @@ impl Room {
         {
             return;
         }
-        let Some(view) = self.committed.view() else {
-            return;
+        let Some(doc) = self.committed.doc() else {
+            return; // no usable copy: they wait for the commit
         };
-        let mut answers = Vec::new();
-        let mut json = Vec::new();
-        {
-            let txn = view.transact();
-            for (peer, sv) in std::mem::take(&mut self.deferred_step1) {
-                answers.push((peer, protocol::encode_step2(&txn.encode_diff_v1(&sv))));
-            }
-            for read in std::mem::take(&mut self.deferred_reads) {
-                match read {
-                    DeferredRead::Update(sv, reply) => {
-                        let _ = reply.send(txn.encode_diff_v1(&sv));
-                    }
-                    DeferredRead::Json(reply) => json.push(reply),
+        let mut json = None;
+        for read in std::mem::take(&mut self.deferred_reads) {
+            match read {
+                DeferredRead::Update(sv, reply) => {
+                    let _ = reply.send(doc.transact().encode_diff_v1(&sv));
+                }
+                DeferredRead::Json(reply) => {
+                    let _ = reply.send(json.get_or_insert_with(|| doc_json(doc)).clone());
                 }
             }
+            self.registry.metrics.stalled_reads.inc();
         }
-        if !json.is_empty() {
-            let value = doc_json(view);
-            for reply in json {
-                let _ = reply.send(value.clone());
+        for (peer, sv) in std::mem::take(&mut self.deferred_step1) {
+            if !self.peers.contains_key(&peer) || self.answer_pending(peer, Answer::Sync) {
+                continue;
             }
-        }
-        self.registry
-            .metrics
-            .stalled_reads
-            .inc_by(answers.len() as u64);
-        for (peer, frame) in answers {
-            if self.peers.contains_key(&peer) && !self.answer_pending(peer, Answer::Sync) {
-                self.send_answer(peer, Answer::Sync, frame);
-            }
+            let Some(frame) = self.committed.step2(&sv) else {
+                return;
+            };
+            self.registry.metrics.stalled_reads.inc();
+            self.send_answer(peer, Answer::Sync, frame);
         }
     }
 
@@ -1289,7 +1286,7 @@ impl Room {
                 m.updates_logged.inc_by(batch.len() as u64);
                 let bytes: u64 = batch.iter().map(|a| a.raw.len() as u64).sum();
                 self.applied_bytes -= bytes;
-                let rows = batch.iter().map(|a| a.raw.clone());
+                let rows = batch.iter().map(|a| a.raw.as_ref());
                 self.committed.committed(self.last_seq + 1, rows);
                 self.last_seq += batch.len() as i64;
                 self.stored_bytes += bytes;
@@ -1504,7 +1501,7 @@ impl Room {
         self.stored_bytes = stored.stored_bytes();
         self.since_snapshot_updates = stored.updates.len() as u64;
         self.since_snapshot_bytes = stored.updates.iter().map(|(_, u)| u.len() as u64).sum();
-        self.committed = CommittedCopy::take(&mut stored);
+        self.committed = CommittedCopy::take(&mut stored, committed_copy_limit(&self.registry));
         if !is_empty_update(&diff) {
             self.broadcast(&protocol::encode_update(&diff), None);
         }

@@ -8,16 +8,21 @@
 //! instead: a joining client's sync and the HTTP reads get the committed state at once, and
 //! the stalled batch reaches the joined clients as a broadcast once it commits.
 //!
-//! The copy costs memory, not work: the encoded snapshot the room loaded or last wrote (a
-//! fraction of the `Doc`'s own size), and the committed rows since, shared with the batches
-//! that carried them (`Bytes`). The `Doc` to read from is built only while the room is
-//! stalled, once per stall.
+//! What it costs: memory, not work per update. The encoded snapshot the room loaded or last
+//! wrote (a fraction of the `Doc`'s own size), and the rows committed since, copied back to
+//! back into one buffer (a row must not pin the frame buffer it arrived in). Snapshots keep
+//! the rows few (`snapshot_updates`, `snapshot_bytes`); if snapshots cannot be written and
+//! the rows pass their bound, the copy is given up until the next snapshot or reload, and
+//! reads during a stall then wait for the commit as they would without it. The `Doc` to read
+//! from is replayed only while the room is stalled, once per stall, and the whole-document
+//! answer most joining clients ask for is encoded once per stall too.
 
 use bytes::Bytes;
 use tracing::warn;
 use yrs::updates::decoder::Decode;
-use yrs::{Doc, Transact, Update};
+use yrs::{Doc, ReadTxn, StateVector, Transact, Update};
 
+use crate::protocol;
 use crate::storage::StoredDoc;
 
 /// Replays a snapshot (Yjs v2) and log rows (Yjs v1) into a fresh `Doc`; the error names the
@@ -43,82 +48,161 @@ pub(super) fn replay<'a>(
     Ok(doc)
 }
 
-#[derive(Default)]
+/// The committed copy replayed for reads, with the whole-document Sync Step 2 once encoded.
+struct View {
+    doc: Doc,
+    whole: Option<Bytes>,
+}
+
 pub(super) struct CommittedCopy {
     /// Yjs v2 encoded state covering the log up to `snapshot_seq`.
     snapshot: Option<Bytes>,
     snapshot_seq: i64,
-    /// Committed log rows after `snapshot_seq`, ascending, as Yjs v1 updates.
-    rows: Vec<(i64, Bytes)>,
-    /// The copy replayed into a `Doc`, while the room is stalled.
-    view: Option<Doc>,
+    /// Committed log rows after `snapshot_seq` (Yjs v1 updates), back to back.
+    data: Vec<u8>,
+    /// Each row's sequence number and where it ends in `data`, ascending.
+    rows: Vec<(i64, usize)>,
+    /// Most bytes of rows kept; past it the copy is given up (`None` rows).
+    limit: usize,
+    /// Given up (rows past `limit`): nothing to read from until a snapshot or a reload.
+    given_up: bool,
+    /// The copy replayed, while the room is stalled.
+    view: Option<View>,
+    /// The copy did not replay: not tried again until it changes.
+    unreplayable: bool,
 }
 
 impl CommittedCopy {
-    /// Takes the snapshot and rows out of what the room loaded.
-    pub(super) fn take(stored: &mut StoredDoc) -> CommittedCopy {
-        CommittedCopy {
+    /// Takes the snapshot and rows out of what the room loaded; rows past `limit` bytes give
+    /// the copy up.
+    pub(super) fn take(stored: &mut StoredDoc, limit: usize) -> CommittedCopy {
+        let mut copy = CommittedCopy {
             snapshot: stored.snapshot.take().map(Bytes::from),
             snapshot_seq: stored.snapshot_seq,
-            rows: std::mem::take(&mut stored.updates)
-                .into_iter()
-                .map(|(seq, data)| (seq, Bytes::from(data)))
-                .collect(),
+            data: Vec::new(),
+            rows: Vec::new(),
+            limit,
+            given_up: false,
             view: None,
+            unreplayable: false,
+        };
+        let rows = std::mem::take(&mut stored.updates);
+        copy.push(rows.iter().map(|(seq, data)| (*seq, data.as_slice())));
+        copy
+    }
+
+    fn push<'a>(&mut self, rows: impl IntoIterator<Item = (i64, &'a [u8])>) {
+        self.view = None;
+        self.unreplayable = false;
+        if self.given_up {
+            return;
+        }
+        for (seq, row) in rows {
+            if self.data.len() + row.len() > self.limit {
+                self.give_up();
+                return;
+            }
+            self.data.extend_from_slice(row);
+            self.rows.push((seq, self.data.len()));
         }
     }
 
+    fn give_up(&mut self) {
+        self.given_up = true;
+        self.data = Vec::new();
+        self.rows = Vec::new();
+    }
+
     /// Rows `first_seq`, `first_seq + 1`, ... were committed.
-    pub(super) fn committed(&mut self, first_seq: i64, rows: impl IntoIterator<Item = Bytes>) {
-        self.view = None;
+    pub(super) fn committed<'a>(
+        &mut self,
+        first_seq: i64,
+        rows: impl IntoIterator<Item = &'a [u8]>,
+    ) {
         let rows = rows
             .into_iter()
             .zip(first_seq..)
             .map(|(data, seq)| (seq, data));
-        self.rows.extend(rows);
+        self.push(rows);
     }
 
     /// A snapshot covering the log up to `upto_seq` was written.
     pub(super) fn snapshotted(&mut self, snapshot: Bytes, upto_seq: i64) {
         self.view = None;
+        self.unreplayable = false;
         self.snapshot = Some(snapshot);
         self.snapshot_seq = upto_seq;
-        self.rows.retain(|(seq, _)| *seq > upto_seq);
+        if self.given_up {
+            // The room snapshots with nothing in flight: no row after `upto_seq` was missed.
+            self.given_up = false;
+            return;
+        }
+        let kept = self.rows.partition_point(|(seq, _)| *seq <= upto_seq);
+        let cut = kept.checked_sub(1).map_or(0, |i| self.rows[i].1);
+        self.data.drain(..cut);
+        self.rows.drain(..kept);
+        for (_, end) in &mut self.rows {
+            *end -= cut;
+        }
     }
 
-    /// The committed state as a `Doc` (built on first use, kept until the copy changes or
-    /// [`CommittedCopy::forget_view`]); `None` if it cannot be replayed.
-    pub(super) fn view(&mut self) -> Option<&Doc> {
-        if self.view.is_none() {
-            let rows = self.rows.iter().map(|(seq, data)| (*seq, data.as_ref()));
+    /// Bytes held (snapshot and rows).
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.snapshot.as_ref().map_or(0, Bytes::len) + self.data.len()
+    }
+
+    fn view(&mut self) -> Option<&mut View> {
+        if self.view.is_none() && !self.given_up && !self.unreplayable {
+            let mut start = 0;
+            let rows = self.rows.iter().map(|&(seq, end)| {
+                let row = &self.data[start..end];
+                start = end;
+                (seq, row)
+            });
             match replay(self.snapshot.as_deref(), rows) {
-                Ok(doc) => self.view = Some(doc),
+                Ok(doc) => self.view = Some(View { doc, whole: None }),
                 Err(e) => {
                     warn!(error = %e, "the committed copy does not replay; reads wait for the commit");
-                    return None;
+                    self.unreplayable = true;
                 }
             }
         }
-        self.view.as_ref()
+        self.view.as_mut()
     }
 
-    /// Drops the `Doc` built for reads (the stall is over).
+    /// The committed state as a `Doc` (replayed on first use, kept until the copy changes or
+    /// [`CommittedCopy::forget_view`]); `None` if there is no usable copy.
+    pub(super) fn doc(&mut self) -> Option<&Doc> {
+        self.view().map(|v| &v.doc)
+    }
+
+    /// The Sync Step 2 answering `sv` from the committed state (the whole document, which most
+    /// joining clients ask for, encoded once per view); `None` if there is no usable copy.
+    pub(super) fn step2(&mut self, sv: &StateVector) -> Option<Bytes> {
+        let view = self.view()?;
+        if *sv != StateVector::default() {
+            return Some(protocol::encode_step2(
+                &view.doc.transact().encode_diff_v1(sv),
+            ));
+        }
+        let doc = &view.doc;
+        let whole = view.whole.get_or_insert_with(|| {
+            protocol::encode_step2(&doc.transact().encode_diff_v1(&StateVector::default()))
+        });
+        Some(whole.clone())
+    }
+
+    /// Drops the `Doc` replayed for reads (the stall is over).
     pub(super) fn forget_view(&mut self) {
         self.view = None;
-    }
-
-    /// Bytes held (snapshot and rows), for tests and metrics.
-    #[cfg(test)]
-    pub(super) fn bytes(&self) -> usize {
-        self.snapshot.as_ref().map_or(0, Bytes::len)
-            + self.rows.iter().map(|(_, d)| d.len()).sum::<usize>()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use yrs::{GetString, ReadTxn, StateVector, Text};
+    use yrs::{GetString, Text};
 
     fn text_of(doc: &Doc) -> String {
         let text = doc.get_or_insert_text("t");
@@ -126,29 +210,65 @@ mod tests {
         text.get_string(&txn)
     }
 
+    struct Source(Doc);
+
+    impl Source {
+        fn edit(&self, at: u32, s: &str) -> Vec<u8> {
+            let text = self.0.get_or_insert_text("t");
+            let mut txn = self.0.transact_mut();
+            text.insert(&mut txn, at, s);
+            txn.encode_update_v1()
+        }
+
+        fn snapshot(&self) -> Bytes {
+            Bytes::from(
+                self.0
+                    .transact()
+                    .encode_state_as_update_v2(&StateVector::default()),
+            )
+        }
+    }
+
+    fn empty(limit: usize) -> CommittedCopy {
+        CommittedCopy::take(&mut StoredDoc::default(), limit)
+    }
+
     #[test]
     fn the_copy_follows_commits_and_snapshots() {
-        let source = Doc::with_client_id(1);
-        let text = source.get_or_insert_text("t");
-        let edit = |at: u32, s: &str| {
-            let mut txn = source.transact_mut();
-            text.insert(&mut txn, at, s);
-            Bytes::from(txn.encode_update_v1())
-        };
-        let mut copy = CommittedCopy::default();
-        copy.committed(1, [edit(0, "a"), edit(1, "b")]);
-        assert_eq!(copy.view().map(text_of).as_deref(), Some("ab"));
+        let source = Source(Doc::with_client_id(1));
+        let mut copy = empty(1 << 20);
+        let (a, b) = (source.edit(0, "a"), source.edit(1, "b"));
+        copy.committed(1, [a.as_slice(), b.as_slice()]);
+        assert_eq!(copy.doc().map(text_of).as_deref(), Some("ab"));
 
-        let snapshot = source
-            .transact()
-            .encode_state_as_update_v2(&StateVector::default());
-        copy.committed(3, [edit(2, "c")]);
-        // A snapshot encoded at row 2, written after row 3 committed: row 3 stays.
-        copy.snapshotted(Bytes::from(snapshot), 2);
-        assert_eq!(copy.rows.len(), 1);
-        assert_eq!(copy.view().map(text_of).as_deref(), Some("abc"));
-        copy.committed(4, [edit(3, "d")]);
-        assert_eq!(copy.view().map(text_of).as_deref(), Some("abcd"));
-        assert!(copy.bytes() > 0);
+        let snapshot = source.snapshot();
+        let c = source.edit(2, "c");
+        copy.committed(3, [c.as_slice()]);
+        // A snapshot covering rows up to 2: row 3 stays.
+        copy.snapshotted(snapshot, 2);
+        assert_eq!(copy.rows, vec![(3, c.len())]);
+        assert_eq!(copy.doc().map(text_of).as_deref(), Some("abc"));
+        let d = source.edit(3, "d");
+        copy.committed(4, [d.as_slice()]);
+        assert_eq!(copy.doc().map(text_of).as_deref(), Some("abcd"));
+        // The whole-document answer, encoded once for the view.
+        let whole = copy.step2(&StateVector::default()).expect("answer");
+        let again = copy.step2(&StateVector::default()).expect("answer");
+        assert_eq!(whole.as_ptr(), again.as_ptr());
+    }
+
+    #[test]
+    fn rows_past_the_bound_give_the_copy_up_until_the_next_snapshot() {
+        let source = Source(Doc::with_client_id(1));
+        let first = source.edit(0, "first");
+        let mut copy = empty(first.len() + 4);
+        copy.committed(1, [first.as_slice()]);
+        assert!(copy.doc().is_some());
+        let second = source.edit(5, " second");
+        copy.committed(2, [second.as_slice()]);
+        assert!(copy.doc().is_none(), "given up");
+        assert_eq!(copy.bytes(), 0);
+        copy.snapshotted(source.snapshot(), 2);
+        assert_eq!(copy.doc().map(text_of).as_deref(), Some("first second"));
     }
 }

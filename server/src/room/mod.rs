@@ -114,6 +114,10 @@ pub struct PeerAuth {
     /// When the token expires (seconds since the epoch): the room closes the peer then with
     /// 4401. `None`: the credential does not expire (admin key, open mode).
     pub expires_at: Option<i64>,
+    /// The newest `doc_changes` row when the permission was read (read just before it): the
+    /// permission already reflects every role change up to this id, so only a later change
+    /// closes the peer (`PeerFilter::UserBefore`).
+    pub seen_change: i64,
 }
 
 /// Which peers a [`RoomCmd::Close`] applies to.
@@ -121,7 +125,23 @@ pub struct PeerAuth {
 pub enum PeerFilter {
     All,
     User(String),
+    /// The user's peers whose permission was read before role change `.1` (`seen_change`
+    /// older than it): the ones that reconnected since already have the new role.
+    UserBefore(String, i64),
     Token(String),
+}
+
+impl PeerFilter {
+    /// Whether a peer of `user` whose permission reflects changes up to `seen_change` (and
+    /// holds token `token`) matches.
+    pub fn matches(&self, user: Option<&str>, token: Option<&str>, seen_change: i64) -> bool {
+        match self {
+            PeerFilter::All => true,
+            PeerFilter::User(u) => user == Some(u.as_str()),
+            PeerFilter::UserBefore(u, change) => user == Some(u.as_str()) && seen_change < *change,
+            PeerFilter::Token(t) => token == Some(t.as_str()),
+        }
+    }
 }
 
 /// What a connection hands the room when it joins.
@@ -322,6 +342,23 @@ impl RoomHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_role_change_closes_only_what_was_authorized_before_it() {
+        let change = PeerFilter::UserBefore("ann".into(), 7);
+        assert!(
+            change.matches(Some("ann"), None, 6),
+            "read before the change"
+        );
+        assert!(
+            !change.matches(Some("ann"), None, 7),
+            "read with the change committed"
+        );
+        assert!(!change.matches(Some("bob"), None, 0), "another user");
+        assert!(PeerFilter::User("ann".into()).matches(Some("ann"), None, 99));
+        assert!(PeerFilter::Token("t".into()).matches(None, Some("t"), 0));
+        assert!(!PeerFilter::Token("t".into()).matches(Some("ann"), None, 0));
+    }
 
     #[test]
     fn names_are_decoded_and_validated() {

@@ -24,7 +24,7 @@ use bytes::Bytes;
 pub type DocId = i64;
 
 /// What `load` returns: the latest snapshot and every log row after it, in order.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct StoredDoc {
     pub id: DocId,
     /// Version guarding snapshot writes (not the metadata version).
