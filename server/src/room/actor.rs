@@ -32,8 +32,8 @@ use super::awareness::AwarenessTable;
 use super::committed::{self, CommittedCopy};
 use super::queue::{Answer, QueueTx, SendError};
 use super::{
-    ApplyError, CloseReason, DocName, JoinError, PeerAuth, PeerId, PeerLink, PeerMsg, Registry,
-    RoomCmd,
+    ApplyError, CloseReason, DocName, JoinError, PeerAuth, PeerFilter, PeerId, PeerLink, PeerMsg,
+    Registry, RoomCmd,
 };
 use crate::close;
 use crate::protocol;
@@ -478,6 +478,9 @@ struct Room {
     doc: Doc,
     /// The committed state as storage holds it, for reads while the room is stalled.
     committed: CommittedCopy,
+    /// The newest role change acted on, per user: a peer joining with a permission read
+    /// before it is closed (4403) at once.
+    role_changes: HashMap<String, i64>,
     awareness: AwarenessTable,
     /// Sync answers encoded for the current version of the `Doc`, shared between peers.
     answers: SharedAnswers,
@@ -592,6 +595,7 @@ impl Room {
             committed_idx: 0,
             reload_needed: None,
             unload_at: None,
+            role_changes: HashMap::new(),
             // Last: it takes the snapshot and rows out of `stored`.
             committed: CommittedCopy::take(&mut stored, copy_limit),
         }
@@ -773,6 +777,10 @@ impl Room {
                 reason,
                 unload,
             } => {
+                if let PeerFilter::UserBefore(user, change) = &filter {
+                    let newest = self.role_changes.entry(user.clone()).or_default();
+                    *newest = (*newest).max(*change);
+                }
                 let matching: Vec<PeerId> = self
                     .peers
                     .iter()
@@ -867,8 +875,19 @@ impl Room {
         if let Some(at) = expires {
             self.expiries.insert((at, id));
         }
+        let stale = auth
+            .user
+            .as_deref()
+            .and_then(|user| self.role_changes.get(user))
+            .is_some_and(|&change| auth.seen_change < change);
         self.peers.insert(id, Peer { tx, auth, expires });
         self.unload_at = None;
+        if stale {
+            // Its permission was read before a role change this room has already acted on
+            // (the change committed between the read and the join).
+            let reason = CloseReason::new(close::FORBIDDEN, "access changed; reconnect");
+            self.close_peer(id, reason);
+        }
         Ok(())
     }
 
@@ -1034,11 +1053,16 @@ impl Room {
             if !self.peers.contains_key(&peer) || self.answer_pending(peer, Answer::Sync) {
                 continue;
             }
-            let Some(frame) = self.committed.step2(&sv) else {
-                return;
-            };
-            self.registry.metrics.stalled_reads.inc();
-            self.send_answer(peer, Answer::Sync, frame);
+            match self.committed.step2(&sv) {
+                Some(frame) => {
+                    self.registry.metrics.stalled_reads.inc();
+                    self.send_answer(peer, Answer::Sync, frame);
+                }
+                // (Not after `doc()` answered; if it did, the peer waits for the commit.)
+                None => {
+                    self.deferred_step1.insert(peer, sv);
+                }
+            }
         }
     }
 
@@ -1808,11 +1832,68 @@ pub(crate) fn doc_json(doc: &Doc) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::{snapshot_due, LeaseGuard};
+    use crate::close;
+    use crate::room::{CloseReason, DocName, PeerAuth, PeerFilter, Registry, RoomCmd};
     use crate::storage::LeaseGrant;
+    use std::sync::Arc;
     use std::time::Duration;
 
     /// A room that panics drops its lease guard while unwinding: the lease is released, so
     /// another node is granted the document at once (the lease here would last an hour).
+    /// A peer whose permission was read before a role change the room has already acted on
+    /// (the change committed between the read and the join) is closed as it joins; one read
+    /// after the change stays.
+    #[tokio::test]
+    async fn a_peer_authorized_before_a_role_change_the_room_acted_on_is_closed_on_joining() {
+        let config = crate::config::Config {
+            database_url: "sqlite::memory:".into(),
+            ..crate::config::Config::default()
+        };
+        let stores = crate::open_stores(&config).await.expect("stores");
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let registry = Registry::new(
+            stores.docs.clone(),
+            Arc::new(crate::metrics::Metrics::new()),
+            config.room.clone(),
+            config.limits.room_queue,
+            shutdown.clone(),
+        );
+        let name = DocName::parse("roles").expect("name");
+        let ann = |seen_change| PeerAuth {
+            user: Some("ann".into()),
+            can_write: true,
+            seen_change,
+            ..PeerAuth::default()
+        };
+        let peer = crate::ws::next_peer_id();
+        let (room, _rx) = crate::ws::join_room(&registry, &name, peer, ann(0))
+            .await
+            .expect("join");
+        let close = RoomCmd::Close {
+            filter: PeerFilter::UserBefore("ann".into(), 5),
+            reason: CloseReason::new(close::FORBIDDEN, "access changed; reconnect"),
+            unload: false,
+        };
+        room.command(close).await.expect("close");
+
+        let late = crate::ws::next_peer_id();
+        let (_, late_rx) = crate::ws::join_room(&registry, &name, late, ann(4))
+            .await
+            .expect("join");
+        let reason = tokio::time::timeout(Duration::from_secs(5), late_rx.killed())
+            .await
+            .expect("closed at once");
+        assert_eq!(reason.code, close::FORBIDDEN);
+
+        let fresh = crate::ws::next_peer_id();
+        let (_, fresh_rx) = crate::ws::join_room(&registry, &name, fresh, ann(5))
+            .await
+            .expect("join");
+        let closed = tokio::time::timeout(Duration::from_millis(300), fresh_rx.killed()).await;
+        assert!(closed.is_err(), "a peer authorized after the change stays");
+        shutdown.cancel();
+    }
+
     #[tokio::test]
     async fn a_room_dropped_without_releasing_its_lease_releases_it() {
         let config = crate::config::Config {

@@ -141,6 +141,11 @@ impl CommittedCopy {
         let cut = kept.checked_sub(1).map_or(0, |i| self.rows[i].1);
         self.data.drain(..cut);
         self.rows.drain(..kept);
+        if self.rows.is_empty() {
+            // (The usual case: a snapshot covers every committed row.) Give the memory back.
+            self.data = Vec::new();
+            self.rows = Vec::new();
+        }
         for (_, end) in &mut self.rows {
             *end -= cut;
         }
