@@ -1145,7 +1145,7 @@ impl Bus {
 }
 
 /// Whether storage says `name` is deleted (false if it cannot tell in time).
-pub(crate) async fn deleted_in_storage(registry: &Registry, name: &DocName) -> bool {
+async fn deleted_in_storage(registry: &Registry, name: &DocName) -> bool {
     let limit = registry.config.storage_timeout;
     matches!(
         tokio::time::timeout(limit, registry.store.load(name.as_str())).await,

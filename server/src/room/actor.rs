@@ -1838,6 +1838,14 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    /// Settings with an in-memory SQLite database.
+    fn memory_config() -> crate::config::Config {
+        crate::config::Config {
+            database_url: "sqlite::memory:".into(),
+            ..crate::config::Config::default()
+        }
+    }
+
     /// A room that panics drops its lease guard while unwinding: the lease is released, so
     /// another node is granted the document at once (the lease here would last an hour).
     /// A peer whose permission was read before a role change the room has already acted on
@@ -1845,10 +1853,7 @@ mod tests {
     /// after the change stays.
     #[tokio::test]
     async fn a_peer_authorized_before_a_role_change_the_room_acted_on_is_closed_on_joining() {
-        let config = crate::config::Config {
-            database_url: "sqlite::memory:".into(),
-            ..crate::config::Config::default()
-        };
+        let config = memory_config();
         let stores = crate::open_stores(&config).await.expect("stores");
         let shutdown = tokio_util::sync::CancellationToken::new();
         let registry = Registry::new(
@@ -1896,10 +1901,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_room_dropped_without_releasing_its_lease_releases_it() {
-        let config = crate::config::Config {
-            database_url: "sqlite::memory:".into(),
-            ..crate::config::Config::default()
-        };
+        let config = memory_config();
         let stores = crate::open_stores(&config).await.expect("stores");
         let store = stores.docs;
         let doc = store.load("d").await.expect("load").id;
