@@ -30,7 +30,7 @@ use bytes::Bytes;
 use clap::{Parser, Subcommand};
 use futures_util::{SinkExt, StreamExt};
 use hdrhistogram::Histogram;
-use quire_server::protocol;
+use quire_protocol as protocol;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use wire::{Flavor, Incoming};
 use yrs::{Doc, GetString, ReadTxn, StateVector, Text, Transact};
@@ -538,8 +538,7 @@ async fn run_client(
                             record_delivery(&u, plan.client_id, &times, &mut measured, now)
                         }
                         Incoming::Ack(raw) => {
-                            let mut cur = yrs::encoding::read::Cursor::new(raw.get(2..).unwrap_or(&[]));
-                            let seq: u64 = yrs::encoding::read::Read::read_var(&mut cur).unwrap_or(0);
+                            let seq = protocol::read_durable_ack(&raw).unwrap_or(0);
                             if let Some(sent) = pending_acks.remove(&seq) {
                                 if shared.measuring(sent) {
                                     shared.acks.fetch_add(1, Ordering::Relaxed);

@@ -2,9 +2,9 @@
 //! reference server) and Hocuspocus' (every message prefixed with the document name, and an
 //! Auth message first).
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use quire_server::protocol::{self, Message};
+use quire_protocol::{self as protocol, hocuspocus, Message};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use yrs::encoding::read::{Cursor, Read};
@@ -29,19 +29,6 @@ pub enum Incoming {
     Update(Bytes),
     Ack(Bytes),
     Other,
-}
-
-fn put_var(buf: &mut BytesMut, mut n: u64) {
-    while n >= 0x80 {
-        buf.put_u8((n as u8 & 0x7f) | 0x80);
-        n >>= 7;
-    }
-    buf.put_u8(n as u8);
-}
-
-fn put_str(buf: &mut BytesMut, s: &str) {
-    put_var(buf, s.len() as u64);
-    buf.extend_from_slice(s.as_bytes());
 }
 
 /// Bytes read from a socket at most per read. tungstenite zeroes this much of its read buffer
@@ -72,12 +59,8 @@ pub async fn connect(base: &str, doc: &str, flavor: Flavor) -> anyhow::Result<Ws
     .await
     .map_err(|_| anyhow::anyhow!("{url}: no WebSocket handshake within {HANDSHAKE_TIMEOUT:?}"))??;
     if flavor == Flavor::Hocuspocus {
-        let mut auth = BytesMut::new();
-        put_str(&mut auth, doc);
-        put_var(&mut auth, 2); // Auth
-        put_var(&mut auth, 0); // Token
-        put_str(&mut auth, "");
-        ws.send(WsMessage::Binary(auth.freeze())).await?;
+        let auth = hocuspocus::encode_auth(doc, "");
+        ws.send(WsMessage::Binary(auth)).await?;
     }
     let step1 = protocol::encode_step1(&StateVector::default());
     ws.send(WsMessage::Binary(wrap(flavor, doc, step1))).await?;
@@ -88,12 +71,7 @@ pub async fn connect(base: &str, doc: &str, flavor: Flavor) -> anyhow::Result<Ws
 pub fn wrap(flavor: Flavor, doc: &str, msg: Bytes) -> Bytes {
     match flavor {
         Flavor::YWebsocket => msg,
-        Flavor::Hocuspocus => {
-            let mut buf = BytesMut::with_capacity(msg.len() + doc.len() + 2);
-            put_str(&mut buf, doc);
-            buf.extend_from_slice(&msg);
-            buf.freeze()
-        }
+        Flavor::Hocuspocus => hocuspocus::wrap(doc, &msg),
     }
 }
 
@@ -105,11 +83,9 @@ pub fn parse(flavor: Flavor, frame: &Bytes) -> Vec<Incoming> {
             .unwrap_or_default(),
         Flavor::Hocuspocus => {
             // varString(doc), varUint(type), body; one message per frame.
-            let mut cur = Cursor::new(frame);
-            let Ok(_doc) = cur.read_string() else {
+            let Some((_doc, rest)) = hocuspocus::unwrap(frame) else {
                 return Vec::new();
             };
-            let rest = frame.slice(cur.next..);
             match rest.first() {
                 Some(0) => protocol::decode_frame(&rest)
                     .map(|msgs| msgs.into_iter().map(incoming).collect())

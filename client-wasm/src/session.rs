@@ -14,21 +14,17 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use yrs::encoding::read::{Cursor, Read};
-use yrs::encoding::write::Write;
-use yrs::sync::protocol::{
-    Message, SyncMessage, MSG_AUTH, MSG_QUERY_AWARENESS, MSG_SYNC, PERMISSION_DENIED,
-};
+use bytes::Bytes;
+use quire_protocol::{self as protocol, Message};
 use yrs::sync::{Awareness, AwarenessUpdate, Clock};
 use yrs::updates::decoder::Decode;
-use yrs::updates::encoder::Encode;
 use yrs::{ClientID, Doc, Origin, ReadTxn, Transact, Update};
 
 /// Transaction origin of changes that came from the server. Everything else is local.
 pub const REMOTE: &str = "quire-remote";
 
 /// The durable-acknowledgement message tag (see docs/protocol.md).
-pub const MSG_DURABLE_ACK: u8 = 102;
+pub const MSG_DURABLE_ACK: u8 = protocol::MSG_DURABLE_ACK;
 
 /// Wakes the driver when a local change is waiting to be sent.
 pub type Wake = Arc<dyn Fn() + Send + Sync>;
@@ -156,7 +152,7 @@ impl Shared {
 fn own_awareness_frame(awareness: &Awareness, me: ClientID) -> Option<Vec<u8>> {
     awareness.local_state_raw()?;
     let update = awareness.update_with_clients([me]).ok()?;
-    Some(Message::Awareness(update).encode_v1())
+    Some(protocol::encode_awareness(&update).into())
 }
 
 /// The engine, owned by the driver.
@@ -267,7 +263,7 @@ impl Session {
             local.queued.clear();
         }
         let sv = self.doc.transact().state_vector();
-        let mut out = vec![Message::Sync(SyncMessage::SyncStep1(sv)).encode_v1()];
+        let mut out = vec![protocol::encode_step1(&sv).into()];
         out.extend(own_awareness_frame(
             &lock(&self.shared.awareness),
             self.client_id(),
@@ -327,17 +323,13 @@ impl Session {
                 Err(e) => {
                     // Cannot happen for updates yrs produced; send them one by one.
                     tracing::warn!(error = %e, "could not merge local updates");
-                    out.extend(
-                        queued
-                            .iter()
-                            .map(|u| Message::Sync(SyncMessage::Update(u.clone())).encode_v1()),
-                    );
+                    out.extend(queued.iter().map(|u| protocol::encode_update(u).into()));
                     None
                 }
             },
         };
         if let Some(update) = update {
-            out.push(Message::Sync(SyncMessage::Update(update)).encode_v1());
+            out.push(protocol::encode_update(&update).into());
         }
         // Before our answer to the server's step 1 an echo would not cover changes made
         // offline (they travel in that answer), so requests wait for it.
@@ -366,9 +358,13 @@ impl Session {
     pub fn receive(&mut self, frame: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<Event>), SessionError> {
         let mut replies = Vec::new();
         let mut events = Vec::new();
-        for raw in split_messages(frame)? {
-            let msg =
-                Message::decode_v1(raw).map_err(|e| SessionError::Malformed(e.to_string()))?;
+        // Decoded like the server decodes a client's frames: a message cut short is an error
+        // (yrs' `MessageReader` would stop silently), and declared counts are checked before
+        // yrs allocates for them.
+        let frame = Bytes::copy_from_slice(frame);
+        let msgs =
+            protocol::decode_frame(&frame).map_err(|e| SessionError::Malformed(e.to_string()))?;
+        for msg in msgs {
             self.handle(msg, &mut replies, &mut events)?;
         }
         Ok((replies, events))
@@ -381,7 +377,7 @@ impl Session {
         events: &mut Vec<Event>,
     ) -> Result<(), SessionError> {
         match msg {
-            Message::Sync(SyncMessage::SyncStep1(sv)) => {
+            Message::SyncStep1(sv) => {
                 // Counter first, then the document: a change counted here has finished its
                 // commit (the observer runs inside it), so the diff below includes it; a change
                 // made after stays queued and goes out as an update (a harmless duplicate).
@@ -391,23 +387,23 @@ impl Session {
                     local.seq
                 };
                 let diff = self.doc.transact().encode_state_as_update_v1(&sv);
-                replies.push(Message::Sync(SyncMessage::SyncStep2(diff)).encode_v1());
+                replies.push(protocol::encode_step2(&diff).into());
                 // Every local change up to `seq` is in that answer: one echo confirms them.
                 self.answered = true;
                 self.requested = 0;
                 replies.extend(self.ack_request(seq));
             }
-            Message::Sync(SyncMessage::SyncStep2(update)) => {
+            Message::SyncStep2(update) => {
                 self.apply_remote(&update)?;
                 if !self.shared.synced.swap(true, Ordering::AcqRel) {
                     events.push(Event::Synced(true));
                 }
             }
-            Message::Sync(SyncMessage::Update(update)) => self.apply_remote(&update)?,
-            Message::Awareness(update) => events.extend(self.apply_awareness(update)?),
-            Message::AwarenessQuery => {
+            Message::Update(update) => self.apply_remote(&update)?,
+            Message::Awareness { update, .. } => events.extend(self.apply_awareness(update)?),
+            Message::QueryAwareness => {
                 if let Ok(update) = lock(&self.shared.awareness).update() {
-                    replies.push(Message::Awareness(update).encode_v1());
+                    replies.push(protocol::encode_awareness(&update).into());
                 }
             }
             Message::Auth(Some(reason)) => {
@@ -418,16 +414,14 @@ impl Session {
                 events.push(Event::PermissionDenied(reason));
             }
             Message::Auth(None) => {}
-            Message::Custom(MSG_DURABLE_ACK, payload) => {
-                let mut cur = Cursor::new(&payload);
-                let n: u64 = cur
-                    .read_var()
-                    .map_err(|e| SessionError::Malformed(format!("durable ack: {e}")))?;
+            Message::DurableAck { raw } => {
+                let n = protocol::read_durable_ack(&raw)
+                    .ok_or_else(|| SessionError::Malformed("durable ack: no counter".into()))?;
                 if !self.denied {
                     self.shared.saved.fetch_max(n, Ordering::AcqRel);
                 }
             }
-            Message::Custom(tag, _) => tracing::debug!(tag, "ignoring unknown message"),
+            Message::Unknown { tag } => tracing::debug!(tag, "ignoring unknown message"),
         }
         Ok(())
     }
@@ -479,47 +473,15 @@ impl Session {
 }
 
 fn durable_ack(n: u64) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(4);
-    payload.write_var(n);
-    Message::Custom(MSG_DURABLE_ACK, payload).encode_v1()
-}
-
-/// Splits a frame into its messages. yrs' `MessageReader` stops silently at a message cut
-/// short; here that is an error, like on the server.
-fn split_messages(frame: &[u8]) -> Result<Vec<&[u8]>, SessionError> {
-    let cut = |e: yrs::encoding::read::Error| SessionError::Malformed(e.to_string());
-    let mut cur = Cursor::new(frame);
-    let mut out = Vec::with_capacity(1);
-    while cur.has_content() {
-        let start = cur.next;
-        let tag: u8 = cur.read_var().map_err(cut)?;
-        match tag {
-            MSG_SYNC => {
-                let _kind: u8 = cur.read_var().map_err(cut)?;
-                cur.read_buf().map_err(cut)?;
-            }
-            MSG_AUTH => {
-                let denied: u8 = cur.read_var().map_err(cut)?;
-                if denied == PERMISSION_DENIED {
-                    cur.read_string().map_err(cut)?;
-                }
-            }
-            MSG_QUERY_AWARENESS => {}
-            _ => {
-                cur.read_buf().map_err(cut)?;
-            }
-        }
-        out.push(&frame[start..cur.next]);
-    }
-    if out.is_empty() {
-        return Err(SessionError::Malformed("empty frame".into()));
-    }
-    Ok(out)
+    protocol::encode_durable_ack(n).into()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use yrs::encoding::read::{Cursor, Read};
+    use yrs::sync::protocol::{Message, SyncMessage};
+    use yrs::updates::encoder::Encode;
     use yrs::{GetString, StateVector, Text};
 
     fn session(id: u64) -> Session {

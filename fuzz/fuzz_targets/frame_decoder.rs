@@ -1,4 +1,4 @@
-//! y-websocket frames from a client: `protocol::decode_frame` and `ws::to_peer_msgs` (what a
+//! y-websocket frames from a client: `protocol::decode_frame` and `room::join::to_peer_msgs` (what a
 //! connection does with every binary frame), and, past the server's count checks
 //! (`counts::check_update`), yrs's decoding of each update in them.
 //!
@@ -11,7 +11,7 @@ use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use quire_server::counts;
 use quire_server::protocol::{self, decode_frame, Message};
-use quire_server::ws::{to_peer_msgs, MAX_MESSAGES_PER_FRAME};
+use quire_server::room::join::{to_peer_msgs, MAX_MESSAGES_PER_FRAME};
 use yrs::updates::decoder::Decode;
 use yrs::{Doc, Transact, Update};
 

@@ -18,13 +18,14 @@
 //! says the document has been restored since.
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{apply_change, Change};
-use crate::room::{DocName, Registry};
+use crate::bus::{Bus, Change};
+use crate::close;
+use crate::room::{CloseReason, DocName, PeerFilter, Registry, RoomCmd};
 use crate::AppState;
 
 /// How often each node reads new `doc_changes` rows.
@@ -79,12 +80,7 @@ impl Seen {
 
 /// Applies `change` to this node's sockets on `name`, unless this node has already acted on
 /// it (a role change is acted on once; see the module's notes).
-pub async fn apply_once(
-    bus: Option<&crate::bus::Bus>,
-    registry: &Registry,
-    name: &DocName,
-    change: Change,
-) {
+pub async fn apply_once(bus: Option<&Bus>, registry: &Registry, name: &DocName, change: Change) {
     if let Change::Access { id, .. } = &change {
         // (0: no row id, from a node of an earlier version.)
         if *id > 0 && !registry.changes.first(*id) {
@@ -92,6 +88,66 @@ pub async fn apply_once(
         }
     }
     apply_change(bus, registry, name, change).await;
+}
+
+/// A change another node announced on the bus: applied once (a delete only if storage, the
+/// source of truth, confirms it: a replayed or forged-by-a-node announcement does nothing).
+pub async fn on_announced(bus: Arc<Bus>, registry: Arc<Registry>, name: DocName, change: Change) {
+    if change == Change::Deleted && !deleted_in_storage(&registry, &name).await {
+        tracing::debug!(doc = %name, "ignoring a delete announcement storage does not confirm");
+        return;
+    }
+    apply_once(Some(&bus), &registry, &name, change).await;
+}
+
+/// Whether storage says `name` is deleted (false if it cannot tell in time).
+async fn deleted_in_storage(registry: &Registry, name: &DocName) -> bool {
+    let limit = registry.config.storage_timeout;
+    matches!(
+        tokio::time::timeout(limit, registry.store.load(name.as_str())).await,
+        Ok(Ok(stored)) if stored.deleted
+    )
+}
+
+impl Change {
+    /// Which sockets on the document it closes, with what, and whether the room unloads.
+    pub fn effect(self) -> (PeerFilter, CloseReason, bool) {
+        match self {
+            Change::Deleted => (
+                PeerFilter::All,
+                CloseReason::new(close::DELETED, "document deleted"),
+                true,
+            ),
+            // Only the sockets whose permission was read before the change (0: the id of a
+            // change from an earlier version, which applies to all of the user's).
+            Change::Access { user, id } => (
+                if id > 0 {
+                    PeerFilter::UserBefore(user, id)
+                } else {
+                    PeerFilter::User(user)
+                },
+                CloseReason::new(close::FORBIDDEN, "access changed; reconnect"),
+                false,
+            ),
+        }
+    }
+}
+
+/// Applies `change` to this node's sockets on `name`: the room's, if this node serves it
+/// (its remote peers' relays are closed through it), and this node's relayed connections.
+pub async fn apply_change(bus: Option<&Bus>, registry: &Registry, name: &DocName, change: Change) {
+    let (filter, reason, unload) = change.effect();
+    if let Some(bus) = bus {
+        bus.kill_relays(name, &filter, &reason);
+    }
+    if let Some(room) = registry.get(name) {
+        let close = RoomCmd::Close {
+            filter,
+            reason,
+            unload,
+        };
+        let _ = room.command(close).await;
+    }
 }
 
 /// Reads new `doc_changes` rows after `start` (the newest row before this node took its first

@@ -26,10 +26,11 @@ use crate::close;
 use crate::config::{Config, RoomConfig, Secret};
 use crate::metrics::Metrics;
 use crate::protocol::{self, Message};
+use crate::room::join;
 use crate::room::queue::{Next, QueueRx};
 use crate::room::{DocName, PeerAuth, PeerId, Registry, RoomHandle};
 use crate::storage::{DocStore, StoredDoc};
-use crate::{limits, ws, AppState, Stores};
+use crate::{limits, AppState, Stores};
 
 /// How long the harness waits for anything the room or a handler should do at once (libFuzzer's
 /// `-timeout` should be longer, so a hang shows as this panic with its message).
@@ -199,7 +200,7 @@ impl RoomHarness {
         }
     }
 
-    /// Feeds one binary frame: decoded by [`ws::to_peer_msgs`] as a connection decodes it and,
+    /// Feeds one binary frame: decoded by [`join::to_peer_msgs`] as a connection decodes it and,
     /// if it decodes, sent to the room by a fresh writer peer, followed by a durable
     /// acknowledgement request. A second (read-only) peer then sends a durable acknowledgement
     /// request of its own, echoed once everything before it is committed: by then the writer
@@ -215,7 +216,7 @@ impl RoomHarness {
     ///   error into the same state (state vector and delete set) as that Step 2.
     pub fn feed(&mut self, frame: &[u8]) -> Fed {
         let frame = Bytes::copy_from_slice(frame);
-        let msgs = match ws::to_peer_msgs(&frame) {
+        let msgs = match join::to_peer_msgs(&frame) {
             Ok(msgs) => msgs,
             Err(_) => return Fed::Malformed,
         };
@@ -298,13 +299,13 @@ impl RoomState {
     }
 
     async fn join(&self, can_write: bool) -> (PeerId, RoomHandle, QueueRx) {
-        let peer = ws::next_peer_id();
+        let peer = join::next_peer_id();
         let auth = PeerAuth {
             user: Some("fuzz".into()),
             can_write,
             ..PeerAuth::default()
         };
-        match ws::join_room(&self.registry, &self.name, peer, auth).await {
+        match join::join_room(&self.registry, &self.name, peer, auth).await {
             Ok((room, rx)) => (peer, room, rx),
             Err(reason) => panic!(
                 "the room refused a peer: {} {} (it should serve any number of inputs)",
@@ -321,7 +322,7 @@ impl RoomState {
         barrier: Bytes,
     ) -> Fed {
         let (peer, room, rx) = self.join(true).await;
-        let ack_msgs = ws::to_peer_msgs(&ack)
+        let ack_msgs = join::to_peer_msgs(&ack)
             .unwrap_or_else(|e| unreachable!("a durable ack request decodes: {e}"));
         assert!(
             room.send(peer, msgs, frame.len()).await.is_ok(),
@@ -334,7 +335,7 @@ impl RoomState {
         // The barrier: another peer's acknowledgement, echoed once everything the room took
         // before it is committed (echoes go out in order, the writer's first).
         let (checker, check_room, check_rx) = self.join(false).await;
-        let barrier_msgs = ws::to_peer_msgs(&barrier)
+        let barrier_msgs = join::to_peer_msgs(&barrier)
             .unwrap_or_else(|e| unreachable!("a durable ack request decodes: {e}"));
         assert!(
             check_room
@@ -390,8 +391,8 @@ impl RoomState {
     /// to an empty document; returns that document's snapshot.
     async fn check_answers(&self, peer: PeerId, room: &RoomHandle, rx: &QueueRx) -> Snapshot {
         let step1 = protocol::encode_step1(&StateVector::default());
-        let msgs =
-            ws::to_peer_msgs(&step1).unwrap_or_else(|e| unreachable!("a Sync Step 1 decodes: {e}"));
+        let msgs = join::to_peer_msgs(&step1)
+            .unwrap_or_else(|e| unreachable!("a Sync Step 1 decodes: {e}"));
         assert!(
             room.send(peer, msgs, step1.len()).await.is_ok(),
             "the room stopped after a client's frame"

@@ -12,18 +12,20 @@
 //!
 //! [`run`] serves on a listener until a shutdown token fires; tests start it on port 0.
 
+/// The wire protocol (the `quire-protocol` crate, shared with the client and the benchmark).
+pub use quire_protocol as protocol;
+pub use quire_protocol::counts;
 pub mod auth;
 pub mod bus;
 pub mod changes;
 pub mod close;
 pub mod config;
-pub mod counts;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
 pub mod limits;
 pub mod metrics;
-pub mod protocol;
+pub mod relay;
 pub mod revocation;
 pub mod room;
 pub mod storage;
@@ -84,9 +86,9 @@ pub async fn open_stores(config: &Config) -> Result<Stores, StorageError> {
     if is_postgres_url(url) {
         let store = Arc::new(PgStore::connect_with_events(url, events).await?);
         return Ok(Stores {
-            events_written: store.events_notify(),
-            docs: store.clone(),
-            api: store,
+            events_written: store.api().events_notify(),
+            api: Arc::new(store.api().clone()),
+            docs: store,
         });
     }
     if !url.starts_with("sqlite:") {
@@ -104,9 +106,9 @@ pub async fn open_stores(config: &Config) -> Result<Stores, StorageError> {
         .await?,
     );
     Ok(Stores {
-        events_written: store.events_notify(),
-        docs: store.clone(),
-        api: store,
+        events_written: store.api().events_notify(),
+        api: Arc::new(store.api().clone()),
+        docs: store,
     })
 }
 
@@ -162,37 +164,7 @@ pub async fn run_with_stores(
     let grace = config.shutdown_grace;
     let webhooks = config.webhooks.clone();
     let idempotency_ttl = config.idempotency_ttl;
-    let bus = match (&config.bus_url, &registry.config.lease) {
-        (Some(url), Some(lease)) => {
-            let Some(key) = &config.cluster_key else {
-                anyhow::bail!(
-                    "--bus needs --cluster-key (QUIRE_CLUSTER_KEY): a shared secret of at least \
-                     {} bytes, the same on every node, that signs the messages between nodes",
-                    bus::MIN_CLUSTER_KEY
-                );
-            };
-            let bus_config = bus::BusConfig {
-                url: url.clone(),
-                credentials: config.bus_credentials.clone(),
-                key: bus::ClusterKey::new(key.expose())?,
-                faults: config.bus_faults.clone(),
-            };
-            Some(
-                bus::Bus::start(
-                    bus_config,
-                    lease.node_id.clone(),
-                    registry.clone(),
-                    config.limits.clone(),
-                )
-                .await?,
-            )
-        }
-        (Some(_), None) => {
-            tracing::warn!("--bus is ignored: several nodes need a PostgreSQL database");
-            None
-        }
-        _ => None,
-    };
+    let bus = start_bus(&config, &registry).await?;
     let app = AppState {
         address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
         bus,
@@ -338,4 +310,58 @@ fn set_nodelay(tcp: &TcpStream) {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(error = %e, "cannot set TCP_NODELAY");
     }
+}
+
+/// Joins the bus (`--bus`) when several nodes share a PostgreSQL database, and serves what it
+/// brings in: relayed clients (`relay`) and changes other nodes announce (`changes`).
+async fn start_bus(
+    config: &Config,
+    registry: &Arc<room::Registry>,
+) -> anyhow::Result<Option<Arc<bus::Bus>>> {
+    let (url, lease) = match (&config.bus_url, &registry.config.lease) {
+        (Some(url), Some(lease)) => (url, lease),
+        (Some(_), None) => {
+            tracing::warn!("--bus is ignored: several nodes need a PostgreSQL database");
+            return Ok(None);
+        }
+        _ => return Ok(None),
+    };
+    let Some(key) = &config.cluster_key else {
+        anyhow::bail!(
+            "--bus needs --cluster-key (QUIRE_CLUSTER_KEY): a shared secret of at least \
+             {} bytes, the same on every node, that signs the messages between nodes",
+            bus::MIN_CLUSTER_KEY
+        );
+    };
+    let bus_config = bus::BusConfig {
+        url: url.clone(),
+        credentials: config.bus_credentials.clone(),
+        key: bus::ClusterKey::new(key.expose())?,
+        faults: config.bus_faults.clone(),
+    };
+    let (bus, mut inbound) = bus::Bus::start(
+        bus_config,
+        lease.node_id.clone(),
+        registry.clone(),
+        config.limits.clone(),
+    )
+    .await?;
+    // Weak: the bus's own tasks end when the last handle to it goes, and so does this one.
+    let (weak, registry) = (Arc::downgrade(&bus), registry.clone());
+    tokio::spawn(async move {
+        while let Some(event) = inbound.recv().await {
+            let Some(bus) = weak.upgrade() else { return };
+            let registry = registry.clone();
+            // Not inline: a room slow to take the command must not hold up the others.
+            match event {
+                bus::Inbound::Open(open) => {
+                    tokio::spawn(relay::serve_remote(bus, registry, open));
+                }
+                bus::Inbound::Changed { name, change } => {
+                    tokio::spawn(changes::on_announced(bus, registry, name, change));
+                }
+            }
+        }
+    });
+    Ok(Some(bus))
 }

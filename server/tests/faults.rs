@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use common::*;
 use quire_server::storage::{
-    DocId, DocStore, Epoch, LeaseGrant, SnapshotOutcome, StorageError, StoredDoc,
+    DocId, DocStore, Epoch, SharedStatements, SnapshotOutcome, StorageError,
 };
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -50,8 +50,8 @@ impl FaultyStore {
 
 #[async_trait]
 impl DocStore for FaultyStore {
-    async fn load(&self, name: &str) -> Result<StoredDoc, StorageError> {
-        self.inner.load(name).await
+    fn shared(&self) -> &dyn SharedStatements {
+        self.inner.shared()
     }
     async fn append(
         &self,
@@ -89,34 +89,6 @@ impl DocStore for FaultyStore {
         upto: i64,
     ) -> Result<SnapshotOutcome, StorageError> {
         self.inner.write_snapshot(doc, fence, v, s, upto).await
-    }
-    async fn ping(&self) -> Result<(), StorageError> {
-        self.inner.ping().await
-    }
-    async fn acquire_lease(
-        &self,
-        doc: DocId,
-        node: &str,
-        ttl: Duration,
-    ) -> Result<LeaseGrant, StorageError> {
-        self.inner.acquire_lease(doc, node, ttl).await
-    }
-    async fn renew_lease(
-        &self,
-        doc: DocId,
-        node: &str,
-        epoch: Epoch,
-        ttl: Duration,
-    ) -> Result<bool, StorageError> {
-        self.inner.renew_lease(doc, node, epoch, ttl).await
-    }
-    async fn release_lease(
-        &self,
-        doc: DocId,
-        node: &str,
-        epoch: Epoch,
-    ) -> Result<(), StorageError> {
-        self.inner.release_lease(doc, node, epoch).await
     }
 }
 

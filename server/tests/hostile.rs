@@ -396,7 +396,10 @@ async fn bad_input_closes_only_the_offender() {
         ),
         (
             "more messages in one frame than allowed",
-            Bytes::from(vec![3u8; quire_server::ws::MAX_MESSAGES_PER_FRAME + 1]),
+            Bytes::from(vec![
+                3u8;
+                quire_server::room::join::MAX_MESSAGES_PER_FRAME + 1
+            ]),
             1007,
         ),
     ];

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 
+use super::error::responses::*;
 use super::extract::{ApiBytes, ApiJson, ApiPath, ApiQuery};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -240,11 +241,7 @@ pub struct CreateDoc {
 /// Create a document owned by the caller.
 #[utoipa::path(post, path = "/api/v1/docs", request_body = CreateDoc,
     params(("Idempotency-Key" = Option<String>, Header, description = "Replays the first response for a repeated request")),
-    responses((status = 415, body = Problem, content_type = "application/problem+json", description = "not JSON"), 
-        (status = 201, body = DocMeta, headers(("ETag" = String))),
-        (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 409, body = Problem, content_type = "application/problem+json", description = "the name is taken"),
-        (status = 422, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 201, body = DocMeta, headers(("ETag" = String))), BadRequest, Unauthorized, Forbidden, Conflict, NotJson, Unprocessable))]
 async fn create_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -300,7 +297,7 @@ pub struct DocPage {
 
 /// List documents the caller can read, in creation order.
 #[utoipa::path(get, path = "/api/v1/docs", params(ListParams),
-    responses((status = 200, body = DocPage), (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = DocPage), BadRequest, Unauthorized))]
 async fn list_docs(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -352,8 +349,7 @@ fn decode_cursor(c: &str) -> Option<i64> {
 
 /// A document's metadata; the `ETag` carries its version.
 #[utoipa::path(get, path = "/api/v1/docs/{id}", params(("id" = i64, Path)),
-    responses((status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = DocMeta, headers(("ETag" = String))),
-        (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = DocMeta, headers(("ETag" = String))), BadRequest, Unauthorized, Forbidden, NotFound))]
 async fn get_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -367,11 +363,7 @@ async fn get_doc(
 #[utoipa::path(patch, path = "/api/v1/docs/{id}", request_body = DocPatch,
     params(("id" = i64, Path), ("If-Match" = String, Header, description = "ETag of the version read"),
         ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 415, body = Problem, content_type = "application/problem+json", description = "not JSON"), (status = 200, body = DocMeta, headers(("ETag" = String))),
-        (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 410, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 412, body = Problem, content_type = "application/problem+json", description = "stale version; `current` holds the row"),
-        (status = 422, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 428, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = DocMeta, headers(("ETag" = String))), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, Stale, NotJson, Unprocessable, NeedsIfMatch))]
 async fn patch_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -400,8 +392,7 @@ async fn patch_doc(
 /// restored.
 #[utoipa::path(delete, path = "/api/v1/docs/{id}",
     params(("id" = i64, Path), ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 422, body = Problem, content_type = "application/problem+json", description = "Idempotency-Key reused for a different request"), (status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = DocMeta), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 410, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = DocMeta), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, Unprocessable))]
 async fn delete_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -431,8 +422,7 @@ fn live_err() -> ApiError {
 /// Undo a soft delete.
 #[utoipa::path(post, path = "/api/v1/docs/{id}/restore",
     params(("id" = i64, Path), ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 422, body = Problem, content_type = "application/problem+json", description = "Idempotency-Key reused for a different request"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = DocMeta), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 409, body = Problem, content_type = "application/problem+json", description = "not deleted")))]
+    responses((status = 200, body = DocMeta), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Unprocessable))]
 async fn restore_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -459,9 +449,7 @@ pub struct SvParams {
 
 /// The document's committed state as a Yjs v1 update (binary).
 #[utoipa::path(get, path = "/api/v1/docs/{id}/update", params(("id" = i64, Path), SvParams),
-    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 410, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), BadRequest, Unauthorized, Forbidden, NotFound, Gone, Unavailable))]
 async fn get_update(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -504,9 +492,7 @@ pub struct UpdateApplied {
 #[utoipa::path(post, path = "/api/v1/docs/{id}/update",
     params(("id" = i64, Path), ("Idempotency-Key" = Option<String>, Header)),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 422, body = Problem, content_type = "application/problem+json", description = "Idempotency-Key reused for a different request"), (status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 200, body = UpdateApplied), (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 410, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 413, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = UpdateApplied), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, TooLarge, Unprocessable, Unavailable))]
 async fn post_update(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -550,8 +536,7 @@ async fn post_update(
 
 /// The document's root types as JSON (text as strings, maps as objects, arrays as arrays).
 #[utoipa::path(get, path = "/api/v1/docs/{id}/json", params(("id" = i64, Path)),
-    responses((status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = Object), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 410, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 503, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = Object), BadRequest, Unauthorized, Forbidden, NotFound, Gone, Unavailable))]
 async fn get_json(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -570,8 +555,7 @@ pub struct AccessEntry {
 
 /// Who has which role on a document.
 #[utoipa::path(get, path = "/api/v1/docs/{id}/access", params(("id" = i64, Path)),
-    responses((status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = Vec<AccessEntry>), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = Vec<AccessEntry>), BadRequest, Unauthorized, Forbidden, NotFound))]
 async fn list_access(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -596,8 +580,7 @@ pub struct SetRole {
 /// with the new permissions.
 #[utoipa::path(put, path = "/api/v1/docs/{id}/access/{user}", request_body = SetRole,
     params(("id" = i64, Path), ("user" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 415, body = Problem, content_type = "application/problem+json", description = "not JSON"), (status = 200, body = AccessEntry), (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 422, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = AccessEntry), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, NotJson, Unprocessable))]
 async fn put_access(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -617,7 +600,7 @@ async fn put_access(
 /// Remove a user's role on a document (their token alone then decides).
 #[utoipa::path(delete, path = "/api/v1/docs/{id}/access/{user}",
     params(("id" = i64, Path), ("user" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 422, body = Problem, content_type = "application/problem+json", description = "Idempotency-Key reused for a different request"), (status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 400, body = Problem, content_type = "application/problem+json"), (status = 204), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 204), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Unprocessable))]
 async fn delete_access(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -651,8 +634,7 @@ async fn doc_changed(app: &AppState, name: &DocName, change: Change) {
 
 /// A user's profile.
 #[utoipa::path(get, path = "/api/v1/users/{id}", params(("id" = String, Path)),
-    responses((status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = UserProfile, headers(("ETag" = String))),
-        (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = UserProfile, headers(("ETag" = String))), BadRequest, Unauthorized, NotFound))]
 async fn get_user(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -668,10 +650,7 @@ async fn get_user(
 /// Change a profile (your own, or anyone's as an administrator). Requires `If-Match`.
 #[utoipa::path(patch, path = "/api/v1/users/{id}", request_body = UserPatch,
     params(("id" = String, Path), ("If-Match" = String, Header), ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 415, body = Problem, content_type = "application/problem+json", description = "not JSON"), (status = 200, body = UserProfile, headers(("ETag" = String))),
-        (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 412, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 422, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 428, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = UserProfile, headers(("ETag" = String))), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Stale, NotJson, Unprocessable, NeedsIfMatch))]
 async fn patch_user(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -705,7 +684,7 @@ async fn patch_user(
 
 /// The caller's own profile (created empty on first use).
 #[utoipa::path(get, path = "/api/v1/me",
-    responses((status = 200, body = UserProfile, headers(("ETag" = String))), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = UserProfile, headers(("ETag" = String))), Unauthorized))]
 async fn get_me(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -735,8 +714,7 @@ pub struct IssuedToken {
 /// Issue a token (administrators: the admin key or an admin token for `*`).
 #[utoipa::path(post, path = "/api/v1/tokens", request_body = IssueToken,
     params(("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 415, body = Problem, content_type = "application/problem+json", description = "not JSON"), (status = 201, body = IssuedToken), (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 422, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 201, body = IssuedToken), BadRequest, Unauthorized, Forbidden, Conflict, NotJson, Unprocessable))]
 async fn issue_token(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -780,8 +758,7 @@ pub struct RevokeRequest {
 /// 4403 within a second.
 #[utoipa::path(post, path = "/api/v1/tokens/revoke", request_body = RevokeRequest,
     params(("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 409, body = Problem, content_type = "application/problem+json", description = "a request with this Idempotency-Key is still running"), (status = 415, body = Problem, content_type = "application/problem+json", description = "not JSON"), (status = 200, body = Revocation), (status = 400, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"),
-        (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 422, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = Revocation), BadRequest, Unauthorized, Forbidden, Conflict, NotJson, Unprocessable))]
 async fn revoke(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -827,7 +804,7 @@ pub struct OutboxParams {
 
 /// The webhook outbox and dead-letter table (administrators).
 #[utoipa::path(get, path = "/api/v1/admin/outbox", params(OutboxParams),
-    responses((status = 400, body = Problem, content_type = "application/problem+json"), (status = 200, body = OutboxView), (status = 401, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json"), (status = 403, body = Problem, content_type = "application/problem+json", content_type = "application/problem+json")))]
+    responses((status = 200, body = OutboxView), BadRequest, Unauthorized, Forbidden))]
 async fn admin_outbox(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,

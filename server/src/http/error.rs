@@ -135,3 +135,55 @@ pub fn problem(status: StatusCode, kind: &'static str, detail: &str) -> Response
 pub fn etag(version: i64) -> String {
     format!("\"{version}\"")
 }
+
+/// The error responses of the OpenAPI document, each declared once: a `problem+json`
+/// [`Problem`] under one status. A route's `#[utoipa::path]` lists the ones it can return by
+/// name (`responses((status = 200, body = DocMeta), BadRequest, NotFound)`).
+pub mod responses {
+    use std::collections::BTreeMap;
+
+    use utoipa::openapi::content::ContentBuilder;
+    use utoipa::openapi::{Ref, RefOr, Response, ResponseBuilder};
+
+    fn problem(status: u16, description: &str) -> BTreeMap<String, RefOr<Response>> {
+        let content = ContentBuilder::new()
+            .schema(Some(Ref::from_schema_name("Problem")))
+            .build();
+        let response = ResponseBuilder::new()
+            .description(description)
+            .content("application/problem+json", content)
+            .build();
+        BTreeMap::from([(status.to_string(), RefOr::T(response))])
+    }
+
+    macro_rules! problems {
+        ($($(#[$doc:meta])* $name:ident = $status:literal, $description:literal;)*) => {$(
+            $(#[$doc])*
+            pub struct $name;
+
+            impl utoipa::IntoResponses for $name {
+                fn responses() -> BTreeMap<String, RefOr<Response>> {
+                    problem($status, $description)
+                }
+            }
+        )*};
+    }
+
+    problems! {
+        BadRequest = 400, "a parameter or header is invalid";
+        Unauthorized = 401, "no valid credentials";
+        Forbidden = 403, "the credentials do not allow this";
+        NotFound = 404, "no such resource (or not visible to the caller)";
+        /// Create: the name is taken. Restore: the document is not deleted. Any request with
+        /// an `Idempotency-Key`: the first request with that key is still running.
+        Conflict = 409, "conflicts with the resource's state, or a request with this Idempotency-Key is still running";
+        Gone = 410, "the document is deleted";
+        Stale = 412, "stale version: `current` holds the row as it is";
+        TooLarge = 413, "the body is larger than allowed";
+        NotJson = 415, "the body is not JSON";
+        /// A field fails validation, or an `Idempotency-Key` was reused for a different request.
+        Unprocessable = 422, "a field is invalid, or the Idempotency-Key was used for a different request";
+        NeedsIfMatch = 428, "If-Match is required";
+        Unavailable = 503, "the document cannot be served now; retry";
+    }
+}

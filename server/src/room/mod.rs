@@ -8,6 +8,7 @@ mod actor;
 mod answers;
 pub mod awareness;
 mod committed;
+pub mod join;
 pub mod queue;
 mod registry;
 

@@ -12,10 +12,11 @@
 //! - `load` reads the snapshot and the log after it from one consistent read snapshot.
 
 pub mod api;
+mod dialect;
 pub mod postgres;
-mod postgres_api;
+pub mod sql_api;
+mod sql_docs;
 pub mod sqlite;
-mod sqlite_api;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -110,10 +111,39 @@ pub enum LeaseGrant {
     },
 }
 
+/// The part of the [`DocStore`] contract whose statements are the same on both databases
+/// (`sql_docs.rs`): a backend hands its implementation to [`DocStore::shared`].
+#[async_trait]
+pub trait SharedStatements: Send + Sync {
+    async fn load(&self, name: &str) -> Result<StoredDoc, StorageError>;
+    async fn acquire_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        ttl: std::time::Duration,
+    ) -> Result<LeaseGrant, StorageError>;
+    async fn renew_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        epoch: Epoch,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StorageError>;
+    async fn release_lease(&self, doc: DocId, node: &str, epoch: Epoch)
+        -> Result<(), StorageError>;
+    async fn ping(&self) -> Result<(), StorageError>;
+}
+
 #[async_trait]
 pub trait DocStore: Send + Sync + 'static {
+    /// The statements this store shares with the other backend; the provided methods below
+    /// (load, leases, ping) run them.
+    fn shared(&self) -> &dyn SharedStatements;
+
     /// Loads a document by name, creating its row if it does not exist yet.
-    async fn load(&self, name: &str) -> Result<StoredDoc, StorageError>;
+    async fn load(&self, name: &str) -> Result<StoredDoc, StorageError> {
+        self.shared().load(name).await
+    }
 
     /// Appends `updates` with sequence numbers `first_seq..`, all or nothing. With a
     /// `fence`, the rows are written only if the document's lease epoch still equals it,
@@ -146,7 +176,9 @@ pub trait DocStore: Send + Sync + 'static {
         doc: DocId,
         node: &str,
         ttl: std::time::Duration,
-    ) -> Result<LeaseGrant, StorageError>;
+    ) -> Result<LeaseGrant, StorageError> {
+        self.shared().acquire_lease(doc, node, ttl).await
+    }
 
     /// Extends `node`'s lease under `epoch` by `ttl` from now; false if the epoch moved on
     /// (another node was granted the document).
@@ -156,14 +188,24 @@ pub trait DocStore: Send + Sync + 'static {
         node: &str,
         epoch: Epoch,
         ttl: std::time::Duration,
-    ) -> Result<bool, StorageError>;
+    ) -> Result<bool, StorageError> {
+        self.shared().renew_lease(doc, node, epoch, ttl).await
+    }
 
     /// Ends `node`'s lease under `epoch` now, so the next node may take the document at once.
-    async fn release_lease(&self, doc: DocId, node: &str, epoch: Epoch)
-        -> Result<(), StorageError>;
+    async fn release_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        epoch: Epoch,
+    ) -> Result<(), StorageError> {
+        self.shared().release_lease(doc, node, epoch).await
+    }
 
     /// Checks that the database answers (for `/readyz`).
-    async fn ping(&self) -> Result<(), StorageError>;
+    async fn ping(&self) -> Result<(), StorageError> {
+        self.shared().ping().await
+    }
 }
 
 /// `url` with any password replaced by `***`, for logs and error messages.
@@ -182,6 +224,12 @@ pub fn redact_url(url: &str) -> String {
         },
         None => url.to_owned(),
     }
+}
+
+/// A copy of `e` for every request of a batch that failed as a whole (`sqlx::Error` is not
+/// `Clone`).
+fn clone_err(e: &sqlx::Error) -> sqlx::Error {
+    sqlx::Error::Protocol(e.to_string())
 }
 
 /// Milliseconds since the Unix epoch, for `created_at` columns.

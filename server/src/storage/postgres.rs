@@ -29,11 +29,14 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::migrate::MigrateDatabase;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
-use sqlx::{Connection, Postgres, Row};
+use sqlx::{Connection, Postgres};
 use tokio::sync::{mpsc, oneshot, Mutex, Notify};
 
+use super::sql_api::SqlApi;
 use super::sqlite::EventSettings;
-use super::{now_ms, DocId, DocStore, Epoch, LeaseGrant, SnapshotOutcome, StorageError, StoredDoc};
+use super::{
+    clone_err, now_ms, DocId, DocStore, Epoch, SharedStatements, SnapshotOutcome, StorageError,
+};
 
 /// Most append requests folded into one transaction.
 const MAX_APPENDS_PER_TRANSACTION: usize = 512;
@@ -78,11 +81,9 @@ impl AppendRequest {
 
 /// The PostgreSQL document store. Cheap to share behind an `Arc`.
 pub struct PgStore {
-    pub(super) pool: PgPool,
     writer: mpsc::Sender<AppendRequest>,
-    pub(super) events: EventSettings,
-    /// Woken after a transaction that wrote outbox events commits.
-    pub(super) events_written: Arc<Notify>,
+    /// The API rows and the statements both databases share.
+    pub(super) api: SqlApi<Postgres>,
 }
 
 impl PgStore {
@@ -123,21 +124,18 @@ impl PgStore {
             ));
         }
         Ok(PgStore {
-            pool,
+            api: SqlApi {
+                pool,
+                events,
+                events_written,
+            },
             writer: tx,
-            events,
-            events_written,
         })
     }
 
-    /// Notified whenever outbox events were committed (the delivery worker waits on it).
-    pub fn events_notify(&self) -> Arc<Notify> {
-        self.events_written.clone()
-    }
-
-    /// The connection pool, for tests and tools that inspect the database.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
+    /// The store's API rows (metadata, access, idempotency keys, outbox), cheap to clone.
+    pub fn api(&self) -> &SqlApi<Postgres> {
+        &self.api
     }
 }
 
@@ -177,49 +175,8 @@ async fn create_database_if_missing(
 
 #[async_trait]
 impl DocStore for PgStore {
-    async fn load(&self, name: &str) -> Result<StoredDoc, StorageError> {
-        loop {
-            // Both statements must see the same committed state: a snapshot committed between
-            // them would otherwise delete log rows the old `snapshot_seq` still needs.
-            let mut tx = self
-                .pool
-                .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                .await?;
-            let row = sqlx::query(
-                "SELECT id, snapshot_version, snapshot, snapshot_seq, deleted_at \
-                 FROM documents WHERE name = $1",
-            )
-            .bind(name)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some(row) = row else {
-                tx.commit().await?;
-                self.create_for_load(name).await?;
-                continue;
-            };
-            let id: i64 = row.try_get("id")?;
-            let snapshot_seq: i64 = row.try_get("snapshot_seq")?;
-            let deleted_at: Option<i64> = row.try_get("deleted_at")?;
-            let updates = sqlx::query(
-                "SELECT seq, data FROM doc_updates WHERE doc_id = $1 AND seq > $2 ORDER BY seq",
-            )
-            .bind(id)
-            .bind(snapshot_seq)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .map(|r| Ok((r.try_get("seq")?, r.try_get("data")?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-            tx.commit().await?;
-            return Ok(StoredDoc {
-                id,
-                snapshot_version: row.try_get("snapshot_version")?,
-                deleted: deleted_at.is_some(),
-                snapshot: row.try_get("snapshot")?,
-                snapshot_seq,
-                updates,
-            });
-        }
+    fn shared(&self) -> &dyn SharedStatements {
+        &self.api
     }
 
     async fn append(
@@ -229,10 +186,7 @@ impl DocStore for PgStore {
         first_seq: i64,
         updates: Vec<Bytes>,
     ) -> Result<(), StorageError> {
-        let event_debounce_ms = self
-            .events
-            .enabled
-            .then(|| self.events.debounce.as_millis() as i64);
+        let event_debounce_ms = self.api.events.debounce_ms();
         let (reply, rx) = oneshot::channel();
         self.writer
             .send(AppendRequest {
@@ -256,7 +210,7 @@ impl DocStore for PgStore {
         snapshot: Vec<u8>,
         upto_seq: i64,
     ) -> Result<SnapshotOutcome, StorageError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.api.pool.begin().await?;
         // Waits for appends that hold the row; after a concurrent snapshot commits, the version
         // is checked again on the new row, so exactly one of two writers of version v wins.
         // With a fence, the lease row is locked and its epoch checked in the same statement:
@@ -277,7 +231,8 @@ impl DocStore for PgStore {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(new_version) = new_version else {
-            let why = why_refused(&mut tx, doc, fence, StorageError::Conflict).await;
+            let why =
+                SqlApi::<Postgres>::why_refused(&mut tx, doc, fence, StorageError::Conflict).await;
             tx.rollback().await?;
             return match why {
                 StorageError::Conflict => Ok(SnapshotOutcome::Conflict),
@@ -292,123 +247,9 @@ impl DocStore for PgStore {
         tx.commit().await?;
         Ok(SnapshotOutcome::Written { new_version })
     }
-
-    async fn ping(&self) -> Result<(), StorageError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
-
-    async fn acquire_lease(
-        &self,
-        doc: DocId,
-        node: &str,
-        ttl: std::time::Duration,
-    ) -> Result<LeaseGrant, StorageError> {
-        // Times come from the database's clock, the one every node shares.
-        let granted: Option<i64> = sqlx::query_scalar(&format!(
-            "INSERT INTO room_leases (doc_id, owner, epoch, expires_at) \
-             VALUES ($1, $2, 1, {DB_NOW_MS} + $3) \
-             ON CONFLICT (doc_id) DO UPDATE SET owner = EXCLUDED.owner, \
-               epoch = room_leases.epoch + 1, expires_at = EXCLUDED.expires_at \
-             WHERE room_leases.expires_at <= {DB_NOW_MS} OR room_leases.owner = EXCLUDED.owner \
-             RETURNING epoch"
-        ))
-        .bind(doc)
-        .bind(node)
-        .bind(ttl.as_millis() as i64)
-        .fetch_optional(&self.pool)
-        .await?;
-        if let Some(epoch) = granted {
-            return Ok(LeaseGrant::Granted { epoch });
-        }
-        let (owner, epoch, expires_in_ms): (String, i64, i64) = sqlx::query_as(&format!(
-            "SELECT owner, epoch, GREATEST(expires_at - {DB_NOW_MS}, 0) \
-             FROM room_leases WHERE doc_id = $1"
-        ))
-        .bind(doc)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(LeaseGrant::HeldBy {
-            owner,
-            epoch,
-            expires_in_ms,
-        })
-    }
-
-    async fn renew_lease(
-        &self,
-        doc: DocId,
-        node: &str,
-        epoch: Epoch,
-        ttl: std::time::Duration,
-    ) -> Result<bool, StorageError> {
-        let done = sqlx::query(&format!(
-            "UPDATE room_leases SET expires_at = {DB_NOW_MS} + $1 \
-             WHERE doc_id = $2 AND owner = $3 AND epoch = $4"
-        ))
-        .bind(ttl.as_millis() as i64)
-        .bind(doc)
-        .bind(node)
-        .bind(epoch)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release_lease(
-        &self,
-        doc: DocId,
-        node: &str,
-        epoch: Epoch,
-    ) -> Result<(), StorageError> {
-        sqlx::query(
-            "UPDATE room_leases SET expires_at = 0 WHERE doc_id = $1 AND owner = $2 AND epoch = $3",
-        )
-        .bind(doc)
-        .bind(node)
-        .bind(epoch)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
 }
-
-/// The database server's clock in milliseconds since the Unix epoch (as SQL).
-const DB_NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
 /// Why a fenced write matched no row: the lease moved on ([`StorageError::Fenced`]), or else
-/// the write's own conflict.
-async fn why_refused(
-    conn: &mut PgConnection,
-    doc: DocId,
-    fence: Option<Epoch>,
-    otherwise: StorageError,
-) -> StorageError {
-    let deleted: Result<Option<Option<i64>>, _> =
-        sqlx::query_scalar("SELECT deleted_at FROM documents WHERE id = $1")
-            .bind(doc)
-            .fetch_optional(&mut *conn)
-            .await;
-    match deleted {
-        Ok(Some(Some(_))) => return StorageError::Deleted,
-        Ok(_) => {}
-        Err(e) => return e.into(),
-    }
-    let Some(fence) = fence else {
-        return otherwise;
-    };
-    let current: Result<Option<i64>, _> =
-        sqlx::query_scalar("SELECT epoch FROM room_leases WHERE doc_id = $1")
-            .bind(doc)
-            .fetch_optional(&mut *conn)
-            .await;
-    match current {
-        Ok(Some(epoch)) if epoch == fence => otherwise,
-        Ok(_) => StorageError::Fenced,
-        Err(e) => e.into(),
-    }
-}
-
 /// One writer: takes every queued request (up to the batch limit) and commits them together.
 async fn writer_loop(
     pool: PgPool,
@@ -451,10 +292,6 @@ async fn writer_loop(
             }
         }
     }
-}
-
-fn clone_err(e: &sqlx::Error) -> sqlx::Error {
-    sqlx::Error::Protocol(e.to_string())
 }
 
 /// Commits every request of `batch` and returns one result per request, or the error that made
@@ -561,7 +398,13 @@ async fn append_one(
         // Some row was not inserted and the transaction is intact (a taken position, which
         // aborts it, is reported as a conflict by `insert_rows` itself): the fence or the
         // covered-position check filtered it.
-        return Err(why_refused(conn, req.doc, req.fence, StorageError::Conflict).await);
+        return Err(SqlApi::<Postgres>::why_refused(
+            conn,
+            req.doc,
+            req.fence,
+            StorageError::Conflict,
+        )
+        .await);
     }
     if let Some(debounce) = req.event_debounce_ms {
         fold_updated_events(conn, &[(req.doc, req.last_seq(), now + debounce)], now).await?;
@@ -695,6 +538,7 @@ async fn fold_updated_events(
 mod tests {
     use super::*;
     use crate::storage::api::{ApiStore, DocPatch, DocQuery, Versioned};
+    use crate::storage::StoredDoc;
 
     struct TestDb {
         store: PgStore,
@@ -728,7 +572,7 @@ mod tests {
 
     impl TestDb {
         async fn drop_db(self) {
-            self.store.pool.close().await;
+            self.store.api().pool().close().await;
             drop(self.store);
             let mut c = PgConnection::connect(&self.admin).await.expect("admin");
             sqlx::query(&format!("DROP DATABASE \"{}\" WITH (FORCE)", self.name))
@@ -794,22 +638,22 @@ mod tests {
             request(d1, 1, 1, true),
             request(d3, 1, 1, true),
         ];
-        let got = outcomes(&s.pool, &batch).await;
+        let got = outcomes(s.api().pool(), &batch).await;
         assert_eq!(got, ["ok", "conflict", "ok"]);
 
         // A taken position (unique violation) fails alone too.
         let batch = [request(d3, 1, 1, true), request(d2, 3, 1, true)];
-        let got = outcomes(&s.pool, &batch).await;
+        let got = outcomes(s.api().pool(), &batch).await;
         assert_eq!(got, ["conflict", "ok"]);
 
         // Two requests of one document in one batch (savepoint path), in order.
         let batch = [request(d2, 4, 1, true), request(d2, 5, 2, true)];
-        let got = outcomes(&s.pool, &batch).await;
+        let got = outcomes(s.api().pool(), &batch).await;
         assert_eq!(got, ["ok", "ok"]);
 
         // The fast path proper: distinct documents, nothing stale.
         let batch = [request(d2, 7, 3, true), request(d3, 2, 1, false)];
-        let got = outcomes(&s.pool, &batch).await;
+        let got = outcomes(s.api().pool(), &batch).await;
         assert_eq!(got, ["ok", "ok"]);
 
         let seqs = |d: StoredDoc| d.updates.iter().map(|(s, _)| *s).collect::<Vec<_>>();
@@ -827,7 +671,7 @@ mod tests {
             "SELECT coalesce_key, payload, revision FROM outbox \
              WHERE type = 'document.updated' AND status = 'pending' ORDER BY coalesce_key",
         )
-        .fetch_all(&s.pool)
+        .fetch_all(s.api().pool())
         .await
         .expect("outbox");
         assert_eq!(
@@ -917,7 +761,7 @@ mod tests {
         let Some(db) = test_db(events).await else {
             return;
         };
-        let s = &db.store;
+        let s = db.store.api();
         for name in ["a", "a/b", "a/c", "ab", "b/é"] {
             s.create_doc(name, "", Some("ann"))
                 .await
@@ -1040,7 +884,7 @@ mod tests {
         let Some(db) = test_db(events).await else {
             return;
         };
-        let store = &db.store;
+        let store = db.store.api();
         crate::storage::api::checks::a_move_between_the_view_reads_shows_once(store, |between| {
             store.outbox_view_with(10, between)
         })

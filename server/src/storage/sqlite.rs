@@ -17,12 +17,15 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{Connection, Row};
+use sqlx::{Connection, Sqlite};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use super::{now_ms, DocId, DocStore, Epoch, LeaseGrant, SnapshotOutcome, StorageError, StoredDoc};
+use super::sql_api::SqlApi;
+use super::{
+    clone_err, now_ms, DocId, DocStore, Epoch, SharedStatements, SnapshotOutcome, StorageError,
+};
 use crate::config::{CommitWindowSettings, SqliteSync};
 
 /// Most write requests folded into one transaction. Bounds the latency a request can add to the
@@ -152,13 +155,19 @@ pub struct EventSettings {
     pub debounce: Duration,
 }
 
+impl EventSettings {
+    /// After how many ms a `document.updated` event folded into the outbox by an append
+    /// becomes available; `None` if events are off.
+    pub fn debounce_ms(&self) -> Option<i64> {
+        self.enabled.then_some(self.debounce.as_millis() as i64)
+    }
+}
+
 /// The SQLite document store. Cheap to share behind an `Arc`.
 pub struct SqliteStore {
-    pub(super) pool: SqlitePool,
     writer: mpsc::Sender<WriteRequest>,
-    pub(super) events: EventSettings,
-    /// Woken after a transaction that wrote outbox events commits.
-    pub(super) events_written: Arc<Notify>,
+    /// The API rows and the statements both databases share.
+    pub(super) api: SqlApi<Sqlite>,
     /// Transactions the writer has committed (or tried to).
     transactions: Arc<AtomicU64>,
 }
@@ -217,10 +226,12 @@ impl SqliteStore {
             transactions.clone(),
         ));
         Ok(SqliteStore {
-            pool,
+            api: SqlApi {
+                pool,
+                events,
+                events_written,
+            },
             writer: tx,
-            events,
-            events_written,
             transactions,
         })
     }
@@ -231,14 +242,9 @@ impl SqliteStore {
         self.transactions.load(Ordering::Relaxed)
     }
 
-    /// Notified whenever outbox events were committed (the delivery worker waits on it).
-    pub fn events_notify(&self) -> Arc<Notify> {
-        self.events_written.clone()
-    }
-
-    /// The read pool, for tests and tools that inspect the database.
-    pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+    /// The store's API rows (metadata, access, idempotency keys, outbox), cheap to clone.
+    pub fn api(&self) -> &SqlApi<Sqlite> {
+        &self.api
     }
 
     async fn write(&self, op: WriteOp) -> Result<WriteOutcome, StorageError> {
@@ -259,44 +265,8 @@ pub async fn migrate(pool: &SqlitePool) -> Result<(), StorageError> {
 
 #[async_trait]
 impl DocStore for SqliteStore {
-    async fn load(&self, name: &str) -> Result<StoredDoc, StorageError> {
-        loop {
-            let mut tx = self.pool.begin().await?;
-            let row = sqlx::query(
-                "SELECT id, snapshot_version, snapshot, snapshot_seq, deleted_at \
-                 FROM documents WHERE name = ?",
-            )
-            .bind(name)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some(row) = row else {
-                tx.commit().await?;
-                self.create_for_load(name).await?;
-                continue;
-            };
-            let id: i64 = row.try_get("id")?;
-            let snapshot_seq: i64 = row.try_get("snapshot_seq")?;
-            let deleted_at: Option<i64> = row.try_get("deleted_at")?;
-            let updates = sqlx::query(
-                "SELECT seq, data FROM doc_updates WHERE doc_id = ? AND seq > ? ORDER BY seq",
-            )
-            .bind(id)
-            .bind(snapshot_seq)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .map(|r| Ok((r.try_get("seq")?, r.try_get("data")?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-            tx.commit().await?;
-            return Ok(StoredDoc {
-                id,
-                snapshot_version: row.try_get("snapshot_version")?,
-                deleted: deleted_at.is_some(),
-                snapshot: row.try_get("snapshot")?,
-                snapshot_seq,
-                updates,
-            });
-        }
+    fn shared(&self) -> &dyn SharedStatements {
+        &self.api
     }
 
     async fn append(
@@ -306,10 +276,7 @@ impl DocStore for SqliteStore {
         first_seq: i64,
         updates: Vec<Bytes>,
     ) -> Result<(), StorageError> {
-        let event_debounce_ms = self
-            .events
-            .enabled
-            .then(|| self.events.debounce.as_millis() as i64);
+        let event_debounce_ms = self.api.events.debounce_ms();
         self.write(WriteOp::Append {
             doc,
             fence,
@@ -343,117 +310,9 @@ impl DocStore for SqliteStore {
             WriteOutcome::Appended => Err(StorageError::Closed),
         }
     }
-
-    async fn ping(&self) -> Result<(), StorageError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
-
-    async fn acquire_lease(
-        &self,
-        doc: DocId,
-        node: &str,
-        ttl: Duration,
-    ) -> Result<LeaseGrant, StorageError> {
-        let now = now_ms();
-        let granted: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO room_leases (doc_id, owner, epoch, expires_at) VALUES (?1, ?2, 1, ?3) \
-             ON CONFLICT (doc_id) DO UPDATE SET owner = excluded.owner, \
-               epoch = room_leases.epoch + 1, expires_at = excluded.expires_at \
-             WHERE room_leases.expires_at <= ?4 OR room_leases.owner = excluded.owner \
-             RETURNING epoch",
-        )
-        .bind(doc)
-        .bind(node)
-        .bind(now + ttl.as_millis() as i64)
-        .bind(now)
-        .fetch_optional(&self.pool)
-        .await?;
-        if let Some(epoch) = granted {
-            return Ok(LeaseGrant::Granted { epoch });
-        }
-        let (owner, epoch, expires_at): (String, i64, i64) =
-            sqlx::query_as("SELECT owner, epoch, expires_at FROM room_leases WHERE doc_id = ?")
-                .bind(doc)
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(LeaseGrant::HeldBy {
-            owner,
-            epoch,
-            expires_in_ms: (expires_at - now).max(0),
-        })
-    }
-
-    async fn renew_lease(
-        &self,
-        doc: DocId,
-        node: &str,
-        epoch: Epoch,
-        ttl: Duration,
-    ) -> Result<bool, StorageError> {
-        let done = sqlx::query(
-            "UPDATE room_leases SET expires_at = ? WHERE doc_id = ? AND owner = ? AND epoch = ?",
-        )
-        .bind(now_ms() + ttl.as_millis() as i64)
-        .bind(doc)
-        .bind(node)
-        .bind(epoch)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release_lease(
-        &self,
-        doc: DocId,
-        node: &str,
-        epoch: Epoch,
-    ) -> Result<(), StorageError> {
-        sqlx::query(
-            "UPDATE room_leases SET expires_at = 0 WHERE doc_id = ? AND owner = ? AND epoch = ?",
-        )
-        .bind(doc)
-        .bind(node)
-        .bind(epoch)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
 }
 
 /// Why a write matched no row: the document is deleted ([`StorageError::Deleted`]), the
-/// lease moved on ([`StorageError::Fenced`]), or else the write's own conflict.
-async fn why_refused(
-    conn: &mut SqliteConnection,
-    doc: DocId,
-    fence: Option<Epoch>,
-    otherwise: StorageError,
-) -> StorageError {
-    let deleted: Result<Option<Option<i64>>, _> =
-        sqlx::query_scalar("SELECT deleted_at FROM documents WHERE id = ?")
-            .bind(doc)
-            .fetch_optional(&mut *conn)
-            .await;
-    match deleted {
-        Ok(Some(Some(_))) => return StorageError::Deleted,
-        Ok(_) => {}
-        Err(e) => return e.into(),
-    }
-    let Some(fence) = fence else {
-        return otherwise;
-    };
-    let current: Result<Option<i64>, _> =
-        sqlx::query_scalar("SELECT epoch FROM room_leases WHERE doc_id = ?")
-            .bind(doc)
-            .fetch_optional(&mut *conn)
-            .await;
-    match current {
-        Ok(Some(epoch)) if epoch == fence => otherwise,
-        Ok(_) => StorageError::Fenced,
-        Err(e) => e.into(),
-    }
-}
-
 async fn writer_loop(
     mut conn: SqliteConnection,
     opts: SqliteConnectOptions,
@@ -507,10 +366,6 @@ async fn writer_loop(
             }
         }
     }
-}
-
-fn clone_err(e: &sqlx::Error) -> sqlx::Error {
-    sqlx::Error::Protocol(e.to_string())
 }
 
 /// Commits every request of `batch` in one transaction and returns one result per request,
@@ -760,7 +615,13 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
                 match r {
                     Ok(done) if done.rows_affected() == 1 => {}
                     Ok(_) => {
-                        return Err(why_refused(conn, *doc, *fence, StorageError::Conflict).await)
+                        return Err(SqlApi::<Sqlite>::why_refused(
+                            conn,
+                            *doc,
+                            *fence,
+                            StorageError::Conflict,
+                        )
+                        .await)
                     }
                     Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
                         return Err(StorageError::Conflict)
@@ -795,7 +656,14 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
             .execute(&mut *conn)
             .await?;
             if done.rows_affected() == 0 {
-                return match why_refused(conn, *doc, *fence, StorageError::Conflict).await {
+                return match SqlApi::<Sqlite>::why_refused(
+                    conn,
+                    *doc,
+                    *fence,
+                    StorageError::Conflict,
+                )
+                .await
+                {
                     StorageError::Conflict => Ok(WriteOutcome::Snapshot(SnapshotOutcome::Conflict)),
                     e => Err(e),
                 };
@@ -816,6 +684,7 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::LeaseGrant;
 
     fn append(doc: DocId, fence: Option<Epoch>, first_seq: i64, n: usize) -> WriteRequest {
         let updates = (0..n)
@@ -1040,5 +909,28 @@ mod tests {
             took.len() as u64,
             "one commit per append"
         );
+    }
+
+    #[tokio::test]
+    async fn the_outbox_view_reads_both_tables_in_one_snapshot() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}/q.db", dir.path().display());
+        let events = EventSettings {
+            enabled: true,
+            debounce: Duration::from_secs(1),
+        };
+        let store = SqliteStore::connect_with_events(
+            &url,
+            SqliteSync::Normal,
+            events,
+            CommitWindowSettings::default(),
+        )
+        .await
+        .expect("store");
+        let store = store.api();
+        crate::storage::api::checks::a_move_between_the_view_reads_shows_once(store, |between| {
+            store.outbox_view_with(10, between)
+        })
+        .await;
     }
 }

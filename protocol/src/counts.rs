@@ -412,8 +412,8 @@ mod tests {
              612d6365 6e2d7465 72737d0a 5c667265 72737d0a 5c667265 6e636873 70616369\
              0101043b 01e10101 f40102f7 0101",
         );
-        let msgs = crate::protocol::decode_frame(&frame.into()).expect("the frame decodes");
-        let [_, crate::protocol::Message::SyncStep2(update)] = msgs.as_slice() else {
+        let msgs = crate::decode_frame(&frame.into()).expect("the frame decodes");
+        let [_, crate::Message::SyncStep2(update)] = msgs.as_slice() else {
             panic!("expected Sync Step 1 and 2, got {msgs:?}");
         };
         assert!(

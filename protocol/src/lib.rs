@@ -5,6 +5,9 @@
 //! being re-encoded. Encoding of server-originated messages uses `yrs::sync` types so the bytes
 //! match what `y-protocols` produces (checked against fixtures from the JavaScript encoder).
 
+pub mod counts;
+pub mod hocuspocus;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use yrs::encoding::read::{Cursor, Read};
 use yrs::sync::protocol::{
@@ -43,7 +46,7 @@ pub enum Message {
 }
 
 /// Why a frame could not be decoded. The connection that sent it is closed with
-/// [`crate::close::MALFORMED`] and this text as the reason.
+/// 1007 (Invalid frame payload data) and this text as the reason.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DecodeError {
     #[error("empty frame")]
@@ -90,7 +93,7 @@ pub fn decode_frame_max(frame: &Bytes, max: usize) -> Result<Vec<Message>, Decod
                 let payload = read_slice(frame, &mut cur)?;
                 match sync_type {
                     t if t == MSG_SYNC_STEP_1 as u64 => {
-                        crate::counts::check_state_vector(&payload)
+                        counts::check_state_vector(&payload)
                             .map_err(|e| malformed(start, format!("state vector: {e}")))?;
                         let sv = StateVector::decode_v1(&payload)
                             .map_err(|e| malformed(start, format!("state vector: {e}")))?;
@@ -103,7 +106,7 @@ pub fn decode_frame_max(frame: &Bytes, max: usize) -> Result<Vec<Message>, Decod
             }
             t if t == MSG_AWARENESS as u64 => {
                 let payload = read_slice(frame, &mut cur)?;
-                crate::counts::check_awareness(&payload)
+                counts::check_awareness(&payload)
                     .map_err(|e| malformed(start, format!("awareness: {e}")))?;
                 let update = AwarenessUpdate::decode_v1(&payload)
                     .map_err(|e| malformed(start, format!("awareness: {e}")))?;
@@ -153,7 +156,8 @@ fn read_slice(frame: &Bytes, cur: &mut Cursor<'_>) -> Result<Bytes, DecodeError>
     Ok(frame.slice(start..end))
 }
 
-fn put_var(buf: &mut BytesMut, mut n: u64) {
+/// Writes `n` as a lib0 varUint.
+pub fn put_var(buf: &mut BytesMut, mut n: u64) {
     while n >= 0x80 {
         buf.put_u8((n as u8 & 0x7f) | 0x80);
         n >>= 7;
@@ -215,6 +219,15 @@ pub fn encode_durable_ack(n: u64) -> Bytes {
     put_var(&mut buf, inner.len() as u64);
     buf.extend_from_slice(&inner);
     buf.freeze()
+}
+
+/// The counter a durable acknowledgement (`raw`: the whole message, tag included, as
+/// [`Message::DurableAck`] keeps it) carries; `None` if its body is not a varUint.
+pub fn read_durable_ack(raw: &[u8]) -> Option<u64> {
+    let mut cur = Cursor::new(raw);
+    let _tag: u64 = cur.read_var().ok()?;
+    let body = cur.read_buf().ok()?;
+    Cursor::new(body).read_var().ok()
 }
 
 #[cfg(test)]
@@ -315,137 +328,5 @@ mod tests {
         assert!(decode_frame(&Bytes::from_static(&[0xff, 0xff, 0xff])).is_err());
         // Garbage state vector.
         assert!(decode_frame(&Bytes::from_static(&[0, 0, 2, 0xff, 0xff])).is_err());
-    }
-
-    /// Runs `f` and returns how far it raised this process's peak resident memory, in KiB
-    /// (Linux: the peak is reset first through /proc/self/clear_refs). `None` where that is
-    /// not available.
-    fn peak_rss_growth_kib(f: impl FnOnce()) -> Option<u64> {
-        fn kib(field: &str) -> Option<u64> {
-            let status = std::fs::read_to_string("/proc/self/status").ok()?;
-            let line = status.lines().find(|l| l.starts_with(field))?;
-            line[field.len()..]
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse()
-                .ok()
-        }
-        std::fs::write("/proc/self/clear_refs", "5").ok()?;
-        let before = kib("VmHWM:")?;
-        f();
-        Some(kib("VmHWM:")?.saturating_sub(before))
-    }
-
-    /// Fixed by [`crate::counts`]. Fuzz finding (fuzz/: frame_decoder, room_update; minimized): a count declared in a few
-    /// bytes makes yrs reserve a hash table for that many entries before it reads any of them
-    /// (`HashMap::try_reserve` in `AwarenessUpdate::decode`, `StateVector::decode` and
-    /// `Update::decode`). 104,857,558 clients here: a 2 to 5 GB allocation whose 134 MB of
-    /// control bytes are written at once, for a 7-byte frame, on every such frame. The decode
-    /// then fails (the entries are not there), so only the memory shows it. Other unit tests
-    /// running meanwhile raise the peak by far less than the bound.
-    #[test]
-    fn declared_counts_do_not_allocate_before_their_entries_arrive() {
-        const BOUND_KIB: u64 = 32 << 10;
-        let count = [0xd6, 0xff, 0xff, 0x31]; // varUint 104,857,558
-        let frames: [(&str, Vec<u8>); 3] = [
-            ("awareness", [&[1, 4][..], &count].concat()),
-            ("sync step 1", [&[0, 0, 4][..], &count].concat()),
-            ("sync update", [&[0, 2, 4][..], &count].concat()),
-        ];
-        for (what, frame) in frames {
-            let frame = Bytes::from(frame);
-            let grew = peak_rss_growth_kib(|| {
-                // What a connection does with a frame (updates are decoded there).
-                assert!(crate::ws::to_peer_msgs(&frame).is_err(), "{what}: accepted");
-            });
-            if let Some(grew) = grew {
-                assert!(
-                    grew < BOUND_KIB,
-                    "{what} ({frame:02x?}): decoding raised the peak memory by {grew} KiB"
-                );
-            }
-        }
-    }
-
-    /// Fuzz finding (fuzz/: frame_decoder, with debug assertions): a client id of 2^53 or more
-    /// in a state vector, an awareness update or an update panics in debug builds, in yrs's
-    /// `ClientID::new` (`debug_assert!(value & MASK == 0)`), on the connection's task; release
-    /// builds keep the low 53 bits (2^53 + 5 is client 5). JavaScript clients cannot send such
-    /// ids (their numbers have 53 bits), so only a hostile client does. Fixed by
-    /// [`crate::counts`], which refuses such ids before yrs reads them (1007).
-    #[test]
-    fn client_ids_of_54_bits_do_not_panic() {
-        let id = [0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x10]; // varUint 2^53
-        let frames: [(&str, Vec<u8>); 3] = [
-            // Step 1: one client, clock 1.
-            ("sync step 1", [&[0, 0, 10, 1][..], &id, &[1]].concat()),
-            // Awareness: one client, clock 1, state "{}".
-            (
-                "awareness",
-                [&[1, 13, 1][..], &id, &[1, 2, b'{', b'}']].concat(),
-            ),
-            // Update: one client with no blocks, clock 0, empty delete set.
-            (
-                "sync update",
-                [&[0, 2, 12, 1, 0][..], &id, &[0, 0]].concat(),
-            ),
-        ];
-        for (what, frame) in frames {
-            let frame = Bytes::from(frame);
-            let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                crate::ws::to_peer_msgs(&frame).is_ok()
-            }));
-            assert!(decoded.is_ok(), "{what} ({frame:02x?}) panicked");
-        }
-    }
-
-    /// Fuzz finding (fuzz/: frame_decoder, with overflow checks in yrs): an update whose delete
-    /// set holds a range at clock u32::MAX panics in debug builds (tests, `cargo run`), on the
-    /// connection's task, in yrs's `Range::decode` (`id_set.rs`: clock + length, "attempt to
-    /// add with overflow"); release builds wrap the range's end around to 0.
-    #[test]
-    fn deleted_ranges_past_u32_max_do_not_panic() {
-        // Sync Update: no blocks; deletes client 1's range at clock u32::MAX, length 1.
-        let frame = Bytes::from_static(&[0, 2, 10, 0, 1, 1, 1, 0xff, 0xff, 0xff, 0xff, 0x0f, 1]);
-        let decoded = std::panic::catch_unwind(|| crate::ws::to_peer_msgs(&frame).is_ok());
-        assert!(decoded.is_ok(), "{frame:02x?} panicked");
-    }
-
-    /// Fuzz finding (fuzz/: frame_decoder, through `ws::to_peer_msgs`): an update whose block
-    /// holds legacy JSON content (`ItemContent::JSON`, info 0x02) declaring 266,338,303 strings
-    /// makes yrs reserve a `Vec<String>` for them before reading any (`block.rs`:
-    /// `buf.try_reserve(remaining)`): 6.4 GB for a 15-byte frame. A `Vec` is not written when
-    /// reserved, so this costs address space rather than resident memory, but it fails under
-    /// `vm.overcommit_memory=2` or an address-space limit. Fixed by [`crate::counts`], whose
-    /// walk now checks legacy JSON content's count too. Checked on the peak virtual size
-    /// (`VmPeak`, which only grows): a bound of 1 GiB.
-    #[test]
-    fn a_legacy_json_count_does_not_reserve_gigabytes() {
-        fn vm_peak_kib() -> Option<u64> {
-            let status = std::fs::read_to_string("/proc/self/status").ok()?;
-            let line = status.lines().find(|l| l.starts_with("VmPeak:"))?;
-            line["VmPeak:".len()..]
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse()
-                .ok()
-        }
-        // Sync Update: one client with 9 blocks, client 44, clock 0; the first block: info 0x02
-        // (JSON content, no origins), parent a root type (1) named "" (length 0 as the overlong
-        // varUint 0x80 0x00), then the string count 266,338,303 and nothing else.
-        let frame = Bytes::from_static(&[
-            0, 2, 12, 1, 9, 0x2c, 0, 2, 1, 0x80, 0, 0xff, 0xff, 0xff, 0x7e,
-        ]);
-        let before = vm_peak_kib();
-        assert!(crate::ws::to_peer_msgs(&frame).is_err(), "accepted");
-        if let (Some(before), Some(after)) = (before, vm_peak_kib()) {
-            assert!(
-                after.saturating_sub(before) < 1 << 20,
-                "decoding raised the peak address space by {} KiB",
-                after - before
-            );
-        }
     }
 }

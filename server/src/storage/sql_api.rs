@@ -1,61 +1,111 @@
-//! SQLite implementation of [`ApiStore`]. These writes are rare next to log appends, so they
-//! use the pool directly (SQLite's busy timeout serialises them with the writer task).
+//! The one implementation of [`ApiStore`], for both databases ([`Dialect`] holds what differs).
+//! These writes are rare next to log appends, so they use the pool directly (on SQLite, the
+//! busy timeout serialises them with the writer task).
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Pool, Row, Transaction, Type};
+use tokio::sync::Notify;
 
 use super::api::*;
-use super::sqlite::SqliteStore;
-use super::{now_ms, DocId, StorageError};
+use super::dialect::Dialect;
+use super::sqlite::EventSettings;
+use super::{now_ms, DocId, Epoch, StorageError};
+
+/// The API rows of one database: its pool and whether writes emit outbox events. Both stores
+/// hold one; cheap to clone.
+pub struct SqlApi<DB: Dialect> {
+    pub(super) pool: Pool<DB>,
+    pub(super) events: EventSettings,
+    /// Woken after a transaction that wrote outbox events commits.
+    pub(super) events_written: Arc<Notify>,
+}
+
+impl<DB: Dialect> SqlApi<DB> {
+    /// The connection pool, for tests and tools that inspect the database.
+    pub fn pool(&self) -> &Pool<DB> {
+        &self.pool
+    }
+
+    /// Notified whenever outbox events were committed (the delivery worker waits on it).
+    pub fn events_notify(&self) -> Arc<Notify> {
+        self.events_written.clone()
+    }
+}
+
+impl<DB: Dialect> Clone for SqlApi<DB> {
+    fn clone(&self) -> Self {
+        SqlApi {
+            pool: self.pool.clone(),
+            events: self.events,
+            events_written: self.events_written.clone(),
+        }
+    }
+}
 
 const DOC_COLUMNS: &str = "id, name, title, owner, created_at, updated_at, deleted_at, version";
 const USER_COLUMNS: &str = "id, display_name, color, avatar_url, version, created_at, updated_at";
 
-fn doc_row(r: &SqliteRow) -> Result<DocMeta, sqlx::Error> {
-    Ok(DocMeta {
-        id: r.try_get("id")?,
-        name: r.try_get("name")?,
-        title: r.try_get("title")?,
-        owner: r.try_get("owner")?,
-        created_at: r.try_get("created_at")?,
-        updated_at: r.try_get("updated_at")?,
-        deleted_at: r.try_get("deleted_at")?,
-        version: r.try_get("version")?,
-    })
-}
+impl<DB: Dialect> SqlApi<DB>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'a> &'a str: ColumnIndex<DB::Row> + Encode<'a, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> String: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> Vec<u8>: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> &'a [u8]: Encode<'a, DB> + Type<DB>,
+    for<'a> bool: Encode<'a, DB> + Type<DB>,
+    for<'a> Option<&'a str>: Encode<'a, DB>,
+    for<'a> Option<String>: Encode<'a, DB> + Decode<'a, DB>,
+    for<'a> Option<i64>: Encode<'a, DB> + Decode<'a, DB>,
+    for<'a> Option<Vec<u8>>: Decode<'a, DB>,
+{
+    fn doc_row(r: &DB::Row) -> Result<DocMeta, sqlx::Error> {
+        Ok(DocMeta {
+            id: r.try_get("id")?,
+            name: r.try_get("name")?,
+            title: r.try_get("title")?,
+            owner: r.try_get("owner")?,
+            created_at: r.try_get("created_at")?,
+            updated_at: r.try_get("updated_at")?,
+            deleted_at: r.try_get("deleted_at")?,
+            version: r.try_get("version")?,
+        })
+    }
 
-fn user_row(r: &SqliteRow) -> Result<UserProfile, sqlx::Error> {
-    Ok(UserProfile {
-        id: r.try_get("id")?,
-        display_name: r.try_get("display_name")?,
-        color: r.try_get("color")?,
-        avatar_url: r.try_get("avatar_url")?,
-        version: r.try_get("version")?,
-        created_at: r.try_get("created_at")?,
-        updated_at: r.try_get("updated_at")?,
-    })
-}
+    fn user_row(r: &DB::Row) -> Result<UserProfile, sqlx::Error> {
+        Ok(UserProfile {
+            id: r.try_get("id")?,
+            display_name: r.try_get("display_name")?,
+            color: r.try_get("color")?,
+            avatar_url: r.try_get("avatar_url")?,
+            version: r.try_get("version")?,
+            created_at: r.try_get("created_at")?,
+            updated_at: r.try_get("updated_at")?,
+        })
+    }
 
-fn event_row(r: &SqliteRow) -> Result<OutboxEvent, sqlx::Error> {
-    let urls: String = r.try_get("delivered_urls")?;
-    Ok(OutboxEvent {
-        id: r.try_get("id")?,
-        event_id: r.try_get("event_id")?,
-        kind: r.try_get("type")?,
-        payload: r.try_get("payload")?,
-        revision: r.try_get("revision")?,
-        status: r.try_get("status")?,
-        attempts: r.try_get("attempts")?,
-        available_at: r.try_get("available_at")?,
-        delivered_urls: serde_json::from_str(&urls).unwrap_or_default(),
-        last_error: r.try_get("last_error")?,
-        created_at: r.try_get("created_at")?,
-        delivered_at: r.try_get("delivered_at")?,
-    })
-}
+    fn event_row(r: &DB::Row) -> Result<OutboxEvent, sqlx::Error> {
+        let urls: String = r.try_get("delivered_urls")?;
+        Ok(OutboxEvent {
+            id: r.try_get("id")?,
+            event_id: r.try_get("event_id")?,
+            kind: r.try_get("type")?,
+            payload: r.try_get("payload")?,
+            revision: r.try_get("revision")?,
+            status: r.try_get("status")?,
+            attempts: r.try_get("attempts")?,
+            available_at: r.try_get("available_at")?,
+            delivered_urls: serde_json::from_str(&urls).unwrap_or_default(),
+            last_error: r.try_get("last_error")?,
+            created_at: r.try_get("created_at")?,
+            delivered_at: r.try_get("delivered_at")?,
+        })
+    }
 
-impl SqliteStore {
     /// [`ApiStore::outbox_view`], awaiting `between` after the outbox is read and before the
     /// dead-letter table is: a test commits a move there to check that both reads see the
     /// snapshot of the first.
@@ -64,19 +114,18 @@ impl SqliteStore {
         limit: u32,
         between: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError> {
-        // In WAL mode a read transaction keeps the snapshot of its first read.
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query("SELECT * FROM outbox ORDER BY id DESC LIMIT ?")
-            .bind(limit)
+        let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
+        let rows = sqlx::query("SELECT * FROM outbox ORDER BY id DESC LIMIT $1")
+            .bind(i64::from(limit))
             .fetch_all(&mut *tx)
             .await?;
-        let events = rows.iter().map(event_row).collect::<Result<_, _>>()?;
+        let events = rows.iter().map(Self::event_row).collect::<Result<_, _>>()?;
         between.await;
         let dead = sqlx::query_as(
             "SELECT id, event_id, type, payload, attempts, last_error, created_at, died_at \
-             FROM outbox_dead ORDER BY id DESC LIMIT ?",
+             FROM outbox_dead ORDER BY id DESC LIMIT $1",
         )
-        .bind(limit)
+        .bind(i64::from(limit))
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -86,7 +135,7 @@ impl SqliteStore {
     /// Writes an event to the outbox inside `tx`, if events are enabled.
     async fn emit(
         &self,
-        tx: &mut Transaction<'_, Sqlite>,
+        tx: &mut Transaction<'_, DB>,
         kind: &str,
         payload: serde_json::Value,
         now: i64,
@@ -96,7 +145,7 @@ impl SqliteStore {
         }
         sqlx::query(
             "INSERT INTO outbox (event_id, type, payload, available_at, created_at) \
-             VALUES (?, ?, ?, ?, ?)",
+             VALUES ($1, $2, $3, $4, $5)",
         )
         .bind(uuid::Uuid::new_v4().to_string())
         .bind(kind)
@@ -108,7 +157,7 @@ impl SqliteStore {
         Ok(())
     }
 
-    async fn committed_with_events(&self, tx: Transaction<'_, Sqlite>) -> Result<(), sqlx::Error> {
+    async fn committed_with_events(&self, tx: Transaction<'_, DB>) -> Result<(), sqlx::Error> {
         tx.commit().await?;
         if self.events.enabled {
             self.events_written.notify_one();
@@ -121,7 +170,7 @@ impl SqliteStore {
         let now = now_ms();
         let mut tx = self.pool.begin().await?;
         let created = sqlx::query(
-            "INSERT INTO documents (name, created_at, updated_at) VALUES (?, ?, ?) \
+            "INSERT INTO documents (name, created_at, updated_at) VALUES ($1, $2, $3) \
              ON CONFLICT (name) DO NOTHING RETURNING id",
         )
         .bind(name)
@@ -143,6 +192,39 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// Why a write matched no row: the document is deleted ([`StorageError::Deleted`]), the
+    /// lease moved on ([`StorageError::Fenced`]), or else the write's own conflict.
+    pub(super) async fn why_refused(
+        conn: &mut DB::Connection,
+        doc: DocId,
+        fence: Option<Epoch>,
+        otherwise: StorageError,
+    ) -> StorageError {
+        let deleted: Result<Option<Option<i64>>, _> =
+            sqlx::query_scalar("SELECT deleted_at FROM documents WHERE id = $1")
+                .bind(doc)
+                .fetch_optional(&mut *conn)
+                .await;
+        match deleted {
+            Ok(Some(Some(_))) => return StorageError::Deleted,
+            Ok(_) => {}
+            Err(e) => return e.into(),
+        }
+        let Some(fence) = fence else {
+            return otherwise;
+        };
+        let current: Result<Option<i64>, _> =
+            sqlx::query_scalar("SELECT epoch FROM room_leases WHERE doc_id = $1")
+                .bind(doc)
+                .fetch_optional(&mut *conn)
+                .await;
+        match current {
+            Ok(Some(epoch)) if epoch == fence => otherwise,
+            Ok(_) => StorageError::Fenced,
+            Err(e) => e.into(),
+        }
+    }
+
     async fn doc_versioned(
         &self,
         id: DocId,
@@ -157,7 +239,22 @@ impl SqliteStore {
 }
 
 #[async_trait]
-impl ApiStore for SqliteStore {
+impl<DB: Dialect> ApiStore for SqlApi<DB>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'a> &'a str: ColumnIndex<DB::Row> + Encode<'a, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> String: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> Vec<u8>: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> &'a [u8]: Encode<'a, DB> + Type<DB>,
+    for<'a> bool: Encode<'a, DB> + Type<DB>,
+    for<'a> Option<&'a str>: Encode<'a, DB>,
+    for<'a> Option<String>: Encode<'a, DB> + Decode<'a, DB>,
+    for<'a> Option<i64>: Encode<'a, DB> + Decode<'a, DB>,
+    for<'a> Option<Vec<u8>>: Decode<'a, DB>,
+{
     async fn create_doc(
         &self,
         name: &str,
@@ -168,7 +265,7 @@ impl ApiStore for SqliteStore {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(&format!(
             "INSERT INTO documents (name, title, owner, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING RETURNING {DOC_COLUMNS}"
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO NOTHING RETURNING {DOC_COLUMNS}"
         ))
         .bind(name)
         .bind(title)
@@ -180,10 +277,10 @@ impl ApiStore for SqliteStore {
         let Some(row) = row else {
             return Ok(None);
         };
-        let doc = doc_row(&row)?;
+        let doc = Self::doc_row(&row)?;
         if let Some(owner) = owner {
             sqlx::query(
-                "INSERT INTO document_access (doc_id, user_id, role) VALUES (?, ?, 'owner')",
+                "INSERT INTO document_access (doc_id, user_id, role) VALUES ($1, $2, 'owner')",
             )
             .bind(doc.id)
             .bind(owner)
@@ -202,45 +299,46 @@ impl ApiStore for SqliteStore {
     }
 
     async fn get_doc(&self, id: DocId) -> Result<Option<DocMeta>, StorageError> {
-        let row = sqlx::query(&format!("SELECT {DOC_COLUMNS} FROM documents WHERE id = ?"))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.as_ref().map(doc_row).transpose()?)
+        let row = sqlx::query(&format!(
+            "SELECT {DOC_COLUMNS} FROM documents WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.as_ref().map(Self::doc_row).transpose()?)
     }
 
     async fn get_doc_by_name(&self, name: &str) -> Result<Option<DocMeta>, StorageError> {
         let row = sqlx::query(&format!(
-            "SELECT {DOC_COLUMNS} FROM documents WHERE name = ?"
+            "SELECT {DOC_COLUMNS} FROM documents WHERE name = $1"
         ))
         .bind(name)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.as_ref().map(doc_row).transpose()?)
+        Ok(row.as_ref().map(Self::doc_row).transpose()?)
     }
 
     async fn list_docs(&self, q: &DocQuery) -> Result<Vec<DocMeta>, StorageError> {
         // `name >= prefix AND name < prefix || U+10FFFF` is a prefix match that can use the
-        // unique index on name and needs no LIKE escaping.
+        // unique index on name (byte-wise, COLLATE "C") and needs no LIKE escaping.
+        let upper = q.name_prefix.as_ref().map(|p| format!("{p}\u{10FFFF}"));
         let rows = sqlx::query(&format!(
             "SELECT {DOC_COLUMNS} FROM documents \
-             WHERE id > ? \
-               AND (? IS NULL OR owner = ?) \
-               AND (? IS NULL OR (name >= ? AND name < ? || char(1114111))) \
-               AND (? OR deleted_at IS NULL) \
-             ORDER BY id LIMIT ?"
+             WHERE id > $1 \
+               AND (CAST($2 AS TEXT) IS NULL OR owner = $2) \
+               AND (CAST($3 AS TEXT) IS NULL OR (name >= $3 AND name < $4)) \
+               AND ($5 OR deleted_at IS NULL) \
+             ORDER BY id LIMIT $6"
         ))
         .bind(q.after_id.unwrap_or(0))
         .bind(&q.owner)
-        .bind(&q.owner)
         .bind(&q.name_prefix)
-        .bind(&q.name_prefix)
-        .bind(&q.name_prefix)
+        .bind(upper)
         .bind(q.include_deleted)
-        .bind(q.limit)
+        .bind(i64::from(q.limit))
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.iter().map(doc_row).collect::<Result<_, _>>()?)
+        Ok(rows.iter().map(Self::doc_row).collect::<Result<_, _>>()?)
     }
 
     async fn update_doc(
@@ -252,9 +350,9 @@ impl ApiStore for SqliteStore {
         let now = now_ms();
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(&format!(
-            "UPDATE documents SET title = COALESCE(?, title), owner = COALESCE(?, owner), \
-             version = version + 1, updated_at = ? \
-             WHERE id = ? AND version = ? AND deleted_at IS NULL RETURNING {DOC_COLUMNS}"
+            "UPDATE documents SET title = COALESCE($1, title), owner = COALESCE($2, owner), \
+             version = version + 1, updated_at = $3 \
+             WHERE id = $4 AND version = $5 AND deleted_at IS NULL RETURNING {DOC_COLUMNS}"
         ))
         .bind(&patch.title)
         .bind(&patch.owner)
@@ -267,19 +365,19 @@ impl ApiStore for SqliteStore {
             drop(tx);
             return self.doc_versioned(id, false).await;
         };
-        let doc = doc_row(&row)?;
+        let doc = Self::doc_row(&row)?;
         if let Some(owner) = &patch.owner {
             // Ownership moves: the new owner gets the role, any other owner becomes an editor.
             sqlx::query(
                 "UPDATE document_access SET role = 'editor' \
-                 WHERE doc_id = ? AND role = 'owner' AND user_id <> ?",
+                 WHERE doc_id = $1 AND role = 'owner' AND user_id <> $2",
             )
             .bind(id)
             .bind(owner)
             .execute(&mut *tx)
             .await?;
             sqlx::query(
-                "INSERT INTO document_access (doc_id, user_id, role) VALUES (?, ?, 'owner') \
+                "INSERT INTO document_access (doc_id, user_id, role) VALUES ($1, $2, 'owner') \
                  ON CONFLICT (doc_id, user_id) DO UPDATE SET role = 'owner'",
             )
             .bind(id)
@@ -295,8 +393,8 @@ impl ApiStore for SqliteStore {
         let now = now_ms();
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(&format!(
-            "UPDATE documents SET deleted_at = ?, version = version + 1, updated_at = ? \
-             WHERE id = ? AND deleted_at IS NULL RETURNING {DOC_COLUMNS}"
+            "UPDATE documents SET deleted_at = $1, version = version + 1, updated_at = $2 \
+             WHERE id = $3 AND deleted_at IS NULL RETURNING {DOC_COLUMNS}"
         ))
         .bind(now)
         .bind(now)
@@ -307,12 +405,15 @@ impl ApiStore for SqliteStore {
             drop(tx);
             return self.doc_versioned(id, false).await;
         };
-        let doc = doc_row(&row)?;
-        sqlx::query("INSERT INTO doc_changes (doc_id, kind, changed_at) VALUES (?, 'deleted', ?)")
-            .bind(id)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+        let doc = Self::doc_row(&row)?;
+        DB::order_ids(&mut tx, "doc_changes").await?;
+        sqlx::query(
+            "INSERT INTO doc_changes (doc_id, kind, changed_at) VALUES ($1, 'deleted', $2)",
+        )
+        .bind(id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
         self.emit(
             &mut tx,
             "document.deleted",
@@ -327,31 +428,31 @@ impl ApiStore for SqliteStore {
     async fn restore_doc(&self, id: DocId) -> Result<Versioned<DocMeta>, StorageError> {
         let now = now_ms();
         let row = sqlx::query(&format!(
-            "UPDATE documents SET deleted_at = NULL, version = version + 1, updated_at = ? \
-             WHERE id = ? AND deleted_at IS NOT NULL RETURNING {DOC_COLUMNS}"
+            "UPDATE documents SET deleted_at = NULL, version = version + 1, updated_at = $1 \
+             WHERE id = $2 AND deleted_at IS NOT NULL RETURNING {DOC_COLUMNS}"
         ))
         .bind(now)
         .bind(id)
         .fetch_optional(&self.pool)
         .await?;
         match row {
-            Some(row) => Ok(Versioned::Updated(doc_row(&row)?)),
+            Some(row) => Ok(Versioned::Updated(Self::doc_row(&row)?)),
             None => self.doc_versioned(id, false).await,
         }
     }
 
     async fn get_user(&self, id: &str) -> Result<Option<UserProfile>, StorageError> {
-        let row = sqlx::query(&format!("SELECT {USER_COLUMNS} FROM users WHERE id = ?"))
+        let row = sqlx::query(&format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1"))
             .bind(id)
             .fetch_optional(&self.pool)
             .await?;
-        Ok(row.as_ref().map(user_row).transpose()?)
+        Ok(row.as_ref().map(Self::user_row).transpose()?)
     }
 
     async fn ensure_user(&self, id: &str) -> Result<UserProfile, StorageError> {
         let now = now_ms();
         sqlx::query(
-            "INSERT INTO users (id, created_at, updated_at) VALUES (?, ?, ?) \
+            "INSERT INTO users (id, created_at, updated_at) VALUES ($1, $2, $3) \
              ON CONFLICT (id) DO NOTHING",
         )
         .bind(id)
@@ -373,10 +474,10 @@ impl ApiStore for SqliteStore {
         let now = now_ms();
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(&format!(
-            "UPDATE users SET display_name = COALESCE(?, display_name), \
-             color = COALESCE(?, color), avatar_url = COALESCE(?, avatar_url), \
-             version = version + 1, updated_at = ? \
-             WHERE id = ? AND version = ? RETURNING {USER_COLUMNS}"
+            "UPDATE users SET display_name = COALESCE($1, display_name), \
+             color = COALESCE($2, color), avatar_url = COALESCE($3, avatar_url), \
+             version = version + 1, updated_at = $4 \
+             WHERE id = $5 AND version = $6 RETURNING {USER_COLUMNS}"
         ))
         .bind(&patch.display_name)
         .bind(&patch.color)
@@ -393,7 +494,7 @@ impl ApiStore for SqliteStore {
                 None => Versioned::NotFound,
             });
         };
-        let user = user_row(&row)?;
+        let user = Self::user_row(&row)?;
         self.emit(
             &mut tx,
             "profile.updated",
@@ -406,12 +507,13 @@ impl ApiStore for SqliteStore {
     }
 
     async fn get_role(&self, doc: DocId, user: &str) -> Result<Option<Role>, StorageError> {
-        let role: Option<String> =
-            sqlx::query_scalar("SELECT role FROM document_access WHERE doc_id = ? AND user_id = ?")
-                .bind(doc)
-                .bind(user)
-                .fetch_optional(&self.pool)
-                .await?;
+        let role: Option<String> = sqlx::query_scalar(
+            "SELECT role FROM document_access WHERE doc_id = $1 AND user_id = $2",
+        )
+        .bind(doc)
+        .bind(user)
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(role.as_deref().and_then(Role::parse))
     }
 
@@ -425,7 +527,7 @@ impl ApiStore for SqliteStore {
         match role {
             Some(role) => {
                 sqlx::query(
-                    "INSERT INTO document_access (doc_id, user_id, role) VALUES (?, ?, ?) \
+                    "INSERT INTO document_access (doc_id, user_id, role) VALUES ($1, $2, $3) \
                      ON CONFLICT (doc_id, user_id) DO UPDATE SET role = excluded.role",
                 )
                 .bind(doc)
@@ -435,16 +537,17 @@ impl ApiStore for SqliteStore {
                 .await?;
             }
             None => {
-                sqlx::query("DELETE FROM document_access WHERE doc_id = ? AND user_id = ?")
+                sqlx::query("DELETE FROM document_access WHERE doc_id = $1 AND user_id = $2")
                     .bind(doc)
                     .bind(user)
                     .execute(&mut *tx)
                     .await?;
             }
         }
+        DB::order_ids(&mut tx, "doc_changes").await?;
         let id = sqlx::query_scalar(
             "INSERT INTO doc_changes (doc_id, kind, user_id, changed_at) \
-             VALUES (?, 'access', ?, ?) RETURNING id",
+             VALUES ($1, 'access', $2, $3) RETURNING id",
         )
         .bind(doc)
         .bind(user)
@@ -457,7 +560,7 @@ impl ApiStore for SqliteStore {
 
     async fn list_access(&self, doc: DocId) -> Result<Vec<(String, Role)>, StorageError> {
         let rows: Vec<(String, String)> = sqlx::query_as(
-            "SELECT user_id, role FROM document_access WHERE doc_id = ? ORDER BY user_id",
+            "SELECT user_id, role FROM document_access WHERE doc_id = $1 ORDER BY user_id",
         )
         .bind(doc)
         .fetch_all(&self.pool)
@@ -476,10 +579,12 @@ impl ApiStore for SqliteStore {
         now: i64,
         expires_before: i64,
     ) -> Result<IdemClaim, StorageError> {
+        // Read committed is enough: a concurrent claim of the same key waits in the INSERT for
+        // the first one to commit, then does nothing, and the SELECT (a new statement) sees it.
         let mut tx = self.pool.begin().await?;
         // An expired key is forgotten first, so the claim below can take it afresh.
         sqlx::query(
-            "DELETE FROM idempotency_keys WHERE principal = ? AND key = ? AND created_at < ?",
+            "DELETE FROM idempotency_keys WHERE principal = $1 AND key = $2 AND created_at < $3",
         )
         .bind(principal)
         .bind(key)
@@ -488,44 +593,51 @@ impl ApiStore for SqliteStore {
         .await?;
         let claimed = sqlx::query(
             "INSERT INTO idempotency_keys (principal, key, request_hash, created_at) \
-             VALUES (?, ?, ?, ?) ON CONFLICT (principal, key) DO NOTHING",
+             VALUES ($1, $2, $3, $4) ON CONFLICT (principal, key) DO NOTHING",
         )
         .bind(principal)
         .bind(key)
         .bind(request_hash)
         .bind(now)
         .execute(&mut *tx)
-        .await?
-        .rows_affected()
+        .await
+        .map(|done| DB::rows_affected(&done))?
             == 1;
         let outcome = if claimed {
             IdemClaim::Started
         } else {
             let row = sqlx::query(
                 "SELECT request_hash, response_status, response_body, response_headers \
-                 FROM idempotency_keys WHERE principal = ? AND key = ?",
+                 FROM idempotency_keys WHERE principal = $1 AND key = $2",
             )
             .bind(principal)
             .bind(key)
-            .fetch_one(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await?;
-            let hash: String = row.try_get("request_hash")?;
-            let status: Option<i64> = row.try_get("response_status")?;
-            if hash != request_hash {
-                IdemClaim::Mismatch
-            } else if let Some(status) = status {
-                let headers: Option<String> = row.try_get("response_headers")?;
-                IdemClaim::Replay(StoredResponse {
-                    status: u16::try_from(status).unwrap_or(500),
-                    headers: headers
-                        .and_then(|h| serde_json::from_str(&h).ok())
-                        .unwrap_or_default(),
-                    body: row
-                        .try_get::<Option<Vec<u8>>, _>("response_body")?
-                        .unwrap_or_default(),
-                })
-            } else {
-                IdemClaim::InProgress
+            match row {
+                // Abandoned (deleted) between our INSERT and SELECT: report it as running; the
+                // client retries, and the retry claims it afresh.
+                None => IdemClaim::InProgress,
+                Some(row) => {
+                    let hash: String = row.try_get("request_hash")?;
+                    let status: Option<i64> = row.try_get("response_status")?;
+                    if hash != request_hash {
+                        IdemClaim::Mismatch
+                    } else if let Some(status) = status {
+                        let headers: Option<String> = row.try_get("response_headers")?;
+                        IdemClaim::Replay(StoredResponse {
+                            status: u16::try_from(status).unwrap_or(500),
+                            headers: headers
+                                .and_then(|h| serde_json::from_str(&h).ok())
+                                .unwrap_or_default(),
+                            body: row
+                                .try_get::<Option<Vec<u8>>, _>("response_body")?
+                                .unwrap_or_default(),
+                        })
+                    } else {
+                        IdemClaim::InProgress
+                    }
+                }
             }
         };
         tx.commit().await?;
@@ -539,8 +651,8 @@ impl ApiStore for SqliteStore {
         response: &StoredResponse,
     ) -> Result<(), StorageError> {
         sqlx::query(
-            "UPDATE idempotency_keys SET response_status = ?, response_body = ?, \
-             response_headers = ? WHERE principal = ? AND key = ?",
+            "UPDATE idempotency_keys SET response_status = $1, response_body = $2, \
+             response_headers = $3 WHERE principal = $4 AND key = $5",
         )
         .bind(i64::from(response.status))
         .bind(&response.body)
@@ -554,7 +666,7 @@ impl ApiStore for SqliteStore {
 
     async fn idem_abandon(&self, principal: &str, key: &str) -> Result<(), StorageError> {
         sqlx::query(
-            "DELETE FROM idempotency_keys WHERE principal = ? AND key = ? \
+            "DELETE FROM idempotency_keys WHERE principal = $1 AND key = $2 \
              AND response_status IS NULL",
         )
         .bind(principal)
@@ -565,11 +677,11 @@ impl ApiStore for SqliteStore {
     }
 
     async fn idem_cleanup(&self, expires_before: i64) -> Result<u64, StorageError> {
-        let done = sqlx::query("DELETE FROM idempotency_keys WHERE created_at < ?")
+        let done = sqlx::query("DELETE FROM idempotency_keys WHERE created_at < $1")
             .bind(expires_before)
             .execute(&self.pool)
             .await?;
-        Ok(done.rows_affected())
+        Ok(DB::rows_affected(&done))
     }
 
     async fn revoke(
@@ -578,14 +690,19 @@ impl ApiStore for SqliteStore {
         user_id: Option<&str>,
         now: i64,
     ) -> Result<Revocation, StorageError> {
+        // Readers apply the rows after the last id they have seen. Revocations are rare.
+        let mut tx = self.pool.begin().await?;
+        DB::order_ids(&mut tx, "revocations").await?;
         let id: i64 = sqlx::query_scalar(
-            "INSERT INTO revocations (token_id, user_id, revoked_at) VALUES (?, ?, ?) RETURNING id",
+            "INSERT INTO revocations (token_id, user_id, revoked_at) VALUES ($1, $2, $3) \
+             RETURNING id",
         )
         .bind(token_id)
         .bind(user_id)
         .bind(now)
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(Revocation {
             id,
             token_id: token_id.map(str::to_owned),
@@ -596,7 +713,7 @@ impl ApiStore for SqliteStore {
 
     async fn revocations_after(&self, id: i64) -> Result<Vec<Revocation>, StorageError> {
         let rows: Vec<(i64, Option<String>, Option<String>, i64)> = sqlx::query_as(
-            "SELECT id, token_id, user_id, revoked_at FROM revocations WHERE id > ? ORDER BY id",
+            "SELECT id, token_id, user_id, revoked_at FROM revocations WHERE id > $1 ORDER BY id",
         )
         .bind(id)
         .fetch_all(&self.pool)
@@ -623,7 +740,7 @@ impl ApiStore for SqliteStore {
         Ok(sqlx::query_as(
             "SELECT c.id, d.name AS doc_name, c.kind, c.user_id, c.changed_at \
              FROM doc_changes c JOIN documents d ON d.id = c.doc_id \
-             WHERE c.id > ? ORDER BY c.id LIMIT ?",
+             WHERE c.id > $1 ORDER BY c.id LIMIT $2",
         )
         .bind(id)
         .bind(i64::from(limit))
@@ -632,29 +749,29 @@ impl ApiStore for SqliteStore {
     }
 
     async fn doc_changes_cleanup(&self, before: i64) -> Result<u64, StorageError> {
-        let done = sqlx::query("DELETE FROM doc_changes WHERE changed_at < ?")
+        let done = sqlx::query("DELETE FROM doc_changes WHERE changed_at < $1")
             .bind(before)
             .execute(&self.pool)
             .await?;
-        Ok(done.rows_affected())
+        Ok(DB::rows_affected(&done))
     }
 
     async fn due_events(&self, now: i64, limit: u32) -> Result<Vec<OutboxEvent>, StorageError> {
         let rows = sqlx::query(
-            "SELECT * FROM outbox WHERE status = 'pending' AND available_at <= ? \
-             ORDER BY id LIMIT ?",
+            "SELECT * FROM outbox WHERE status = 'pending' AND available_at <= $1 \
+             ORDER BY id LIMIT $2",
         )
         .bind(now)
-        .bind(limit)
+        .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.iter().map(event_row).collect::<Result<_, _>>()?)
+        Ok(rows.iter().map(Self::event_row).collect::<Result<_, _>>()?)
     }
 
     async fn event_delivered(&self, id: i64, revision: i64, now: i64) -> Result<(), StorageError> {
         sqlx::query(
-            "UPDATE outbox SET status = 'delivered', delivered_at = ?, attempts = attempts + 1 \
-             WHERE id = ? AND revision = ?",
+            "UPDATE outbox SET status = 'delivered', delivered_at = $1, attempts = attempts + 1 \
+             WHERE id = $2 AND revision = $3",
         )
         .bind(now)
         .bind(id)
@@ -674,8 +791,8 @@ impl ApiStore for SqliteStore {
     ) -> Result<(), StorageError> {
         // After a fold (new revision), the URLs that took the old revision must get the new one.
         sqlx::query(
-            "UPDATE outbox SET attempts = attempts + 1, available_at = ?, last_error = ?, \
-             delivered_urls = CASE WHEN revision = ? THEN ? ELSE '[]' END WHERE id = ?",
+            "UPDATE outbox SET attempts = attempts + 1, available_at = $1, last_error = $2, \
+             delivered_urls = CASE WHEN revision = $3 THEN $4 ELSE '[]' END WHERE id = $5",
         )
         .bind(next_attempt_at)
         .bind(error)
@@ -694,25 +811,7 @@ impl ApiStore for SqliteStore {
         error: &str,
         now: i64,
     ) -> Result<(), StorageError> {
-        let mut tx = self.pool.begin().await?;
-        let moved = sqlx::query(
-            "INSERT INTO outbox_dead (id, event_id, type, payload, attempts, last_error, created_at, died_at) \
-             SELECT id, event_id, type, payload, attempts + 1, ?, created_at, ? FROM outbox \
-             WHERE id = ? AND revision = ?",
-        )
-        .bind(error)
-        .bind(now)
-        .bind(id)
-        .bind(revision)
-        .execute(&mut *tx)
-        .await?;
-        if moved.rows_affected() == 1 {
-            sqlx::query("DELETE FROM outbox WHERE id = ?")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
+        DB::move_to_dead(&self.pool, id, revision, error, now).await?;
         Ok(())
     }
 
@@ -721,37 +820,5 @@ impl ApiStore for SqliteStore {
         limit: u32,
     ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError> {
         self.outbox_view_with(limit, async {}).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use crate::config::{CommitWindowSettings, SqliteSync};
-    use crate::storage::api::checks;
-    use crate::storage::sqlite::EventSettings;
-
-    #[tokio::test]
-    async fn the_outbox_view_reads_both_tables_in_one_snapshot() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let url = format!("sqlite://{}/q.db", dir.path().display());
-        let events = EventSettings {
-            enabled: true,
-            debounce: Duration::from_secs(1),
-        };
-        let store = SqliteStore::connect_with_events(
-            &url,
-            SqliteSync::Normal,
-            events,
-            CommitWindowSettings::default(),
-        )
-        .await
-        .expect("store");
-        checks::a_move_between_the_view_reads_shows_once(&store, |between| {
-            store.outbox_view_with(10, between)
-        })
-        .await;
     }
 }

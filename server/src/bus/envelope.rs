@@ -1,0 +1,527 @@
+//! What travels on the bus: the envelopes, their encoding, and the cluster key that signs
+//! them.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+const OPEN: u8 = 1;
+const FRAME: u8 = 2;
+const ALIVE: u8 = 3;
+const CLOSE: u8 = 4;
+const OUT: u8 = 5;
+const KILL: u8 = 6;
+const BEAT: u8 = 7;
+const CHANGED: u8 = 8;
+
+/// Length of the signature in front of every message.
+const MAC_LEN: usize = 32;
+
+/// Shortest cluster key accepted, in bytes.
+pub const MIN_CLUSTER_KEY: usize = 16;
+
+/// What must reach every node's sockets on a document.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// The document was deleted: close every socket on it (4404) and unload its room.
+    Deleted,
+    /// A user's role on the document changed: close that user's sockets on it (4403; they
+    /// reconnect under the new role). `id` is the change's row in `doc_changes`, so each node
+    /// acts on it once whether it learns of it from the bus or from the table.
+    Access { user: String, id: i64 },
+}
+
+/// One message on the bus.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Envelope {
+    Open {
+        from: String,
+        conn: u64,
+        doc: String,
+        user: Option<String>,
+        can_write: bool,
+        /// When the client's token expires (seconds since the epoch): the owner closes the
+        /// remote peer then, as it would a local one.
+        expires_at: Option<i64>,
+        /// The newest role change the client's permission reflects (`PeerAuth::seen_change`).
+        seen_change: i64,
+    },
+    Frame {
+        from: String,
+        conn: u64,
+        seq: u64,
+        data: Bytes,
+    },
+    Alive {
+        from: String,
+        conn: u64,
+        /// The last `Frame` sequence number sent for this connection (0: none yet).
+        sent: u64,
+    },
+    Close {
+        from: String,
+        conn: u64,
+    },
+    Out {
+        conn: u64,
+        seq: u64,
+        data: Bytes,
+    },
+    /// The owner's answer to `Alive`: the last `Out` sequence number it sent.
+    Beat {
+        conn: u64,
+        sent: u64,
+    },
+    Kill {
+        conn: u64,
+        code: u16,
+        reason: String,
+    },
+    /// To every node: a change to a document that its sockets must see.
+    Changed {
+        from: String,
+        /// When it was announced (milliseconds since the epoch, the sender's clock): a
+        /// replayed announcement older than [`CHANGE_MAX_AGE`](super::CHANGE_MAX_AGE) is ignored.
+        at_ms: i64,
+        doc: String,
+        change: Change,
+    },
+}
+
+/// Which kind of message (for [`Faults`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Open,
+    Frame,
+    Alive,
+    Close,
+    Out,
+    Beat,
+    Kill,
+    Changed,
+}
+
+fn put_str(b: &mut BytesMut, s: &str) {
+    let s = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+    b.put_u16(s.len() as u16);
+    b.put_slice(s);
+}
+
+fn get_str(b: &mut Bytes) -> Option<String> {
+    if b.remaining() < 2 {
+        return None;
+    }
+    let n = b.get_u16() as usize;
+    if b.remaining() < n {
+        return None;
+    }
+    String::from_utf8(b.split_to(n).to_vec()).ok()
+}
+
+fn get_u64(b: &mut Bytes) -> Option<u64> {
+    (b.remaining() >= 8).then(|| b.get_u64())
+}
+
+impl Envelope {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Envelope::Open { .. } => Kind::Open,
+            Envelope::Frame { .. } => Kind::Frame,
+            Envelope::Alive { .. } => Kind::Alive,
+            Envelope::Close { .. } => Kind::Close,
+            Envelope::Out { .. } => Kind::Out,
+            Envelope::Beat { .. } => Kind::Beat,
+            Envelope::Kill { .. } => Kind::Kill,
+            Envelope::Changed { .. } => Kind::Changed,
+        }
+    }
+
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::new();
+        match self {
+            Envelope::Open {
+                from,
+                conn,
+                doc,
+                user,
+                can_write,
+                expires_at,
+                seen_change,
+            } => {
+                b.put_u8(OPEN);
+                b.put_u64(*conn);
+                put_str(&mut b, from);
+                put_str(&mut b, doc);
+                b.put_u8(u8::from(*can_write));
+                match user {
+                    Some(u) => {
+                        b.put_u8(1);
+                        put_str(&mut b, u);
+                    }
+                    None => b.put_u8(0),
+                }
+                match expires_at {
+                    Some(exp) => {
+                        b.put_u8(1);
+                        b.put_i64(*exp);
+                    }
+                    None => b.put_u8(0),
+                }
+                // Left out when 0, as a node of an earlier version leaves it out.
+                if *seen_change != 0 {
+                    b.put_i64(*seen_change);
+                }
+            }
+            Envelope::Frame {
+                from,
+                conn,
+                seq,
+                data,
+            } => {
+                b.put_u8(FRAME);
+                b.put_u64(*conn);
+                b.put_u64(*seq);
+                put_str(&mut b, from);
+                b.put_slice(data);
+            }
+            Envelope::Alive { from, conn, sent } => {
+                b.put_u8(ALIVE);
+                b.put_u64(*conn);
+                b.put_u64(*sent);
+                put_str(&mut b, from);
+            }
+            Envelope::Close { from, conn } => {
+                b.put_u8(CLOSE);
+                b.put_u64(*conn);
+                put_str(&mut b, from);
+            }
+            Envelope::Out { conn, seq, data } => {
+                b.put_u8(OUT);
+                b.put_u64(*conn);
+                b.put_u64(*seq);
+                b.put_slice(data);
+            }
+            Envelope::Beat { conn, sent } => {
+                b.put_u8(BEAT);
+                b.put_u64(*conn);
+                b.put_u64(*sent);
+            }
+            Envelope::Kill { conn, code, reason } => {
+                b.put_u8(KILL);
+                b.put_u64(*conn);
+                b.put_u16(*code);
+                put_str(&mut b, reason);
+            }
+            Envelope::Changed {
+                from,
+                at_ms,
+                doc,
+                change,
+            } => {
+                b.put_u8(CHANGED);
+                // The change's id (0 for a delete, which needs none).
+                b.put_u64(match change {
+                    Change::Access { id, .. } => *id as u64,
+                    Change::Deleted => 0,
+                });
+                b.put_i64(*at_ms);
+                put_str(&mut b, from);
+                put_str(&mut b, doc);
+                match change {
+                    Change::Deleted => b.put_u8(1),
+                    Change::Access { user, .. } => {
+                        b.put_u8(2);
+                        put_str(&mut b, user);
+                    }
+                }
+            }
+        }
+        b.freeze()
+    }
+
+    /// Decodes a bus message (without its signature); `None` if it is malformed.
+    pub fn decode(mut b: Bytes) -> Option<Envelope> {
+        if b.remaining() < 9 {
+            return None;
+        }
+        let kind = b.get_u8();
+        let conn = b.get_u64();
+        Some(match kind {
+            OPEN => {
+                let from = get_str(&mut b)?;
+                let doc = get_str(&mut b)?;
+                if b.remaining() < 2 {
+                    return None;
+                }
+                let can_write = b.get_u8() == 1;
+                let user = match b.get_u8() {
+                    1 => Some(get_str(&mut b)?),
+                    _ => None,
+                };
+                if b.remaining() < 1 {
+                    return None;
+                }
+                let expires_at = match b.get_u8() {
+                    1 if b.remaining() >= 8 => Some(b.get_i64()),
+                    1 => return None,
+                    _ => None,
+                };
+                // (Absent from an earlier version's message: every role change then applies.)
+                let seen_change = match b.remaining() {
+                    0 => 0,
+                    8.. => b.get_i64(),
+                    _ => return None,
+                };
+                Envelope::Open {
+                    from,
+                    conn,
+                    doc,
+                    user,
+                    can_write,
+                    expires_at,
+                    seen_change,
+                }
+            }
+            FRAME => {
+                let seq = get_u64(&mut b)?;
+                let from = get_str(&mut b)?;
+                Envelope::Frame {
+                    from,
+                    conn,
+                    seq,
+                    data: b,
+                }
+            }
+            ALIVE => {
+                let sent = get_u64(&mut b)?;
+                Envelope::Alive {
+                    from: get_str(&mut b)?,
+                    conn,
+                    sent,
+                }
+            }
+            CLOSE => Envelope::Close {
+                from: get_str(&mut b)?,
+                conn,
+            },
+            OUT => {
+                let seq = get_u64(&mut b)?;
+                Envelope::Out { conn, seq, data: b }
+            }
+            BEAT => Envelope::Beat {
+                conn,
+                sent: get_u64(&mut b)?,
+            },
+            KILL => {
+                if b.remaining() < 2 {
+                    return None;
+                }
+                let code = b.get_u16();
+                Envelope::Kill {
+                    conn,
+                    code,
+                    reason: get_str(&mut b)?,
+                }
+            }
+            CHANGED => {
+                let at_ms = get_u64(&mut b)? as i64;
+                let from = get_str(&mut b)?;
+                let doc = get_str(&mut b)?;
+                let change = match (b.remaining() >= 1).then(|| b.get_u8())? {
+                    1 => Change::Deleted,
+                    2 => Change::Access {
+                        user: get_str(&mut b)?,
+                        // The header's u64, which is a connection id in the other kinds.
+                        id: conn as i64,
+                    },
+                    _ => return None,
+                };
+                Envelope::Changed {
+                    from,
+                    at_ms,
+                    doc,
+                    change,
+                }
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// The cluster key: every message on the bus is signed with it, and only messages signed
+/// with it are read.
+#[derive(Clone)]
+pub struct ClusterKey(Hmac<Sha256>);
+
+impl ClusterKey {
+    /// A key from the configured secret (at least [`MIN_CLUSTER_KEY`] bytes).
+    pub fn new(secret: &str) -> anyhow::Result<ClusterKey> {
+        if secret.len() < MIN_CLUSTER_KEY {
+            anyhow::bail!(
+                "the cluster key must be at least {MIN_CLUSTER_KEY} bytes (use a long random \
+                 string, the same on every node)"
+            );
+        }
+        Hmac::<Sha256>::new_from_slice(secret.as_bytes())
+            .map(ClusterKey)
+            .map_err(|e| anyhow::anyhow!("invalid cluster key: {e}"))
+    }
+
+    fn mac(&self, subject: &str, body: &[u8]) -> Hmac<Sha256> {
+        let mut mac = self.0.clone();
+        mac.update(subject.as_bytes());
+        mac.update(&[0]);
+        mac.update(body);
+        mac
+    }
+
+    /// `body` with its signature for `subject` in front.
+    pub fn seal(&self, subject: &str, body: &[u8]) -> Bytes {
+        let tag = self.mac(subject, body).finalize().into_bytes();
+        let mut b = BytesMut::with_capacity(MAC_LEN + body.len());
+        b.put_slice(&tag);
+        b.put_slice(body);
+        b.freeze()
+    }
+
+    /// The body of a message received on `subject`, if its signature is good.
+    pub fn open(&self, subject: &str, mut msg: Bytes) -> Option<Bytes> {
+        if msg.len() < MAC_LEN {
+            return None;
+        }
+        let body = msg.split_off(MAC_LEN);
+        self.mac(subject, &body).verify_slice(&msg).ok()?;
+        Some(body)
+    }
+}
+
+impl std::fmt::Debug for ClusterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterKey([redacted])")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelopes_round_trip_and_garbage_is_refused() {
+        let all = [
+            Envelope::Open {
+                from: "n1".into(),
+                conn: 7,
+                doc: "team/notes".into(),
+                user: Some("ann".into()),
+                can_write: true,
+                expires_at: Some(1_800_000_000),
+                seen_change: 3,
+            },
+            Envelope::Open {
+                from: "n1".into(),
+                conn: 8,
+                doc: "d".into(),
+                user: None,
+                can_write: false,
+                expires_at: None,
+                seen_change: 3,
+            },
+            Envelope::Frame {
+                from: "n2".into(),
+                conn: u64::MAX,
+                seq: 3,
+                data: Bytes::from_static(&[0, 1, 2]),
+            },
+            Envelope::Alive {
+                from: "n2".into(),
+                conn: 1,
+                sent: 9,
+            },
+            Envelope::Close {
+                from: "n2".into(),
+                conn: 1,
+            },
+            Envelope::Out {
+                conn: 3,
+                seq: 1,
+                data: Bytes::from_static(b"xyz"),
+            },
+            Envelope::Beat { conn: 3, sent: 4 },
+            Envelope::Kill {
+                conn: 3,
+                code: 1012,
+                reason: "moved".into(),
+            },
+            Envelope::Changed {
+                from: "n1".into(),
+                at_ms: 1_800_000_000_000,
+                doc: "a/b".into(),
+                change: Change::Deleted,
+            },
+            Envelope::Changed {
+                from: "n1".into(),
+                at_ms: 1,
+                doc: "a/b".into(),
+                change: Change::Access {
+                    user: "ann".into(),
+                    id: 7,
+                },
+            },
+        ];
+        for env in all {
+            assert_eq!(Envelope::decode(env.encode()), Some(env));
+        }
+        assert_eq!(Envelope::decode(Bytes::from_static(&[1, 2, 3])), None);
+        assert_eq!(Envelope::decode(Bytes::from_static(&[9; 20])), None);
+        // Cut into the change id, or (without one) into the user's name.
+        for seen_change in [3, 0] {
+            let mut truncated = Envelope::Open {
+                from: "n1".into(),
+                conn: 1,
+                doc: "doc".into(),
+                user: Some("user".into()),
+                can_write: true,
+                expires_at: None,
+                seen_change,
+            }
+            .encode();
+            truncated.truncate(truncated.len() - 3);
+            assert_eq!(Envelope::decode(truncated), None, "{seen_change}");
+        }
+    }
+
+    #[test]
+    fn only_messages_signed_with_the_cluster_key_for_their_subject_are_read() {
+        let key = ClusterKey::new("a-cluster-key-of-some-length").expect("key");
+        let other = ClusterKey::new("another-cluster-key-entirely").expect("key");
+        let body = Envelope::Open {
+            from: "n1".into(),
+            conn: 1,
+            doc: "d".into(),
+            user: Some("mallory".into()),
+            can_write: true,
+            expires_at: None,
+            seen_change: 3,
+        }
+        .encode();
+        let sealed = key.seal("quire.node.n2", &body);
+        assert_eq!(
+            key.open("quire.node.n2", sealed.clone()),
+            Some(body.clone())
+        );
+        // Signed with another key, sent to another node, unsigned, or altered: refused.
+        assert_eq!(other.open("quire.node.n2", sealed.clone()), None);
+        assert_eq!(key.open("quire.node.n3", sealed.clone()), None);
+        assert_eq!(key.open("quire.node.n2", body.clone()), None);
+        let mut altered = sealed.to_vec();
+        let last = altered.len() - 1;
+        altered[last] ^= 1;
+        assert_eq!(key.open("quire.node.n2", Bytes::from(altered)), None);
+        assert_eq!(
+            key.open("quire.node.n2", Bytes::from_static(b"short")),
+            None
+        );
+        assert!(ClusterKey::new("short").is_err());
+        assert!(!format!("{key:?}").contains("cluster-key"));
+    }
+}

@@ -1,0 +1,434 @@
+//! The room's life: the entry point that loads the document (taking its lease when nodes
+//! share the database) and registers the room, the lease renewal that keeps it, reloads from
+//! storage, and the way out (drain, final snapshot, release, close the peers).
+
+use super::*;
+
+/// Removes the room from the registry however the task ends, a panic included, so the next
+/// connection starts a fresh room instead of finding a dead handle.
+pub(super) struct Registration {
+    registry: Arc<Registry>,
+    name: DocName,
+    generation: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.remove(&self.name, self.generation);
+        self.registry.metrics.rooms_loaded.dec();
+    }
+}
+
+/// Entry point of a room task.
+pub(in crate::room) async fn run(
+    registry: Arc<Registry>,
+    name: DocName,
+    generation: u64,
+    rx: mpsc::Receiver<RoomCmd>,
+) {
+    let span = info_span!("room", doc = %name);
+    async move {
+        registry.metrics.rooms_loaded.inc();
+        let registration = Registration {
+            registry: registry.clone(),
+            name: name.clone(),
+            generation,
+        };
+        let mut rx = rx;
+        // What joins still queued when the room stops are told.
+        let mut leftover = JoinError::Gone;
+        match load_owned(&registry, &name).await {
+            Ok(Owned::Here(_, loaded)) if loaded.stored.deleted => leftover = JoinError::Deleted,
+            Ok(Owned::Here(fence, loaded)) => {
+                let mut room = Room::new(registry.clone(), name.clone(), loaded, fence);
+                if room.run(&mut rx).await {
+                    leftover = JoinError::Deleted;
+                }
+            }
+            Ok(Owned::Elsewhere { owner }) => {
+                // Queued joins are refused and the room stops at once, so the next join asks
+                // the database again (the lease may have expired or been released by then).
+                debug!(%owner, "served by another node");
+                leftover = JoinError::Elsewhere;
+            }
+            Err(e) => {
+                registry.metrics.room_load_failures.inc();
+                error!(error = %e, "load failed; refusing connections until the retry delay passes");
+                refuse_until(
+                    &mut rx,
+                    Instant::now() + registry.config.load_retry_delay,
+                    JoinError::LoadFailed,
+                )
+                .await;
+            }
+        }
+        drop(registration);
+        rx.close();
+        // Joins that raced with the exit are told to ask the registry again (or that the
+        // document is deleted).
+        while let Ok(cmd) = rx.try_recv() {
+            reject(cmd, leftover);
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Answers a command the room will not serve.
+pub(super) fn reject(cmd: RoomCmd, why: JoinError) {
+    // Other commands' reply senders are dropped with `cmd`: HTTP callers see the room gone
+    // and retry.
+    if let RoomCmd::Join { reply, .. } = cmd {
+        let _ = reply.send(Err(why));
+    }
+}
+
+/// After a failed load (or finding the document owned elsewhere): answer every join with
+/// `why` until `until`. Such a room never holds a `Doc`, so it can never write an empty
+/// document over stored data.
+pub(super) async fn refuse_until(rx: &mut mpsc::Receiver<RoomCmd>, until: Instant, why: JoinError) {
+    loop {
+        tokio::select! {
+            _ = sleep_until(until) => return,
+            cmd = rx.recv() => match cmd {
+                Some(cmd) => reject(cmd, why),
+                None => return,
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(super) enum LoadError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("stored data does not decode: {0}")]
+    Corrupt(String),
+}
+
+pub(super) struct Loaded {
+    pub(super) stored: StoredDoc,
+    pub(super) doc: Doc,
+}
+
+/// `fut`, a storage operation, given up after `limit` (counted in `storage_timeouts`): an
+/// error like any other for the caller, which retries or fails.
+pub(super) async fn within<T>(
+    limit: Duration,
+    metrics: &crate::metrics::Metrics,
+    op: &'static str,
+    fut: impl std::future::Future<Output = Result<T, StorageError>>,
+) -> Result<T, StorageError> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(result) => result,
+        Err(_) => {
+            metrics.storage_timeouts.inc();
+            Err(StorageError::Timeout { op, after: limit })
+        }
+    }
+}
+
+pub(super) async fn load(registry: &Registry, name: &DocName) -> Result<Loaded, LoadError> {
+    let limit = registry.config.storage_timeout;
+    let stored = within(
+        limit,
+        &registry.metrics,
+        "load",
+        registry.store.load(name.as_str()),
+    )
+    .await?;
+    let doc = build_doc(&stored)?;
+    debug!(
+        snapshot_bytes = stored.snapshot.as_ref().map_or(0, Vec::len),
+        log_rows = stored.updates.len(),
+        "loaded"
+    );
+    Ok(Loaded { stored, doc })
+}
+
+/// Who serves a document.
+pub(super) enum Owned {
+    /// This node, under this lease epoch, granted at this instant (`None`: no leases).
+    Here(Option<(Epoch, Instant)>, Loaded),
+    Elsewhere {
+        owner: String,
+    },
+}
+
+/// Loads a document for a room on this node: with leases, takes the document's lease first
+/// and loads again under it, so everything the previous owner committed is seen (a write
+/// under its epoch cannot commit after the grant: the storage fences it).
+pub(super) async fn load_owned(registry: &Registry, name: &DocName) -> Result<Owned, LoadError> {
+    let loaded = load(registry, name).await?;
+    let Some(lease) = &registry.config.lease else {
+        return Ok(Owned::Here(None, loaded));
+    };
+    if loaded.stored.deleted {
+        return Ok(Owned::Here(None, loaded));
+    }
+    let doc = loaded.stored.id;
+    // The database counts the lease from the grant: so does the room (taken before asking,
+    // so the room's idea of the lease never outlives the database's).
+    let asked = Instant::now();
+    let limit = registry.config.storage_timeout;
+    let asking = registry.store.acquire_lease(doc, &lease.node_id, lease.ttl);
+    let grant = within(limit, &registry.metrics, "lease", asking).await?;
+    let epoch = match grant {
+        LeaseGrant::Granted { epoch } => epoch,
+        LeaseGrant::HeldBy { owner, .. } => return Ok(Owned::Elsewhere { owner }),
+    };
+    info!(epoch, "lease granted");
+    let release = || async {
+        let releasing = registry.store.release_lease(doc, &lease.node_id, epoch);
+        if let Err(e) = within(limit, &registry.metrics, "lease", releasing).await {
+            warn!(error = %e, "could not release the lease; it expires by itself");
+        }
+    };
+    match load(registry, name).await {
+        Ok(loaded) if loaded.stored.deleted => {
+            release().await;
+            Ok(Owned::Here(None, loaded))
+        }
+        Ok(loaded) => Ok(Owned::Here(Some((epoch, asked)), loaded)),
+        Err(e) => {
+            // No room will run: let another node (or the next attempt) have the document.
+            release().await;
+            Err(e)
+        }
+    }
+}
+
+/// The most bytes of committed rows a room keeps in its committed copy: twice what triggers a
+/// snapshot, so only a room whose snapshots cannot be written passes it.
+pub(super) fn committed_copy_limit(registry: &Registry) -> usize {
+    usize::try_from(registry.config.snapshot_bytes.saturating_mul(2)).unwrap_or(usize::MAX)
+}
+
+/// Latest snapshot plus the log rows after it, replayed into a fresh `Doc`.
+pub(super) fn build_doc(stored: &StoredDoc) -> Result<Doc, LoadError> {
+    let rows = stored
+        .updates
+        .iter()
+        .map(|(seq, data)| (*seq, data.as_slice()));
+    committed::replay(stored.snapshot.as_deref(), rows).map_err(LoadError::Corrupt)
+}
+
+/// The room's lease, released when the room is dropped without releasing it (a panic
+/// unwinding through the room), so another node may take the document at once instead of
+/// waiting for the lease to run out.
+pub(super) struct LeaseGuard {
+    pub(super) store: Arc<dyn crate::storage::DocStore>,
+    pub(super) doc: i64,
+    pub(super) node: Arc<str>,
+    pub(super) epoch: Epoch,
+    pub(super) armed: bool,
+    /// The deadline of the release (`storage_timeout`).
+    pub(super) limit: Duration,
+}
+
+impl LeaseGuard {
+    /// Releases the lease now (unless it was already).
+    async fn release(&mut self) {
+        if std::mem::take(&mut self.armed) {
+            let releasing = self.store.release_lease(self.doc, &self.node, self.epoch);
+            match tokio::time::timeout(self.limit, releasing).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    warn!(error = %e, "could not release the lease; it expires by itself")
+                }
+                Err(_) => warn!("the lease release did not answer in time; it expires by itself"),
+            }
+        }
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime left to release it with: it expires by itself
+        };
+        let (store, doc, node, epoch) =
+            (self.store.clone(), self.doc, self.node.clone(), self.epoch);
+        let limit = self.limit;
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(limit, store.release_lease(doc, &node, epoch)).await;
+        });
+    }
+}
+
+pub(super) async fn wait_renewal(
+    renewing: &mut Option<StorageOp<bool>>,
+) -> Result<bool, StorageError> {
+    match renewing {
+        Some(task) => task.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Room {
+    /// What the room does on its way out.
+    pub(super) async fn leave(&mut self, exit: Exit) -> bool {
+        match exit {
+            Exit::Unloaded | Exit::Deleted => {
+                // Commit what is queued (an HTTP update, say) before leaving.
+                match self.drain_pipeline().await {
+                    Ok(()) => self.final_snapshot().await,
+                    Err(reason) => error!(%reason, "could not commit everything before unloading"),
+                }
+                self.release_lease().await;
+                debug!("unloaded");
+                matches!(exit, Exit::Deleted)
+            }
+            Exit::Shutdown => {
+                match self.drain_pipeline().await {
+                    Ok(()) => self.final_snapshot().await,
+                    // The Doc may hold updates that are not committed: no snapshot of it.
+                    Err(reason) => error!(%reason, "could not commit everything before shutdown"),
+                }
+                // Released at once, so another node can take the document without waiting
+                // for the lease to expire.
+                self.release_lease().await;
+                self.close_all(CloseReason::new(close::GOING_AWAY, "server shutting down"));
+                false
+            }
+            Exit::Fenced(reason) => {
+                // Nothing more may be written: the new owner has the document. Clients
+                // reconnect (through any node) and resync; what they had acknowledged is in
+                // the log, which the new owner loaded.
+                warn!(%reason, "lost the document's lease; giving the room up");
+                self.registry.metrics.lease_losses.inc();
+                self.close_all(CloseReason::new(
+                    close::RESTART,
+                    "document moved to another node, reconnect",
+                ));
+                false
+            }
+            Exit::DeletedUnderneath => {
+                warn!("the storage refused an append: the document is deleted; unloading");
+                self.close_all(CloseReason::new(close::DELETED, "document deleted"));
+                self.release_lease().await;
+                true
+            }
+            Exit::Failed(reason) => {
+                error!(%reason, "room failed; peers will reconnect and resync");
+                self.close_all(CloseReason::new(
+                    close::INTERNAL,
+                    "document unavailable, reconnect",
+                ));
+                // Another node (or this one, on the next connection) may serve the document
+                // at once instead of after the lease runs out.
+                self.release_lease().await;
+                false
+            }
+        }
+    }
+
+    /// Replaces the `Doc` with what storage holds and sends peers what they lack relative to
+    /// `seen` (the state they may have been sent).
+    pub(super) async fn reload(&mut self, seen: &StateVector) -> Result<(), String> {
+        // A staged batch is in the `Doc` being replaced: apply it again later.
+        if let Some(staged) = self.staged.take() {
+            self.requeue_applied(staged.batch);
+        }
+        let loaded = load(&self.registry, &self.name)
+            .await
+            .map_err(|e| format!("reload failed: {e}"))?;
+        let diff = loaded.doc.transact().encode_diff_v1(seen);
+        let Loaded { mut stored, doc } = loaded;
+        self.doc = doc;
+        self.answers.invalidate();
+        self.snapshot_version = stored.snapshot_version;
+        self.last_seq = stored.last_seq();
+        self.stored_bytes = stored.stored_bytes();
+        self.since_snapshot_updates = stored.updates.len() as u64;
+        self.since_snapshot_bytes = stored.updates.iter().map(|(_, u)| u.len() as u64).sum();
+        self.committed = CommittedCopy::take(&mut stored, committed_copy_limit(&self.registry));
+        if !is_empty_update(&diff) {
+            self.broadcast(&protocol::encode_update(&diff), None);
+        }
+        info!(
+            snapshot_version = self.snapshot_version,
+            last_seq = self.last_seq,
+            "reloaded from storage"
+        );
+        Ok(())
+    }
+
+    /// Commits everything queued and waits for it (unload and shutdown paths).
+    pub(super) async fn drain_pipeline(&mut self) -> Result<(), String> {
+        // Leaving: a commit that keeps failing is given up after a few attempts instead of
+        // retried until storage answers (its senders resend when they resync elsewhere).
+        self.draining = true;
+        loop {
+            if let Some(seen) = self.reload_needed.take() {
+                self.reload(&seen).await?;
+            }
+            self.maybe_start_commit();
+            if self.inflight.is_none() {
+                return Ok(());
+            }
+            let res = wait_inflight(&mut self.inflight).await;
+            self.on_op_done(res).await?;
+        }
+    }
+
+    pub(super) fn start_renewal(&mut self) {
+        let (Some(epoch), Some(lease)) = (self.fence, self.registry.config.lease.clone()) else {
+            return;
+        };
+        let store = self.registry.store.clone();
+        let doc = self.doc_id;
+        let started = Instant::now();
+        // A renewal that has not answered when the lease runs out counts as failed: a stalled
+        // connection must not keep the room alive after another node may have the document.
+        let deadline = self.lease_until.max(started);
+        self.renewing = Some(Box::pin(async move {
+            match tokio::time::timeout_at(
+                deadline,
+                store.renew_lease(doc, &lease.node_id, epoch, lease.ttl),
+            )
+            .await
+            {
+                Ok(renewed) => renewed,
+                Err(_) => Err(StorageError::Invalid(
+                    "lease renewal did not answer before the lease ran out".into(),
+                )),
+            }
+        }));
+        self.renew_started = started;
+        self.renew_at = started + lease.ttl / 3;
+    }
+
+    /// A renewal's outcome: keep going, retry soon, or give the room up.
+    pub(super) fn on_renewed(&mut self, renewed: Result<bool, StorageError>) -> Option<Exit> {
+        let ttl = self.registry.config.lease.as_ref()?.ttl;
+        match renewed {
+            Ok(true) => {
+                self.lease_until = self.renew_started + ttl;
+                None
+            }
+            Ok(false) => Some(Exit::Fenced(
+                "lease renewal refused: another node holds the document".into(),
+            )),
+            Err(e) if Instant::now() + ttl / 10 < self.lease_until => {
+                warn!(error = %e, "lease renewal failed; retrying");
+                self.renew_at = Instant::now() + ttl / 10;
+                None
+            }
+            Err(e) => Some(Exit::Fenced(format!(
+                "the lease ran out while renewals failed: {e}"
+            ))),
+        }
+    }
+
+    pub(super) async fn release_lease(&mut self) {
+        // A renewal still in flight is abandoned: the release ends the lease either way.
+        self.renewing = None;
+        if let Some(guard) = &mut self.lease_guard {
+            guard.release().await;
+        }
+    }
+}

@@ -1,0 +1,658 @@
+//! The room task: applies updates, commits them to the log, broadcasts them, snapshots.
+//!
+//! The pipeline keeps one rule: **no peer ever receives state that is not committed**.
+//! - Updates arrive in `queued`, unapplied.
+//! - When no write is in flight, the room applies the queued updates to the `Doc` (dropping the
+//!   ones that add nothing) and starts one append for all the new ones: group commit, since
+//!   everything that arrived during the previous commit goes into this one.
+//! - When a full batch (`commit_batch` updates) is queued while an append is in flight, the room
+//!   applies it at once and stages it, so applying overlaps committing; the staged batch is
+//!   appended as soon as the one in flight commits (one append in flight at a time keeps the
+//!   log's sequence numbers gapless). Nothing is staged while reads wait for committed state or
+//!   a snapshot is due, so neither waits for a busy room to fall quiet.
+//! - When the append commits, the room broadcasts those updates, echoes durable
+//!   acknowledgements that were waiting for them, and answers Sync/Step1 requests that were
+//!   deferred because the `Doc` held uncommitted data. Then it starts the next batch.
+//! - Snapshots are written between appends, when the `Doc` is exactly the committed state.
+//! - While storage is stalled (an append failed or passed its deadline and is being retried),
+//!   the waiting reads are answered from the committed copy (`committed.rs`) instead.
+
+mod lifecycle;
+mod peers;
+mod pipeline;
+mod reads;
+mod snapshots;
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{sleep, sleep_until, Duration, Instant};
+use tracing::{debug, error, info, info_span, warn, Instrument};
+use yrs::updates::decoder::Decode;
+use yrs::{Doc, ReadTxn, StateVector, Transact, Update};
+
+use super::answers::SharedAnswers;
+use super::awareness::AwarenessTable;
+use super::committed::{self, CommittedCopy};
+use super::queue::{Answer, QueueTx, SendError};
+use super::{
+    ApplyError, CloseReason, DocName, JoinError, PeerAuth, PeerFilter, PeerId, PeerLink, PeerMsg,
+    Registry, RoomCmd,
+};
+use crate::close;
+use crate::protocol;
+use crate::storage::{Epoch, LeaseGrant, SnapshotOutcome, StorageError, StoredDoc};
+
+pub(super) use lifecycle::run;
+use lifecycle::*;
+use pipeline::*;
+
+struct Peer {
+    tx: QueueTx,
+    auth: PeerAuth,
+    /// When the peer's token expires (its entry in `Room::expiries`).
+    expires: Option<Instant>,
+}
+
+/// Where an update came from: a connection, or an HTTP request waiting for its commit.
+enum Origin {
+    Peer(PeerId),
+    Http(tokio::sync::oneshot::Sender<Result<i64, ApplyError>>),
+}
+
+impl Origin {
+    fn peer(&self) -> Option<PeerId> {
+        match self {
+            Origin::Peer(p) => Some(*p),
+            Origin::Http(_) => None,
+        }
+    }
+}
+
+/// An update received and not yet applied.
+struct Queued {
+    idx: u64,
+    origin: Origin,
+    raw: Bytes,
+    update: Option<Update>,
+}
+
+/// An update applied to the `Doc` and being committed.
+struct Applied {
+    idx: u64,
+    origin: Origin,
+    raw: Bytes,
+}
+
+/// Updates applied to the `Doc` together, to be committed in one append; held in `staged`
+/// when applied while the previous batch commits.
+struct AppliedBatch {
+    batch: Vec<Applied>,
+    upto_idx: u64,
+    /// The state vector before the batch was applied.
+    committed_sv: StateVector,
+}
+
+/// Reads that must see only committed state; deferred while an append is in flight.
+enum DeferredRead {
+    Update(StateVector, tokio::sync::oneshot::Sender<Vec<u8>>),
+    Json(tokio::sync::oneshot::Sender<serde_json::Value>),
+}
+
+/// Something waiting for `committed_idx` to reach `idx`.
+enum Waiter {
+    /// Echo a durable-ack request to a peer.
+    Ack(PeerId, Bytes),
+    /// Answer an HTTP update that changed nothing: it may duplicate an update not yet
+    /// committed, so the caller hears back only once everything before it is.
+    Http(tokio::sync::oneshot::Sender<Result<i64, ApplyError>>),
+}
+
+enum Inflight {
+    Append {
+        batch: Vec<Applied>,
+        /// Every update with an index up to this one is committed when this append is.
+        upto_idx: u64,
+        /// The state vector before the batch was applied: what peers may have seen.
+        committed_sv: StateVector,
+        started: Instant,
+        attempt: u32,
+        task: StorageOp<()>,
+    },
+    Snapshot {
+        upto_seq: i64,
+        size: u64,
+        /// What is being written, for the committed copy once it is.
+        data: Bytes,
+        task: StorageOp<SnapshotOutcome>,
+    },
+}
+
+enum OpResult {
+    Append(Result<(), StorageError>),
+    Snapshot(Result<SnapshotOutcome, StorageError>),
+}
+
+/// Why the room loop stopped.
+enum Exit {
+    Unloaded,
+    Deleted,
+    Shutdown,
+    Failed(String),
+    /// The document's lease moved to another node: give the room up at once.
+    Fenced(String),
+    /// The storage refused an append because the document is deleted (a delete this room
+    /// was not told about, made on another node).
+    DeletedUnderneath,
+}
+
+/// The room's share of `quire_rooms_storage_stalled`: given back however the room ends, a
+/// panic included (or `/readyz` would stay 503).
+struct Stalled {
+    gauge: prometheus::IntGauge,
+    on: bool,
+}
+
+impl Stalled {
+    fn is_on(&self) -> bool {
+        self.on
+    }
+
+    /// Sets the state; true if it changed.
+    fn set(&mut self, on: bool) -> bool {
+        if self.on == on {
+            return false;
+        }
+        self.on = on;
+        if on {
+            self.gauge.inc();
+        } else {
+            self.gauge.dec();
+        }
+        true
+    }
+}
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
+/// The room's periodic timers.
+struct Timers {
+    /// Expires awareness states of clients that stopped renewing them.
+    sweep: tokio::time::Interval,
+    /// One keep-alive timer per room instead of one per connection: each tick asks every
+    /// connection to check its client is alive and ping it.
+    keepalive: tokio::time::Interval,
+}
+
+impl Timers {
+    fn new(config: &crate::config::RoomConfig) -> Timers {
+        use tokio::time::MissedTickBehavior::Delay;
+        let sweep_every = (config.awareness_timeout / 6).max(Duration::from_millis(100));
+        let mut sweep = tokio::time::interval(sweep_every);
+        sweep.set_missed_tick_behavior(Delay);
+        let ping_every = config.ping_interval;
+        let mut keepalive = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
+        keepalive.set_missed_tick_behavior(Delay);
+        Timers { sweep, keepalive }
+    }
+}
+
+struct Room {
+    registry: Arc<Registry>,
+    name: DocName,
+    doc_id: i64,
+    /// The lease epoch every append and snapshot carries (`None`: no leases).
+    fence: Option<Epoch>,
+    /// A lease renewal in flight, polled by the room like its storage operation.
+    renewing: Option<StorageOp<bool>>,
+    /// When the renewal in flight was sent, when to renew next, and until when the lease is
+    /// known to hold (by this process's clock, counted from when a grant or renewal was sent,
+    /// so never later than the database's).
+    renew_started: Instant,
+    renew_at: Instant,
+    lease_until: Instant,
+    /// Released on every exit, a panic included (`None`: no leases).
+    lease_guard: Option<LeaseGuard>,
+    /// Set when a write was fenced: the room must stop.
+    fenced: bool,
+    /// Set when an append was refused because the document is deleted: the room must stop.
+    deleted_underneath: bool,
+    /// The last append failed or timed out: updates are refused (1013) until one succeeds.
+    stalled: Stalled,
+    /// The room is leaving: failing commits are given up after a few attempts.
+    draining: bool,
+    doc: Doc,
+    /// The committed state as storage holds it, for reads while the room is stalled.
+    committed: CommittedCopy,
+    /// The newest role change acted on, per user: a peer joining with a permission read
+    /// before it is closed (4403) at once.
+    role_changes: HashMap<String, i64>,
+    awareness: AwarenessTable,
+    /// Sync answers encoded for the current version of the `Doc`, shared between peers.
+    answers: SharedAnswers,
+    peers: HashMap<PeerId, Peer>,
+    /// Peers whose token expires, by when: the room closes each with 4401 then.
+    expiries: BTreeSet<(Instant, PeerId)>,
+    /// Peers that sent an update whose dependencies the document lacks (yrs keeps it
+    /// pending, not integrated). Their durable acknowledgements wait in `withheld` until a
+    /// commit leaves the document with nothing pending: "saved" must mean others see it.
+    dangling: HashSet<PeerId>,
+    withheld: Vec<(PeerId, Bytes)>,
+    /// Version of the document row's snapshot, for the optimistic check.
+    snapshot_version: i64,
+    /// Highest committed log sequence number.
+    last_seq: i64,
+    /// Bytes stored for the document (snapshot plus log since), for `max_doc_size`.
+    stored_bytes: u64,
+    /// Bytes of updates received and not yet applied.
+    queued_bytes: u64,
+    /// Bytes of updates applied and not yet committed (in flight or staged).
+    applied_bytes: u64,
+    since_snapshot_updates: u64,
+    since_snapshot_bytes: u64,
+    /// A snapshot write failed: wait for the next successful append before trying again, so
+    /// a failing snapshot never holds up commits.
+    snapshot_failed: bool,
+    /// yrs could not encode the document for a snapshot (see `spawn_snapshot`).
+    unencodable: bool,
+    queued: VecDeque<Queued>,
+    inflight: Option<Inflight>,
+    staged: Option<AppliedBatch>,
+    /// At most one deferred Sync/Step1 per peer (a later one replaces an earlier one).
+    deferred_step1: HashMap<PeerId, StateVector>,
+    deferred_reads: Vec<DeferredRead>,
+    waiters: VecDeque<(u64, Waiter)>,
+    received_idx: u64,
+    committed_idx: u64,
+    /// Set when an update failed half-way through being applied: the `Doc` may hold part of
+    /// it, so it is rebuilt from storage before anything else happens. Holds what peers may
+    /// have seen.
+    reload_needed: Option<StateVector>,
+    unload_at: Option<Instant>,
+}
+
+impl Room {
+    /// (Long only because it names every field: the room's whole state starts here.)
+    fn new(
+        registry: Arc<Registry>,
+        name: DocName,
+        loaded: Loaded,
+        lease: Option<(Epoch, Instant)>,
+    ) -> Room {
+        let Loaded { mut stored, doc } = loaded;
+        let copy_limit = committed_copy_limit(&registry);
+        let ttl = registry
+            .config
+            .lease
+            .as_ref()
+            .map_or(Duration::from_secs(5), |l| l.ttl);
+        let granted_at = lease.map_or_else(Instant::now, |(_, at)| at);
+        let stalled = Stalled {
+            gauge: registry.metrics.rooms_stalled.clone(),
+            on: false,
+        };
+        let lease_guard = lease.and_then(|(epoch, _)| {
+            let node = registry.config.lease.as_ref()?.node_id.clone();
+            Some(LeaseGuard {
+                store: registry.store.clone(),
+                doc: stored.id,
+                node,
+                epoch,
+                armed: true,
+                limit: registry.config.storage_timeout,
+            })
+        });
+        Room {
+            registry,
+            name,
+            doc_id: stored.id,
+            fence: lease.map(|(epoch, _)| epoch),
+            renewing: None,
+            renew_started: granted_at,
+            renew_at: granted_at + ttl / 3,
+            lease_until: granted_at + ttl,
+            lease_guard,
+            fenced: false,
+            deleted_underneath: false,
+            stalled,
+            draining: false,
+            doc,
+            awareness: AwarenessTable::default(),
+            answers: SharedAnswers::default(),
+            peers: HashMap::new(),
+            expiries: BTreeSet::new(),
+            dangling: HashSet::new(),
+            withheld: Vec::new(),
+            snapshot_version: stored.snapshot_version,
+            last_seq: stored.last_seq(),
+            stored_bytes: stored.stored_bytes(),
+            queued_bytes: 0,
+            applied_bytes: 0,
+            since_snapshot_updates: stored.updates.len() as u64,
+            since_snapshot_bytes: stored.updates.iter().map(|(_, u)| u.len() as u64).sum(),
+            snapshot_failed: false,
+            unencodable: false,
+            queued: VecDeque::new(),
+            inflight: None,
+            staged: None,
+            deferred_step1: HashMap::new(),
+            deferred_reads: Vec::new(),
+            waiters: VecDeque::new(),
+            received_idx: 0,
+            committed_idx: 0,
+            reload_needed: None,
+            unload_at: None,
+            role_changes: HashMap::new(),
+            // Last: it takes the snapshot and rows out of `stored`.
+            committed: CommittedCopy::take(&mut stored, copy_limit),
+        }
+    }
+
+    /// Runs until the room unloads, fails or shuts down. Returns true if the document was
+    /// deleted (queued joins are then told so).
+    async fn run(&mut self, rx: &mut mpsc::Receiver<RoomCmd>) -> bool {
+        // The first joiner normally arrives at once; until then the room unloads like an
+        // abandoned one would.
+        self.unload_at = Some(Instant::now() + self.registry.config.unload_delay);
+        let mut timers = Timers::new(&self.registry.config);
+        // This room's share of `quire_room_queue_bytes`, as last reported.
+        let gauge = self.registry.metrics.room_queue_bytes.clone();
+        let mut reported = 0i64;
+        let exit = loop {
+            let queued = self.queued_bytes as i64;
+            gauge.add(queued - reported);
+            reported = queued;
+            if let Some(seen) = self.reload_needed.take() {
+                if self.inflight.is_none() {
+                    if let Err(reason) = self.reload(&seen).await {
+                        break Exit::Failed(reason);
+                    }
+                    self.maybe_start_commit();
+                } else {
+                    self.reload_needed = Some(seen);
+                }
+            }
+            if let Some(exit) = self.next_event(rx, &mut timers).await {
+                break exit;
+            }
+        };
+        gauge.sub(reported);
+        self.leave(exit).await
+    }
+
+    /// Waits for the next thing to happen (a storage result, a lease renewal, a command, a
+    /// timer) and handles it; returns an exit if the room must stop. The one place the room
+    /// waits: everything it owns is touched only from here, one event at a time.
+    async fn next_event(
+        &mut self,
+        rx: &mut mpsc::Receiver<RoomCmd>,
+        timers: &mut Timers,
+    ) -> Option<Exit> {
+        let shutdown = self.registry.shutdown.clone();
+        // Updates received but not yet applied, in bytes, above which the room stops taking
+        // commands until a commit drains them (the senders wait: `room_queue_bytes`).
+        // (A stalled room takes commands whatever it holds: it applies no new updates then,
+        // and it must keep answering joins, leaves and closes.)
+        let take_commands = self.queued_bytes < self.registry.config.room_queue_bytes as u64
+            || self.stalled.is_on();
+        let unload_at = self.unload_at.unwrap_or_else(Instant::now);
+        let next_expiry = self.expiries.first().map_or_else(Instant::now, |e| e.0);
+        tokio::select! {
+            res = wait_inflight(&mut self.inflight), if self.inflight.is_some() => {
+                let reason = self.on_op_done(res).await.err()?;
+                Some(if self.fenced {
+                    Exit::Fenced(reason)
+                } else if self.deleted_underneath {
+                    Exit::DeletedUnderneath
+                } else {
+                    Exit::Failed(reason)
+                })
+            }
+            _ = sleep_until(self.renew_at), if self.fence.is_some() && self.renewing.is_none() => {
+                self.start_renewal();
+                None
+            }
+            renewed = wait_renewal(&mut self.renewing), if self.renewing.is_some() => {
+                self.renewing = None;
+                self.on_renewed(renewed)
+            }
+            cmd = rx.recv(), if take_commands => match cmd {
+                Some(cmd) => self.handle(cmd),
+                None => Some(Exit::Shutdown),
+            },
+            _ = sleep_until(unload_at), if self.unload_at.is_some() => self.on_unload_due(),
+            _ = timers.sweep.tick(), if !self.awareness.is_empty() => {
+                let timeout = self.registry.config.awareness_timeout;
+                if let Some(gone) = self.awareness.expire(Instant::now(), timeout) {
+                    self.broadcast(&protocol::encode_awareness(&gone), None);
+                }
+                None
+            }
+            _ = sleep_until(next_expiry), if !self.expiries.is_empty() => {
+                self.close_expired(Instant::now());
+                None
+            }
+            _ = timers.keepalive.tick(), if !self.peers.is_empty() => {
+                for peer in self.peers.values() {
+                    peer.tx.ping();
+                }
+                None
+            }
+            _ = shutdown.cancelled() => Some(Exit::Shutdown),
+        }
+    }
+
+    /// The room has had no peers for `unload_delay`: it unloads once what departed peers sent
+    /// is committed.
+    fn on_unload_due(&mut self) -> Option<Exit> {
+        if self.peers.is_empty()
+            && self.inflight.is_none()
+            && self.staged.is_none()
+            && self.queued.is_empty()
+        {
+            return Some(Exit::Unloaded);
+        }
+        // Still committing what departed peers sent; look again shortly.
+        self.unload_at = self
+            .peers
+            .is_empty()
+            .then(|| Instant::now() + Duration::from_millis(50));
+        None
+    }
+
+    /// Handles one command; returns an exit if the room must stop.
+    fn handle(&mut self, cmd: RoomCmd) -> Option<Exit> {
+        match cmd {
+            RoomCmd::Join { peer, reply } => {
+                let result = self.join(peer);
+                let _ = reply.send(result);
+            }
+            // The frame's budget goes back when this arm ends: its updates are counted in
+            // `queued_bytes` from here on.
+            RoomCmd::Messages { peer, msgs, .. } => {
+                for msg in msgs {
+                    if !self.peers.contains_key(&peer) {
+                        break; // closed by the room while its messages were queued
+                    }
+                    self.on_message(peer, msg);
+                }
+                self.maybe_start_commit();
+            }
+            RoomCmd::Leave { peer } => self.remove_peer(peer),
+            RoomCmd::Close {
+                filter,
+                reason,
+                unload,
+            } => {
+                self.close_matching(&filter, reason);
+                if unload {
+                    return Some(Exit::Deleted);
+                }
+            }
+            RoomCmd::ReadUpdate { since, reply } => self.read_update(since, reply),
+            RoomCmd::ReadJson { reply } => self.read_json(reply),
+            RoomCmd::Apply {
+                raw, update, reply, ..
+            } => self.apply_from_http(raw, update, reply),
+        }
+        None
+    }
+}
+
+/// A storage operation in flight. It is polled by the room itself (not spawned): the room's
+/// `select!` keeps it and resumes it, so a commit costs no task of its own.
+type StorageOp<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, StorageError>> + Send>>;
+
+async fn wait_inflight(inflight: &mut Option<Inflight>) -> OpResult {
+    match inflight {
+        Some(Inflight::Append { task, .. }) => OpResult::Append(task.as_mut().await),
+        Some(Inflight::Snapshot { task, .. }) => OpResult::Snapshot(task.as_mut().await),
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::snapshots::snapshot_due;
+    use super::LeaseGuard;
+    use crate::close;
+    use crate::room::{CloseReason, DocName, PeerAuth, PeerFilter, Registry, RoomCmd};
+    use crate::storage::LeaseGrant;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Settings with an in-memory SQLite database.
+    fn memory_config() -> crate::config::Config {
+        crate::config::Config {
+            database_url: "sqlite::memory:".into(),
+            ..crate::config::Config::default()
+        }
+    }
+
+    /// A room that panics drops its lease guard while unwinding: the lease is released, so
+    /// another node is granted the document at once (the lease here would last an hour).
+    /// A peer whose permission was read before a role change the room has already acted on
+    /// (the change committed between the read and the join) is closed as it joins; one read
+    /// after the change stays.
+    #[tokio::test]
+    async fn a_peer_authorized_before_a_role_change_the_room_acted_on_is_closed_on_joining() {
+        let config = memory_config();
+        let stores = crate::open_stores(&config).await.expect("stores");
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let registry = Registry::new(
+            stores.docs.clone(),
+            Arc::new(crate::metrics::Metrics::new()),
+            config.room.clone(),
+            config.limits.room_queue,
+            shutdown.clone(),
+        );
+        let name = DocName::parse("roles").expect("name");
+        let ann = |seen_change| PeerAuth {
+            user: Some("ann".into()),
+            can_write: true,
+            seen_change,
+            ..PeerAuth::default()
+        };
+        let peer = crate::room::join::next_peer_id();
+        let (room, _rx) = crate::room::join::join_room(&registry, &name, peer, ann(0))
+            .await
+            .expect("join");
+        let close = RoomCmd::Close {
+            filter: PeerFilter::UserBefore("ann".into(), 5),
+            reason: CloseReason::new(close::FORBIDDEN, "access changed; reconnect"),
+            unload: false,
+        };
+        room.command(close).await.expect("close");
+
+        let late = crate::room::join::next_peer_id();
+        let (_, late_rx) = crate::room::join::join_room(&registry, &name, late, ann(4))
+            .await
+            .expect("join");
+        let reason = tokio::time::timeout(Duration::from_secs(5), late_rx.killed())
+            .await
+            .expect("closed at once");
+        assert_eq!(reason.code, close::FORBIDDEN);
+
+        let fresh = crate::room::join::next_peer_id();
+        let (_, fresh_rx) = crate::room::join::join_room(&registry, &name, fresh, ann(5))
+            .await
+            .expect("join");
+        let closed = tokio::time::timeout(Duration::from_millis(300), fresh_rx.killed()).await;
+        assert!(closed.is_err(), "a peer authorized after the change stays");
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_room_dropped_without_releasing_its_lease_releases_it() {
+        let config = memory_config();
+        let stores = crate::open_stores(&config).await.expect("stores");
+        let store = stores.docs;
+        let doc = store.load("d").await.expect("load").id;
+        let hour = Duration::from_secs(3600);
+        let Ok(LeaseGrant::Granted { epoch }) = store.acquire_lease(doc, "a", hour).await else {
+            panic!("granted");
+        };
+        let guard = LeaseGuard {
+            store: store.clone(),
+            doc,
+            node: "a".into(),
+            epoch,
+            armed: true,
+            limit: Duration::from_secs(5),
+        };
+        let room = tokio::spawn(async move {
+            let _guard = guard;
+            panic!("a room panics");
+        });
+        assert!(room.await.is_err(), "the task panicked");
+        let mut granted = false;
+        for _ in 0..200 {
+            if let Ok(LeaseGrant::Granted { .. }) = store.acquire_lease(doc, "b", hour).await {
+                granted = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(granted, "node b is granted the document at once");
+    }
+    use crate::config::RoomConfig;
+
+    fn config(updates: u64, bytes: u64, percent: u64) -> RoomConfig {
+        let mut c = crate::config::Settings::default().resolve().room;
+        c.snapshot_updates = updates;
+        c.snapshot_bytes = bytes;
+        c.snapshot_log_percent = percent;
+        c
+    }
+
+    #[test]
+    fn a_snapshot_by_update_count_waits_for_a_fair_share_of_log() {
+        let c = config(1000, 4 << 20, 50);
+        // A new document (no snapshot yet): the count alone decides.
+        assert!(!snapshot_due(&c, 999, 30_000, 0));
+        assert!(snapshot_due(&c, 1000, 30_000, 0));
+        // A small document: 1,000 updates of 30 bytes are more than half its snapshot.
+        assert!(snapshot_due(&c, 1000, 30_000, 20_000));
+        // A large one: the same log is a seventh of it, so not yet...
+        assert!(!snapshot_due(&c, 1000, 30_000, 210_000));
+        assert!(!snapshot_due(&c, 3000, 104_999, 210_000));
+        // ... until the log reaches half of it.
+        assert!(snapshot_due(&c, 3500, 105_000, 210_000));
+        // Bytes logged decide alone, whatever the count.
+        assert!(snapshot_due(&c, 1, 4 << 20, 64 << 20));
+    }
+
+    #[test]
+    fn zero_percent_is_the_plain_update_count() {
+        let c = config(10, 4 << 20, 0);
+        assert!(!snapshot_due(&c, 9, 1, u64::MAX));
+        assert!(snapshot_due(&c, 10, 1, u64::MAX));
+    }
+}

@@ -1,0 +1,188 @@
+//! Peers: joining (first messages, expiry, role changes), their messages, and sending to
+//! them through their bounded queues (a peer that overflows is closed and resyncs).
+
+use super::*;
+
+/// The instant a token expiring at `exp` (seconds since the epoch) runs out, on the room's
+/// clock.
+pub(super) fn expiry_instant(exp: i64) -> Instant {
+    let left_ms = exp
+        .saturating_mul(1000)
+        .saturating_sub(crate::storage::now_ms());
+    Instant::now() + Duration::from_millis(u64::try_from(left_ms).unwrap_or(0))
+}
+
+impl Room {
+    pub(super) fn join(&mut self, link: PeerLink) -> Result<(), JoinError> {
+        if self.peers.len() >= self.registry.config.max_connections {
+            return Err(JoinError::Full);
+        }
+        let PeerLink { id, auth, tx } = link;
+        // The queue is empty and at least 4 long (config), so these cannot overflow (the byte
+        // bound lets the first frame in whatever its size; the awareness table, if it does
+        // not fit behind it, is what the client's first QueryAwareness would get anyway).
+        let _ = tx.try_send(self.answers.step1(&self.doc));
+        if let Some(all) = self.awareness.full_state_frame() {
+            let _ = tx.try_send_answer(Answer::Awareness, all);
+        }
+        let expires = auth.expires_at.map(expiry_instant);
+        if let Some(at) = expires {
+            self.expiries.insert((at, id));
+        }
+        let stale = auth
+            .user
+            .as_deref()
+            .and_then(|user| self.role_changes.get(user))
+            .is_some_and(|&change| auth.seen_change < change);
+        self.peers.insert(id, Peer { tx, auth, expires });
+        self.unload_at = None;
+        if stale {
+            // Its permission was read before a role change this room has already acted on
+            // (the change committed between the read and the join).
+            let reason = CloseReason::new(close::FORBIDDEN, "access changed; reconnect");
+            self.close_peer(id, reason);
+        }
+        Ok(())
+    }
+
+    /// Closes every peer whose token has expired by `now` (4401: reconnect with a new token).
+    pub(super) fn close_expired(&mut self, now: Instant) {
+        while let Some(&(at, peer)) = self.expiries.first() {
+            if at > now {
+                break;
+            }
+            self.expiries.pop_first();
+            self.registry.metrics.tokens_expired.inc();
+            debug!(peer, "token expired; closing the peer");
+            self.close_peer(
+                peer,
+                CloseReason::new(
+                    close::TOKEN_EXPIRED,
+                    "token expired, reconnect with a new one",
+                ),
+            );
+        }
+    }
+
+    pub(super) fn on_message(&mut self, peer: PeerId, msg: PeerMsg) {
+        match msg {
+            PeerMsg::Update { raw, update } => self.on_peer_update(peer, raw, update),
+            PeerMsg::Step1(sv) => {
+                if self.has_uncommitted() {
+                    self.deferred_step1.insert(peer, sv);
+                    self.answer_from_committed();
+                } else {
+                    self.answer_step1(peer, &sv);
+                }
+            }
+            PeerMsg::Awareness { update, raw } => {
+                if self.awareness.apply(&update, peer, Instant::now()) {
+                    self.broadcast(&raw, Some(peer));
+                }
+            }
+            PeerMsg::QueryAwareness => {
+                if self.answer_pending(peer, Answer::Awareness) {
+                    return;
+                }
+                if let Some(all) = self.awareness.full_state_frame() {
+                    self.send_answer(peer, Answer::Awareness, all);
+                }
+            }
+            PeerMsg::DurableAck(raw) => self.on_ack_request(peer, raw),
+        }
+    }
+
+    /// Sends `frame` to every peer but `except`. A peer whose queue is full is closed with
+    /// 1013: it will reconnect and resync, so nothing is dropped silently.
+    pub(super) fn broadcast(&mut self, frame: &Bytes, except: Option<PeerId>) {
+        let mut overflowed = Vec::new();
+        for (id, peer) in &self.peers {
+            if Some(*id) == except {
+                continue;
+            }
+            if let Err(SendError::Full) = peer.tx.try_send(frame.clone()) {
+                overflowed.push(*id);
+            }
+        }
+        for id in overflowed {
+            self.overflow(id);
+        }
+    }
+
+    pub(super) fn send_to(&mut self, peer: PeerId, frame: Bytes) {
+        let full = match self.peers.get(&peer) {
+            Some(p) => matches!(p.tx.try_send(frame), Err(SendError::Full)),
+            None => false,
+        };
+        if full {
+            self.overflow(peer);
+        }
+    }
+
+    pub(super) fn overflow(&mut self, peer: PeerId) {
+        self.registry.metrics.broadcast_overflows.inc();
+        warn!(
+            peer,
+            "outbound queue full; closing the peer (it will resync)"
+        );
+        self.close_peer(
+            peer,
+            CloseReason::new(close::TRY_AGAIN_LATER, "outbound queue full; reconnect"),
+        );
+    }
+
+    /// Tells a peer's connection to close and forgets the peer.
+    pub(super) fn close_peer(&mut self, peer: PeerId, reason: CloseReason) {
+        if let Some(p) = self.peers.get(&peer) {
+            p.tx.kill(reason);
+        }
+        self.remove_peer(peer);
+    }
+
+    pub(super) fn remove_peer(&mut self, peer: PeerId) {
+        let Some(gone) = self.peers.remove(&peer) else {
+            return;
+        };
+        if let Some(at) = gone.expires {
+            self.expiries.remove(&(at, peer));
+        }
+        if self.dangling.remove(&peer) {
+            self.withheld.retain(|(p, _)| *p != peer);
+        }
+        self.deferred_step1.remove(&peer);
+        if let Some(removal) = self.awareness.remove_peer(peer, Instant::now()) {
+            self.broadcast(&protocol::encode_awareness(&removal), None);
+        }
+        if self.peers.is_empty() {
+            self.unload_at = Some(Instant::now() + self.registry.config.unload_delay);
+        }
+    }
+
+    pub(super) fn close_all(&mut self, reason: CloseReason) {
+        for (_, peer) in self.peers.drain() {
+            peer.tx.kill(reason.clone());
+        }
+        self.expiries.clear();
+    }
+
+    /// Closes the peers `filter` matches (a delete, a revocation, a role change). A role
+    /// change is remembered, so a peer authorized before it that joins later is closed too.
+    pub(super) fn close_matching(&mut self, filter: &PeerFilter, reason: CloseReason) {
+        if let PeerFilter::UserBefore(user, change) = filter {
+            let newest = self.role_changes.entry(user.clone()).or_default();
+            *newest = (*newest).max(*change);
+        }
+        let matching: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| {
+                let (user, token) = (p.auth.user.as_deref(), p.auth.token_id.as_deref());
+                filter.matches(user, token, p.auth.seen_change)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in matching {
+            self.close_peer(id, reason.clone());
+        }
+    }
+}

@@ -1,0 +1,552 @@
+//! The pipeline: queued updates are applied to the `Doc` in batches, appended to the log (one
+//! append in flight, one batch staged behind it), and broadcast and acknowledged only once
+//! committed; a failing append stalls the room and is retried.
+
+use super::*;
+
+/// Attempts at committing one batch before the room gives up (closing its peers with 1011 so
+/// they resync against a fresh load). Backoff doubles from [`COMMIT_RETRY_BASE`].
+pub(super) const COMMIT_RETRY_BASE: Duration = Duration::from_millis(50);
+
+/// Attempts of a failing commit while the room is leaving (unloading, shutting down).
+pub(super) const DRAIN_COMMIT_ATTEMPTS: u32 = 6;
+
+/// The longest wait between two attempts of a failing commit.
+pub(super) const COMMIT_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The wait before attempt `attempt` (1, 2, ...) of a failing commit: doubling from
+/// [`COMMIT_RETRY_BASE`] up to [`COMMIT_RETRY_MAX`].
+pub(super) fn commit_backoff(attempt: u32) -> Duration {
+    COMMIT_RETRY_BASE
+        .saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1).min(16)))
+        .min(COMMIT_RETRY_MAX)
+}
+
+/// Whether the `Doc` holds pending (unintegrated) blocks of an update whose clients' blocks
+/// start at `starts`: blocks of one of those clients at or after its start. (Client ids are
+/// not authenticated in Yjs, so a peer writing under another's id could make it look
+/// pending; it would only delay that peer's durable acknowledgements.)
+pub(super) fn left_pending(doc: &Doc, starts: &StateVector) -> bool {
+    let txn = doc.transact();
+    let Some(pending) = txn.store().pending_update() else {
+        return false;
+    };
+    let held = pending.update.state_vector_lower();
+    starts
+        .iter()
+        .any(|(client, start)| held.get(client) >= *start && held.contains_client(client))
+}
+
+/// A Yjs v1 update with no structs and an empty delete set.
+pub(super) fn is_empty_update(update: &[u8]) -> bool {
+    update == [0, 0]
+}
+
+impl Room {
+    /// An update from a peer: refused if the peer may not write (it is told why), if storage
+    /// is stalled (1013: it resends after resyncing) or if the document would grow too large.
+    pub(super) fn on_peer_update(&mut self, peer: PeerId, raw: Bytes, update: Update) {
+        let can_write = self.peers.get(&peer).is_some_and(|p| p.auth.can_write);
+        if !can_write {
+            // Not applied, not logged; the client is told why.
+            self.send_to(peer, protocol::encode_permission_denied("read-only access"));
+            return;
+        }
+        if self.stalled.is_on() {
+            // Not applied: the client keeps it and sends it again when it resyncs.
+            let why = "storage is not answering; retry later";
+            self.close_peer(peer, CloseReason::new(close::TRY_AGAIN_LATER, why));
+            return;
+        }
+        if self.enqueue(Origin::Peer(peer), raw, update).is_err() {
+            self.close_peer(
+                peer,
+                CloseReason::new(close::DOC_TOO_LARGE, "document size limit reached"),
+            );
+        }
+    }
+
+    /// A durable acknowledgement request: echoed once everything the room received before
+    /// it is committed.
+    pub(super) fn on_ack_request(&mut self, peer: PeerId, raw: Bytes) {
+        let newest = self.received_idx;
+        if self.committed_idx >= newest {
+            self.send_ack(peer, raw);
+        } else if let Some((_, Waiter::Ack(_, last_raw))) = self
+            .waiters
+            .back_mut()
+            .filter(|(idx, w)| *idx == newest && matches!(w, Waiter::Ack(p, _) if *p == peer))
+        {
+            // The same peer asked again with nothing received in between: the newer
+            // request stands for both (an echo means everything before it is
+            // committed), so a flood of requests holds one waiter, not one each.
+            *last_raw = raw;
+        } else {
+            self.waiters.push_back((newest, Waiter::Ack(peer, raw)));
+        }
+    }
+
+    /// An update sent over HTTP: refused while storage is stalled or when the document would
+    /// grow too large, else queued; the reply comes once it is committed.
+    pub(super) fn apply_from_http(
+        &mut self,
+        raw: Bytes,
+        update: Update,
+        reply: oneshot::Sender<Result<i64, ApplyError>>,
+    ) {
+        if self.stalled.is_on() {
+            let _ = reply.send(Err(ApplyError::Unavailable));
+            return;
+        }
+        match self.enqueue(Origin::Http(reply), raw, update) {
+            Ok(()) => self.maybe_start_commit(),
+            Err(Origin::Http(reply)) => {
+                let _ = reply.send(Err(ApplyError::TooLarge));
+            }
+            Err(Origin::Peer(_)) => {}
+        }
+    }
+
+    /// Enters the stalled state (`Some(why)`: the last append failed or timed out) or leaves
+    /// it (`None`).
+    pub(super) fn set_stalled(&mut self, why: Option<String>) {
+        match why {
+            Some(why) => {
+                self.registry.set_storage_error(why);
+                self.stalled.set(true);
+                // The reads already waiting for the commit need not wait for storage.
+                self.answer_from_committed();
+            }
+            None => {
+                if self.stalled.set(false) {
+                    info!("storage answers again; the room takes updates");
+                }
+                self.committed.forget_view();
+            }
+        }
+    }
+
+    pub(super) fn has_uncommitted(&self) -> bool {
+        matches!(self.inflight, Some(Inflight::Append { .. }))
+            || self.staged.is_some()
+            || self.reload_needed.is_some()
+    }
+
+    /// Queues an update for the next commit; gives the origin back if the document would
+    /// grow past `max_doc_size`.
+    pub(super) fn enqueue(
+        &mut self,
+        origin: Origin,
+        raw: Bytes,
+        update: Update,
+    ) -> Result<(), Origin> {
+        let limit = self.registry.config.max_doc_size;
+        if self.stored_bytes + self.applied_bytes + self.queued_bytes + raw.len() as u64 > limit {
+            warn!(limit, "update refused: document would exceed max_doc_size");
+            return Err(origin);
+        }
+        self.received_idx += 1;
+        self.queued_bytes += raw.len() as u64;
+        self.queued.push_back(Queued {
+            idx: self.received_idx,
+            origin,
+            raw,
+            update: Some(update),
+        });
+        Ok(())
+    }
+
+    /// Starts the next append if nothing is in flight (the staged batch, or the queued updates
+    /// applied now), and stages a full batch if an append is in flight.
+    pub(super) fn maybe_start_commit(&mut self) {
+        while self.reload_needed.is_none() {
+            if self.inflight.is_none() {
+                if let Some(staged) = self.staged.take() {
+                    self.start_append(staged);
+                    continue;
+                }
+                // The `Doc` holds only committed state: answer the reads waiting for that
+                // before applying more.
+                self.answer_deferred();
+                if self.queued.is_empty() {
+                    return;
+                }
+            } else if !self.may_stage() {
+                return;
+            }
+            let Some(next) = self.apply_next_batch() else {
+                return; // an update was rejected: the Doc is rebuilt first
+            };
+            if self.inflight.is_none() {
+                self.start_append(next);
+            } else {
+                self.staged = Some(next);
+            }
+        }
+    }
+
+    /// Whether to apply the next batch now, while an append is in flight: only a full one (a
+    /// partial batch may still grow, and group commit wants it large), and only if no read
+    /// waits for committed state and no snapshot is due.
+    pub(super) fn may_stage(&self) -> bool {
+        matches!(self.inflight, Some(Inflight::Append { .. }))
+            && self.staged.is_none()
+            && self.queued.len() >= self.registry.config.commit_batch
+            && self.deferred_step1.is_empty()
+            && self.deferred_reads.is_empty()
+            && !self.snapshot_due()
+    }
+
+    /// Appends an applied batch (nothing in flight); an empty one (every update a duplicate)
+    /// only moves `committed_idx`.
+    pub(super) fn start_append(&mut self, next: AppliedBatch) {
+        let AppliedBatch {
+            batch,
+            upto_idx,
+            committed_sv,
+        } = next;
+        if batch.is_empty() {
+            self.committed_idx = upto_idx;
+            self.release_waiters();
+            return;
+        }
+        self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, 0));
+    }
+
+    /// Applies up to `commit_batch` queued updates; `None` if one was rejected (the good ones
+    /// are back in the queue and `reload_needed` is set).
+    pub(super) fn apply_next_batch(&mut self) -> Option<AppliedBatch> {
+        let committed_sv = self.doc.transact().state_vector();
+        let max = self.registry.config.commit_batch;
+        let mut batch: Vec<Applied> = Vec::new();
+        let mut upto_idx = self.committed_idx;
+        let mut rejected = None;
+        while batch.len() < max {
+            let Some(q) = self.queued.pop_front() else {
+                break;
+            };
+            upto_idx = q.idx;
+            self.queued_bytes -= q.raw.len() as u64;
+            let update = match q.update {
+                Some(u) => Ok(u),
+                None => Update::decode_v1(&q.raw).map_err(|e| e.to_string()),
+            };
+            // Where each client's blocks in the update start, to tell afterwards whether
+            // they are what yrs left pending.
+            let starts = update.as_ref().map(Update::state_vector_lower).ok();
+            match update.and_then(|u| self.apply(u).map_err(|e| e.to_string())) {
+                Ok(true) => {
+                    if let (Origin::Peer(peer), Some(starts)) = (&q.origin, &starts) {
+                        if left_pending(&self.doc, starts) {
+                            self.dangling.insert(*peer);
+                        }
+                    }
+                    batch.push(Applied {
+                        idx: q.idx,
+                        origin: q.origin,
+                        raw: q.raw,
+                    })
+                }
+                Ok(false) => {
+                    self.registry.metrics.updates_duplicate.inc();
+                    if let Origin::Http(reply) = q.origin {
+                        // Waiters stay in index order (durable acks wait for later indexes).
+                        let at = self.waiters.partition_point(|(idx, _)| *idx <= q.idx);
+                        self.waiters.insert(at, (q.idx, Waiter::Http(reply)));
+                    }
+                }
+                Err(e) => {
+                    rejected = Some((q.origin, e));
+                    break;
+                }
+            }
+        }
+        if let Some((origin, e)) = rejected {
+            self.reject_update(batch, origin, e, committed_sv);
+            return None;
+        }
+        self.registry
+            .metrics
+            .updates_applied
+            .inc_by(batch.len() as u64);
+        self.applied_bytes += batch.iter().map(|a| a.raw.len() as u64).sum::<u64>();
+        Some(AppliedBatch {
+            batch,
+            upto_idx,
+            committed_sv,
+        })
+    }
+
+    /// yrs rejected an update, and may have integrated part of it: the good ones go back in
+    /// the queue, its sender is closed (1007) or answered (HTTP), and the Doc is rebuilt
+    /// from storage (`committed_sv`: what peers may have seen) before they are applied again.
+    fn reject_update(
+        &mut self,
+        good: Vec<Applied>,
+        origin: Origin,
+        e: String,
+        committed_sv: StateVector,
+    ) {
+        self.requeue_unapplied(good);
+        warn!(error = %e, "update rejected by yrs");
+        self.registry.metrics.malformed_messages.inc();
+        match origin {
+            Origin::Peer(peer) => {
+                self.close_peer(peer, CloseReason::new(close::MALFORMED, "invalid update"))
+            }
+            Origin::Http(reply) => {
+                let _ = reply.send(Err(ApplyError::Invalid(e)));
+            }
+        }
+        self.reload_needed = Some(committed_sv);
+    }
+
+    /// Puts updates taken from the queue back at its front, in order, to be applied again.
+    pub(super) fn requeue_unapplied(&mut self, batch: Vec<Applied>) {
+        for a in batch.into_iter().rev() {
+            self.queued_bytes += a.raw.len() as u64;
+            self.queued.push_front(Queued {
+                idx: a.idx,
+                origin: a.origin,
+                raw: a.raw,
+                update: None,
+            });
+        }
+    }
+
+    /// [`Self::requeue_unapplied`] for a batch that was applied and counted in `applied_bytes`.
+    pub(super) fn requeue_applied(&mut self, batch: Vec<Applied>) {
+        self.applied_bytes -= batch.iter().map(|a| a.raw.len() as u64).sum::<u64>();
+        self.requeue_unapplied(batch);
+    }
+
+    /// Applies one update; true if it changed the document.
+    pub(super) fn apply(&mut self, update: Update) -> Result<bool, yrs::error::UpdateError> {
+        // Whatever happens, the Doc may change: answers encoded before are stale.
+        self.answers.invalidate();
+        let mut txn = self.doc.transact_mut();
+        txn.apply_update(update)?;
+        // An update whose dependencies are missing is stashed by yrs, not integrated; it is new
+        // information all the same and must be logged.
+        Ok(!txn.insert_set().is_empty()
+            || !txn.delete_set().is_empty()
+            || txn.has_missing_updates())
+    }
+
+    pub(super) fn spawn_append(
+        &self,
+        batch: Vec<Applied>,
+        upto_idx: u64,
+        committed_sv: StateVector,
+        attempt: u32,
+    ) -> Inflight {
+        let store = self.registry.store.clone();
+        let doc = self.doc_id;
+        let fence = self.fence;
+        let first_seq = self.last_seq + 1;
+        let rows: Vec<Bytes> = batch.iter().map(|a| a.raw.clone()).collect();
+        let (limit, metrics) = (
+            self.registry.config.storage_timeout,
+            self.registry.metrics.clone(),
+        );
+        let task: StorageOp<()> = Box::pin(async move {
+            if attempt > 0 {
+                sleep(commit_backoff(attempt)).await;
+            }
+            let append = store.append(doc, fence, first_seq, rows);
+            within(limit, &metrics, "append", append).await
+        });
+        Inflight::Append {
+            batch,
+            upto_idx,
+            committed_sv,
+            started: Instant::now(),
+            attempt,
+            task,
+        }
+    }
+
+    /// The storage operation in flight finished: act on its outcome, then start what comes
+    /// next (a due snapshot, else the next append). `Err` means the room must stop.
+    pub(super) async fn on_op_done(&mut self, res: OpResult) -> Result<(), String> {
+        let Some(inflight) = self.inflight.take() else {
+            return Ok(());
+        };
+        match (inflight, res) {
+            (
+                Inflight::Append {
+                    batch,
+                    upto_idx,
+                    committed_sv,
+                    started,
+                    attempt,
+                    ..
+                },
+                OpResult::Append(res),
+            ) => match res {
+                Ok(()) => self.on_committed(batch, upto_idx, started),
+                Err(e) => {
+                    let batch = AppliedBatch {
+                        batch,
+                        upto_idx,
+                        committed_sv,
+                    };
+                    self.on_append_failed(batch, attempt, e).await?
+                }
+            },
+            (
+                Inflight::Snapshot {
+                    upto_seq,
+                    size,
+                    data,
+                    ..
+                },
+                OpResult::Snapshot(res),
+            ) => self.on_snapshot_done(upto_seq, size, data, res).await?,
+            (_, _) => return Err("internal: operation result does not match".into()),
+        }
+        // (An append being retried is in flight again: nothing starts behind it.)
+        if self.inflight.is_none() && self.staged.is_none() && self.snapshot_due() {
+            self.inflight = self.spawn_snapshot();
+        }
+        if self.inflight.is_some() {
+            self.answer_deferred();
+        } else {
+            self.maybe_start_commit();
+        }
+        Ok(())
+    }
+
+    /// A batch is in the log: count it, broadcast it, answer its HTTP senders and the durable
+    /// acknowledgements waiting for it.
+    fn on_committed(&mut self, batch: Vec<Applied>, upto_idx: u64, started: Instant) {
+        self.set_stalled(None);
+        let m = &self.registry.metrics;
+        m.commits.inc();
+        m.commit_seconds.observe(started.elapsed().as_secs_f64());
+        m.updates_logged.inc_by(batch.len() as u64);
+        let bytes: u64 = batch.iter().map(|a| a.raw.len() as u64).sum();
+        self.applied_bytes -= bytes;
+        let rows = batch.iter().map(|a| a.raw.as_ref());
+        self.committed.committed(self.last_seq + 1, rows);
+        self.last_seq += batch.len() as i64;
+        self.stored_bytes += bytes;
+        self.since_snapshot_updates += batch.len() as u64;
+        self.since_snapshot_bytes += bytes;
+        self.snapshot_failed = false;
+        self.committed_idx = upto_idx;
+        let last_seq = self.last_seq;
+        for applied in batch {
+            let frame = protocol::encode_update(&applied.raw);
+            self.broadcast(&frame, applied.origin.peer());
+            if let Origin::Http(reply) = applied.origin {
+                let _ = reply.send(Ok(last_seq));
+            }
+        }
+        self.release_waiters();
+        self.release_withheld();
+    }
+
+    /// An append failed: give the room up (fenced, deleted), reload and retry at the new
+    /// position (conflict), or stall and retry (storage failing or slow).
+    async fn on_append_failed(
+        &mut self,
+        next: AppliedBatch,
+        attempt: u32,
+        e: StorageError,
+    ) -> Result<(), String> {
+        match e {
+            StorageError::Fenced => {
+                // Not committed and never will be here: the HTTP callers see the room give up
+                // (503) and the peers resend through the new owner when they resync.
+                self.registry.metrics.fenced_writes.inc();
+                self.fenced = true;
+                Err("an append was fenced: the lease moved to another node".into())
+            }
+            StorageError::Deleted => {
+                // Never committed: its senders were not acknowledged, and the document is gone.
+                self.deleted_underneath = true;
+                Err("an append was refused: the document is deleted".into())
+            }
+            StorageError::Conflict => {
+                // Another writer took our log position: reload what is stored, then apply this
+                // batch again on top of it and commit it at the new position.
+                // (After an append that timed out, it may be our own earlier attempt that
+                // committed late: the reload finds its updates and the batch adds nothing.)
+                warn!("log position taken by another writer; reloading");
+                self.registry.metrics.commit_failures.inc();
+                self.set_stalled(None); // storage answered
+                self.reload(&next.committed_sv).await?;
+                // The reload put a staged batch back in the queue; this one goes before it.
+                self.requeue_applied(next.batch);
+                Ok(())
+            }
+            e => {
+                // Storage is failing, or slow past `storage_timeout`: the room stalls (no new
+                // updates, 1013 to their senders) and retries this batch until storage
+                // answers. Nothing in it was broadcast or acknowledged.
+                self.registry.metrics.commit_failures.inc();
+                if attempt == 0 {
+                    warn!(error = %e, "commit failed; the room stalls and retries");
+                } else {
+                    debug!(error = %e, attempt, "commit failed again; retrying");
+                }
+                self.set_stalled(Some(e.to_string()));
+                if self.draining && attempt + 1 >= DRAIN_COMMIT_ATTEMPTS {
+                    return Err(format!("commit failed {DRAIN_COMMIT_ATTEMPTS} times: {e}"));
+                }
+                let AppliedBatch {
+                    batch,
+                    upto_idx,
+                    committed_sv,
+                } = next;
+                self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, attempt + 1));
+                Ok(())
+            }
+        }
+    }
+
+    pub(super) fn release_waiters(&mut self) {
+        while let Some((idx, _)) = self.waiters.front() {
+            if *idx > self.committed_idx {
+                break;
+            }
+            let Some((_, waiter)) = self.waiters.pop_front() else {
+                break;
+            };
+            match waiter {
+                Waiter::Ack(peer, raw) => self.send_ack(peer, raw),
+                Waiter::Http(reply) => {
+                    let _ = reply.send(Ok(self.last_seq));
+                }
+            }
+        }
+    }
+
+    /// Echoes a durable acknowledgement, or withholds it while the peer has an update
+    /// pending on missing dependencies.
+    pub(super) fn send_ack(&mut self, peer: PeerId, raw: Bytes) {
+        if self.dangling.contains(&peer) {
+            // Only the newest request is kept: its echo stands for the earlier ones.
+            self.withheld.retain(|(p, _)| *p != peer);
+            self.withheld.push((peer, raw));
+        } else {
+            self.send_to(peer, raw);
+        }
+    }
+
+    /// After a commit: if the document holds nothing pending (and no staged batch that
+    /// might be what resolved it), the withheld acknowledgements go out.
+    pub(super) fn release_withheld(&mut self) {
+        if self.dangling.is_empty()
+            || self.staged.is_some()
+            || self.doc.transact().has_missing_updates()
+        {
+            return;
+        }
+        self.dangling.clear();
+        for (peer, raw) in std::mem::take(&mut self.withheld) {
+            self.send_to(peer, raw);
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Reads of the document: Sync Step 1 answers (shared between peers asking for the same at
+//! the same version) and HTTP reads, deferred while the `Doc` holds uncommitted updates and
+//! answered from the committed copy while storage is stalled.
+
+use super::*;
+
+/// The document's root types as JSON. Roots loaded from updates have no declared type, so
+/// the type is inferred from the content the way yrs does (text, array or map).
+pub(crate) fn doc_json(doc: &Doc) -> serde_json::Value {
+    use yrs::types::AsPrelim;
+    use yrs::types::ToJson;
+    use yrs::{ArrayRef, In, MapRef, Out, TextRef, XmlFragmentRef};
+    let txn = doc.transact();
+    let mut out = serde_json::Map::new();
+    for (name, root) in txn.root_refs() {
+        let typed = match &root {
+            Out::UndefinedRef(branch) => match root.as_prelim(&txn) {
+                In::Text(_) => Out::YText(TextRef::from(*branch)),
+                In::Array(_) => Out::YArray(ArrayRef::from(*branch)),
+                In::Map(_) => Out::YMap(MapRef::from(*branch)),
+                _ => Out::YXmlFragment(XmlFragmentRef::from(*branch)),
+            },
+            _ => root.clone(),
+        };
+        let json = serde_json::to_value(typed.to_json(&txn)).unwrap_or(serde_json::Value::Null);
+        out.insert(name.to_owned(), json);
+    }
+    serde_json::Value::Object(out)
+}
+
+impl Room {
+    /// Answers a Sync Step 1 with the Step 2 for `sv` (shared with other peers asking for the
+    /// same at this version), unless the peer has not yet read its previous answer: then
+    /// nothing, since that answer and the broadcasts queued after it bring the peer up to date.
+    pub(super) fn answer_step1(&mut self, peer: PeerId, sv: &StateVector) {
+        if self.answer_pending(peer, Answer::Sync) {
+            return;
+        }
+        let frame = self.answers.step2(&self.doc, sv, &self.registry.metrics);
+        self.send_answer(peer, Answer::Sync, frame);
+    }
+
+    /// Whether `peer` still has an unread answer of this kind queued (counted as skipped).
+    pub(super) fn answer_pending(&self, peer: PeerId, kind: Answer) -> bool {
+        let pending = self
+            .peers
+            .get(&peer)
+            .is_some_and(|p| p.tx.answer_pending(kind));
+        if pending {
+            self.registry.metrics.sync_answers_skipped.inc();
+        }
+        pending
+    }
+
+    pub(super) fn send_answer(&mut self, peer: PeerId, kind: Answer, frame: Bytes) {
+        let full = match self.peers.get(&peer) {
+            Some(p) => matches!(p.tx.try_send_answer(kind, frame), Err(SendError::Full)),
+            None => false,
+        };
+        if full {
+            self.overflow(peer);
+        }
+    }
+
+    /// While the room is stalled, answers the reads waiting for committed state from the
+    /// committed copy (the `Doc` holds the stalled batch): a joined peer gets the stalled
+    /// batch as a broadcast once it commits, like any peer. Otherwise they keep waiting.
+    pub(super) fn answer_from_committed(&mut self) {
+        if !self.stalled.is_on()
+            || (self.deferred_step1.is_empty() && self.deferred_reads.is_empty())
+        {
+            return;
+        }
+        let Some(doc) = self.committed.doc() else {
+            return; // no usable copy: they wait for the commit
+        };
+        let mut json = None;
+        for read in std::mem::take(&mut self.deferred_reads) {
+            match read {
+                DeferredRead::Update(sv, reply) => {
+                    let _ = reply.send(doc.transact().encode_diff_v1(&sv));
+                }
+                DeferredRead::Json(reply) => {
+                    let _ = reply.send(json.get_or_insert_with(|| doc_json(doc)).clone());
+                }
+            }
+            self.registry.metrics.stalled_reads.inc();
+        }
+        for (peer, sv) in std::mem::take(&mut self.deferred_step1) {
+            if !self.peers.contains_key(&peer) || self.answer_pending(peer, Answer::Sync) {
+                continue;
+            }
+            match self.committed.step2(&sv) {
+                Some(frame) => {
+                    self.registry.metrics.stalled_reads.inc();
+                    self.send_answer(peer, Answer::Sync, frame);
+                }
+                // (Not after `doc()` answered; if it did, the peer waits for the commit.)
+                None => {
+                    self.deferred_step1.insert(peer, sv);
+                }
+            }
+        }
+    }
+
+    /// Answers the reads that waited for the `Doc` to hold only committed state.
+    pub(super) fn answer_deferred(&mut self) {
+        if self.has_uncommitted() {
+            return;
+        }
+        for (peer, sv) in std::mem::take(&mut self.deferred_step1) {
+            if self.peers.contains_key(&peer) {
+                self.answer_step1(peer, &sv);
+            }
+        }
+        for read in std::mem::take(&mut self.deferred_reads) {
+            match read {
+                DeferredRead::Update(sv, reply) => {
+                    let _ = reply.send(self.doc.transact().encode_diff_v1(&sv));
+                }
+                DeferredRead::Json(reply) => {
+                    let _ = reply.send(doc_json(&self.doc));
+                }
+            }
+        }
+    }
+
+    /// An HTTP read of the update a client at `since` lacks: answered now if the `Doc` holds
+    /// only committed state, else once it does (or from the committed copy while stalled).
+    pub(super) fn read_update(&mut self, since: StateVector, reply: oneshot::Sender<Vec<u8>>) {
+        if self.has_uncommitted() {
+            self.deferred_reads.push(DeferredRead::Update(since, reply));
+            self.answer_from_committed();
+        } else {
+            let _ = reply.send(self.doc.transact().encode_diff_v1(&since));
+        }
+    }
+
+    /// An HTTP read of the document as JSON, committed state only (as [`Self::read_update`]).
+    pub(super) fn read_json(&mut self, reply: oneshot::Sender<serde_json::Value>) {
+        if self.has_uncommitted() {
+            self.deferred_reads.push(DeferredRead::Json(reply));
+            self.answer_from_committed();
+        } else {
+            let _ = reply.send(doc_json(&self.doc));
+        }
+    }
+}

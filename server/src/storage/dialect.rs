@@ -1,0 +1,149 @@
+//! What differs between the two databases, in one place. Everything else in storage is written
+//! once, generic over [`Dialect`] (see `sql_api.rs` and `sql_docs.rs`): the statements are the
+//! same text on both (`$n` placeholders, which SQLite accepts too; `CAST` where PostgreSQL
+//! needs a parameter's type), so only these few items are spelled twice.
+//!
+//! Why generic code and not sqlx's `Any` driver: `Any` copies every row into its own value
+//! type, loses the SQLite connect options we set (WAL, synchronous, busy timeout) and the
+//! PostgreSQL array binds the append path uses. Why not a table of query strings per dialect:
+//! the statements are the same, so a table would hold every one twice.
+
+use async_trait::async_trait;
+use sqlx::{Database, Pool, Postgres, Sqlite};
+
+use super::StorageError;
+
+/// One database's answers to the questions where SQLite and PostgreSQL differ.
+#[async_trait]
+pub trait Dialect: Database {
+    /// Opens a read transaction whose statements all see one committed state (a snapshot
+    /// committed between two of them would otherwise delete log rows the first still needs).
+    const BEGIN_READ_SNAPSHOT: &'static str;
+
+    /// The database's clock in milliseconds since the Unix epoch, as a SQL expression: lease
+    /// times come from it, the one clock every node sharing the database agrees on.
+    const NOW_MS: &'static str;
+
+    /// Makes rows inserted into `table` by this transaction take their ids only after every
+    /// earlier insert has committed, so that readers applying "the rows after the last id I
+    /// have seen" never skip one. Run first in the inserting transaction.
+    async fn order_ids(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &'static str,
+    ) -> Result<(), StorageError>;
+
+    /// Rows a statement changed (an inherent method on each database's result type).
+    fn rows_affected(result: &Self::QueryResult) -> u64;
+
+    /// Moves outbox event `id` to the dead-letter table if it still has `revision` (a fold
+    /// may have changed it meanwhile: then nothing moves). True if it moved.
+    async fn move_to_dead(
+        pool: &Pool<Self>,
+        id: i64,
+        revision: i64,
+        error: &str,
+        now: i64,
+    ) -> Result<bool, StorageError>;
+}
+
+#[async_trait]
+impl Dialect for Sqlite {
+    // SQLite's read transaction keeps the snapshot of its first read (WAL mode).
+    const BEGIN_READ_SNAPSHOT: &'static str = "BEGIN";
+    const NOW_MS: &'static str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+    fn rows_affected(result: &Self::QueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    async fn order_ids(
+        _tx: &mut sqlx::Transaction<'_, Self>,
+        _table: &'static str,
+    ) -> Result<(), StorageError> {
+        // One writer at a time (the database lock): ids commit in the order they are taken.
+        Ok(())
+    }
+
+    async fn move_to_dead(
+        pool: &Pool<Self>,
+        id: i64,
+        revision: i64,
+        error: &str,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        // No DELETE inside a WITH here; the transaction holds the write lock from the INSERT
+        // on, so no fold can come between the two statements.
+        let mut tx = pool.begin().await?;
+        let moved = sqlx::query(
+            "INSERT INTO outbox_dead \
+               (id, event_id, type, payload, attempts, last_error, created_at, died_at) \
+             SELECT id, event_id, type, payload, attempts + 1, $1, created_at, $2 FROM outbox \
+             WHERE id = $3 AND revision = $4",
+        )
+        .bind(error)
+        .bind(now)
+        .bind(id)
+        .bind(revision)
+        .execute(&mut *tx)
+        .await?;
+        let moved = moved.rows_affected() == 1;
+        if moved {
+            sqlx::query("DELETE FROM outbox WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(moved)
+    }
+}
+
+#[async_trait]
+impl Dialect for Postgres {
+    // READ COMMITTED would take a new snapshot for every statement.
+    const BEGIN_READ_SNAPSHOT: &'static str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+    const NOW_MS: &'static str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+    fn rows_affected(result: &Self::QueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    async fn order_ids(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        table: &'static str,
+    ) -> Result<(), StorageError> {
+        // Two concurrent inserts could commit out of id order. This lock conflicts with itself,
+        // not with readers: the next insert takes its id only once this transaction commits.
+        sqlx::query(&format!("LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE"))
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn move_to_dead(
+        pool: &Pool<Self>,
+        id: i64,
+        revision: i64,
+        error: &str,
+        now: i64,
+    ) -> Result<bool, StorageError> {
+        // One statement: the DELETE locks the row and re-checks the revision if a fold changed
+        // it meanwhile (then nothing moves), so a fold can never be deleted unseen.
+        let moved = sqlx::query(
+            "WITH moved AS ( \
+               DELETE FROM outbox WHERE id = $1 AND revision = $2 \
+               RETURNING id, event_id, type, payload, attempts, created_at \
+             ) \
+             INSERT INTO outbox_dead \
+               (id, event_id, type, payload, attempts, last_error, created_at, died_at) \
+             SELECT id, event_id, type, payload, attempts + 1, $3, created_at, $4 FROM moved",
+        )
+        .bind(id)
+        .bind(revision)
+        .bind(error)
+        .bind(now)
+        .execute(pool)
+        .await?;
+        Ok(moved.rows_affected() == 1)
+    }
+}

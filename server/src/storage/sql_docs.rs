@@ -1,0 +1,153 @@
+//! The statements of the [`DocStore`](super::DocStore) contract that are the same on both
+//! databases: load, the lease, and why a write matched no row. How appends and snapshots are
+//! committed differs (SQLite's single writer task with its commit window, PostgreSQL's writer
+//! tasks and row locks) and stays in `sqlite.rs` and `postgres.rs`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Row, Type};
+
+use super::dialect::Dialect;
+use super::sql_api::SqlApi;
+use super::{DocId, Epoch, LeaseGrant, SharedStatements, StorageError, StoredDoc};
+
+#[async_trait]
+impl<DB: Dialect> SharedStatements for SqlApi<DB>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'a> &'a str: ColumnIndex<DB::Row> + Encode<'a, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> String: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> Vec<u8>: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> &'a [u8]: Encode<'a, DB> + Type<DB>,
+    for<'a> bool: Encode<'a, DB> + Type<DB>,
+    for<'a> Option<&'a str>: Encode<'a, DB>,
+    for<'a> Option<String>: Encode<'a, DB> + Decode<'a, DB>,
+    for<'a> Option<i64>: Encode<'a, DB> + Decode<'a, DB>,
+    for<'a> Option<Vec<u8>>: Decode<'a, DB>,
+{
+    /// The snapshot and the log after it, read from one committed state (see
+    /// [`Dialect::BEGIN_READ_SNAPSHOT`]), creating the document's row if there is none.
+    async fn load(&self, name: &str) -> Result<StoredDoc, StorageError> {
+        loop {
+            let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
+            let row = sqlx::query(
+                "SELECT id, snapshot_version, snapshot, snapshot_seq, deleted_at \
+                 FROM documents WHERE name = $1",
+            )
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(row) = row else {
+                tx.commit().await?;
+                self.create_for_load(name).await?;
+                continue;
+            };
+            let id: i64 = row.try_get("id")?;
+            let snapshot_seq: i64 = row.try_get("snapshot_seq")?;
+            let deleted_at: Option<i64> = row.try_get("deleted_at")?;
+            let updates = sqlx::query(
+                "SELECT seq, data FROM doc_updates WHERE doc_id = $1 AND seq > $2 ORDER BY seq",
+            )
+            .bind(id)
+            .bind(snapshot_seq)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .map(|r| Ok((r.try_get("seq")?, r.try_get("data")?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+            tx.commit().await?;
+            return Ok(StoredDoc {
+                id,
+                snapshot_version: row.try_get("snapshot_version")?,
+                deleted: deleted_at.is_some(),
+                snapshot: row.try_get("snapshot")?,
+                snapshot_seq,
+                updates,
+            });
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StorageError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Times come from the database's clock, the one every node shares.
+    async fn acquire_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        ttl: Duration,
+    ) -> Result<LeaseGrant, StorageError> {
+        let now = DB::NOW_MS;
+        let granted: Option<i64> = sqlx::query_scalar(&format!(
+            "INSERT INTO room_leases (doc_id, owner, epoch, expires_at) \
+             VALUES ($1, $2, 1, {now} + $3) \
+             ON CONFLICT (doc_id) DO UPDATE SET owner = EXCLUDED.owner, \
+               epoch = room_leases.epoch + 1, expires_at = EXCLUDED.expires_at \
+             WHERE room_leases.expires_at <= {now} OR room_leases.owner = EXCLUDED.owner \
+             RETURNING epoch"
+        ))
+        .bind(doc)
+        .bind(node)
+        .bind(ttl.as_millis() as i64)
+        .fetch_optional(&self.pool)
+        .await?;
+        if let Some(epoch) = granted {
+            return Ok(LeaseGrant::Granted { epoch });
+        }
+        let (owner, epoch, expires_in_ms): (String, i64, i64) = sqlx::query_as(&format!(
+            "SELECT owner, epoch, expires_at - {now} FROM room_leases WHERE doc_id = $1"
+        ))
+        .bind(doc)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(LeaseGrant::HeldBy {
+            owner,
+            epoch,
+            expires_in_ms: expires_in_ms.max(0),
+        })
+    }
+
+    async fn renew_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        epoch: Epoch,
+        ttl: Duration,
+    ) -> Result<bool, StorageError> {
+        let done = sqlx::query(&format!(
+            "UPDATE room_leases SET expires_at = {} + $1 \
+             WHERE doc_id = $2 AND owner = $3 AND epoch = $4",
+            DB::NOW_MS
+        ))
+        .bind(ttl.as_millis() as i64)
+        .bind(doc)
+        .bind(node)
+        .bind(epoch)
+        .execute(&self.pool)
+        .await?;
+        Ok(DB::rows_affected(&done) == 1)
+    }
+
+    async fn release_lease(
+        &self,
+        doc: DocId,
+        node: &str,
+        epoch: Epoch,
+    ) -> Result<(), StorageError> {
+        sqlx::query(
+            "UPDATE room_leases SET expires_at = 0 WHERE doc_id = $1 AND owner = $2 AND epoch = $3",
+        )
+        .bind(doc)
+        .bind(node)
+        .bind(epoch)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
