@@ -255,6 +255,10 @@ pub struct Settings {
     /// How long an Idempotency-Key is remembered [default: 24h]
     #[arg(long, env = "QUIRE_IDEMPOTENCY_TTL")]
     pub idempotency_ttl: Option<HumanDuration>,
+    /// With several nodes: how long a request forwarded to the document's owner (a content
+    /// write made on another node) may wait for its answer before 503 [default: 10s]
+    #[arg(long, env = "QUIRE_FORWARD_TIMEOUT")]
+    pub forward_timeout: Option<HumanDuration>,
     /// Webhook URLs that receive events; repeat or separate with commas [default: none]
     #[arg(
         long = "webhook-url",
@@ -274,6 +278,9 @@ pub struct Settings {
     /// First retry delay; doubles per attempt, with jitter [default: 1s]
     #[arg(long, env = "QUIRE_WEBHOOK_BACKOFF")]
     pub webhook_backoff: Option<HumanDuration>,
+    /// Time allowed for one webhook POST [default: 10s]
+    #[arg(long, env = "QUIRE_WEBHOOK_TIMEOUT")]
+    pub webhook_timeout: Option<HumanDuration>,
 }
 
 /// A node's identity and lease time in room leases.
@@ -301,6 +308,7 @@ pub struct Config {
     pub auth_keys: Vec<Secret>,
     pub admin_key: Option<Secret>,
     pub idempotency_ttl: Duration,
+    pub forward_timeout: Duration,
     pub webhooks: WebhookConfig,
     /// The bus between nodes (NATS), if any.
     pub bus_url: Option<Secret>,
@@ -325,6 +333,9 @@ pub struct WebhookConfig {
     pub max_attempts: u32,
     pub debounce: Duration,
     pub backoff: Duration,
+    /// Time allowed for one POST; an event's claim lasts long enough for one attempt at
+    /// every URL.
+    pub timeout: Duration,
 }
 
 /// Size and rate bounds on what clients may send and what is held for them.
@@ -450,11 +461,13 @@ impl Settings {
             auth_keys,
             admin_key,
             idempotency_ttl,
+            forward_timeout,
             webhook_urls,
             webhook_secret,
             webhook_max_attempts,
             webhook_debounce,
-            webhook_backoff
+            webhook_backoff,
+            webhook_timeout
         )
     }
 
@@ -525,6 +538,7 @@ impl Settings {
             auth_keys: self.auth_keys.unwrap_or_default(),
             admin_key: self.admin_key,
             idempotency_ttl: d(self.idempotency_ttl, Duration::from_secs(24 * 3600)),
+            forward_timeout: d(self.forward_timeout, Duration::from_secs(10)),
             bus_url: self.bus_url,
             bus_credentials: self.bus_credentials,
             cluster_key: self.cluster_key,
@@ -540,6 +554,7 @@ impl Settings {
                 max_attempts: self.webhook_max_attempts.unwrap_or(8).max(1),
                 debounce: d(self.webhook_debounce, Duration::from_secs(10)),
                 backoff: d(self.webhook_backoff, Duration::from_secs(1)),
+                timeout: d(self.webhook_timeout, Duration::from_secs(10)),
             },
         }
     }

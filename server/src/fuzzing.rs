@@ -577,6 +577,7 @@ impl ApiState {
             token("fuzz-viewer", Permission::Read),
         ];
         let app = AppState {
+            relay_leases: Arc::default(),
             address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
             bus: None,
             store: stores.docs.clone(),

@@ -64,6 +64,8 @@ pub struct AppState {
     pub bus: Option<Arc<bus::Bus>>,
     /// Per-client-address limits (new connections, failed authentications).
     pub address_limits: Arc<limits::AddressLimits>,
+    /// The owners of the documents this node relays connections to (`relay`).
+    pub relay_leases: Arc<relay::LeaseWatch>,
 }
 
 /// The storage a server runs on: document content, API rows, and the signal that outbox
@@ -164,8 +166,12 @@ pub async fn run_with_stores(
     let grace = config.shutdown_grace;
     let webhooks = config.webhooks.clone();
     let idempotency_ttl = config.idempotency_ttl;
-    let bus = start_bus(&config, &registry).await?;
+    let (bus, inbound) = match start_bus(&config, &registry).await? {
+        Some((bus, inbound)) => (Some(bus), Some(inbound)),
+        None => (None, None),
+    };
     let app = AppState {
+        relay_leases: Arc::default(),
         address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
         bus,
         config: Arc::new(config),
@@ -178,6 +184,13 @@ pub async fn run_with_stores(
     };
     let background = TaskTracker::new();
     background.spawn(revocation::watch(app.clone(), shutdown.clone()));
+    if app.bus.is_some() {
+        background.spawn(app.relay_leases.clone().run(
+            app.store.clone(),
+            app.metrics.clone(),
+            shutdown.clone(),
+        ));
+    }
     // Where the changes watcher starts: the newest change before this node serves anything.
     let changes_start = stores.api.last_doc_change().await?;
     background.spawn(changes::watch(app.clone(), changes_start, shutdown.clone()));
@@ -197,7 +210,10 @@ pub async fn run_with_stores(
     background.close();
     let connections = app.connections.clone();
     let header_timeout = app.config.limits.header_timeout;
-    let router = http::router(app);
+    let router = http::router(app.clone());
+    if let Some(inbound) = inbound {
+        tokio::spawn(serve_bus(app, router.clone(), inbound, shutdown.clone()));
+    }
     let server = tokio::spawn(serve(listener, router, header_timeout, shutdown.clone()));
 
     shutdown.cancelled().await;
@@ -312,12 +328,17 @@ fn set_nodelay(tcp: &TcpStream) {
     }
 }
 
-/// Joins the bus (`--bus`) when several nodes share a PostgreSQL database, and serves what it
-/// brings in: relayed clients (`relay`) and changes other nodes announce (`changes`).
+/// Joins the bus (`--bus`) when several nodes share a PostgreSQL database; what it brings in
+/// is served by [`serve_bus`].
 async fn start_bus(
     config: &Config,
     registry: &Arc<room::Registry>,
-) -> anyhow::Result<Option<Arc<bus::Bus>>> {
+) -> anyhow::Result<
+    Option<(
+        Arc<bus::Bus>,
+        tokio::sync::mpsc::UnboundedReceiver<bus::Inbound>,
+    )>,
+> {
     let (url, lease) = match (&config.bus_url, &registry.config.lease) {
         (Some(url), Some(lease)) => (url, lease),
         (Some(_), None) => {
@@ -339,29 +360,46 @@ async fn start_bus(
         key: bus::ClusterKey::new(key.expose())?,
         faults: config.bus_faults.clone(),
     };
-    let (bus, mut inbound) = bus::Bus::start(
+    let (bus, inbound) = bus::Bus::start(
         bus_config,
         lease.node_id.clone(),
         registry.clone(),
         config.limits.clone(),
     )
     .await?;
-    // Weak: the bus's own tasks end when the last handle to it goes, and so does this one.
-    let (weak, registry) = (Arc::downgrade(&bus), registry.clone());
-    tokio::spawn(async move {
-        while let Some(event) = inbound.recv().await {
-            let Some(bus) = weak.upgrade() else { return };
-            let registry = registry.clone();
-            // Not inline: a room slow to take the command must not hold up the others.
-            match event {
-                bus::Inbound::Open(open) => {
-                    tokio::spawn(relay::serve_remote(bus, registry, open));
-                }
-                bus::Inbound::Changed { name, change } => {
-                    tokio::spawn(changes::on_announced(bus, registry, name, change));
-                }
+    Ok(Some((bus, inbound)))
+}
+
+/// Serves what the bus brings in: relayed clients (`relay`), changes other nodes announce
+/// (`changes`) and requests forwarded to this node as a document's owner (`http::owner`,
+/// through `router`). Each in a task of its own: a room slow to answer holds up nothing else.
+async fn serve_bus(
+    app: AppState,
+    router: axum::Router,
+    mut inbound: tokio::sync::mpsc::UnboundedReceiver<bus::Inbound>,
+    shutdown: CancellationToken,
+) {
+    // Ends at shutdown: it holds the bus, whose own tasks end when the last handle goes.
+    while let Some(event) = tokio::select! {
+        event = inbound.recv() => event,
+        _ = shutdown.cancelled() => None,
+    } {
+        let Some(bus) = app.bus.clone() else { return };
+        let registry = app.registry.clone();
+        match event {
+            bus::Inbound::Open(open) => {
+                tokio::spawn(relay::serve_remote(bus, registry, open));
+            }
+            bus::Inbound::Changed { name, change } => {
+                tokio::spawn(changes::on_announced(bus, registry, name, change));
+            }
+            bus::Inbound::Request(request) => {
+                tokio::spawn(http::owner::serve_forwarded(
+                    app.clone(),
+                    router.clone(),
+                    request,
+                ));
             }
         }
-    });
-    Ok(Some(bus))
+    }
 }

@@ -36,6 +36,10 @@ pub struct Metrics {
     pub bus_resets: IntCounter,
     pub rooms_stalled: IntGauge,
     pub storage_timeouts: IntCounter,
+    pub forwarded_requests: IntCounter,
+    pub forward_failures: IntCounter,
+    pub stored_reads: IntCounter,
+    pub relay_lease_checks: IntCounter,
 }
 
 impl Metrics {
@@ -168,6 +172,24 @@ impl Metrics {
             storage_timeouts: counter(
                 "storage_timeouts_total",
                 "Storage operations of rooms given up after storage_timeout",
+            ),
+            forwarded_requests: counter(
+                "forwarded_requests_total",
+                "HTTP requests forwarded over the bus to the node that owns their document",
+            ),
+            forward_failures: counter(
+                "forward_failures_total",
+                "Forwarded requests the owner did not answer within forward_timeout (503)",
+            ),
+            relay_lease_checks: counter(
+                "relay_lease_checks_total",
+                "Statements reading the owners of the documents this node relays (one per second \
+                 for all of them)",
+            ),
+            stored_reads: counter(
+                "stored_reads_total",
+                "Content reads answered from storage because another node (or none) serves \
+                 the document",
             ),
             registry,
         }

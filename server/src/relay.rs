@@ -11,7 +11,8 @@
 //!   WebSocket connection: sync replies, broadcasts, awareness and durable acknowledgements
 //!   reach it the same way, and its frames pass the same decoding and rate limits.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use axum::extract::ws::Message as WsMessage;
 use bytes::Bytes;
@@ -27,6 +28,77 @@ use crate::room::queue::{self, Next};
 use crate::room::{CloseReason, DocName, PeerAuth, PeerId, Registry};
 use crate::storage::{DocId, LeaseGrant};
 use crate::AppState;
+
+/// The owners of the documents this node relays connections to, read for all of them with
+/// one statement every [`ALIVE_EVERY`] (not one per relayed connection), so a thousand
+/// relayed connections cost this node one lease statement a second.
+#[derive(Default)]
+pub struct LeaseWatch {
+    docs: Mutex<HashMap<DocId, Watched>>,
+}
+
+/// Per document: how many relayed connections watch it, and its owner as last read (`None`
+/// until read once; `Some(None)`: no unexpired lease).
+type Watched = (usize, Option<Option<String>>);
+
+impl LeaseWatch {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<DocId, Watched>> {
+        self.docs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn watch(&self, doc: DocId) {
+        self.lock().entry(doc).or_insert((0, None)).0 += 1;
+    }
+
+    fn unwatch(&self, doc: DocId) {
+        let mut docs = self.lock();
+        if let Some(entry) = docs.get_mut(&doc) {
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                docs.remove(&doc);
+            }
+        }
+    }
+
+    /// The document's owner as last read (`None`: not read yet).
+    fn owner(&self, doc: DocId) -> Option<Option<String>> {
+        self.lock().get(&doc).and_then(|entry| entry.1.clone())
+    }
+
+    /// Reads the owners of every watched document every [`ALIVE_EVERY`] until `shutdown`.
+    pub async fn run(
+        self: Arc<Self>,
+        store: Arc<dyn crate::storage::DocStore>,
+        metrics: Arc<crate::metrics::Metrics>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(ALIVE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            let docs: Vec<DocId> = self.lock().keys().copied().collect();
+            if docs.is_empty() {
+                continue;
+            }
+            metrics.relay_lease_checks.inc();
+            match store.lease_owners(&docs).await {
+                Ok(owners) => {
+                    let owners: HashMap<DocId, String> = owners.into_iter().collect();
+                    for (doc, entry) in self.lock().iter_mut() {
+                        // (A document watched since the read is left unread until the next.)
+                        if docs.contains(doc) {
+                            entry.1 = Some(owners.get(doc).cloned());
+                        }
+                    }
+                }
+                Err(e) => debug!(error = %e, "lease check failed; still relaying"),
+            }
+        }
+    }
+}
 
 fn moved() -> CloseReason {
     CloseReason::new(close::RESTART, "document moved to another node, reconnect")
@@ -50,8 +122,9 @@ async fn find_owner(app: &AppState, name: &DocName) -> Result<(DocId, String), C
         return Err(unavailable());
     };
     let store = &app.registry.store;
-    let doc = match store.load(name.as_str()).await {
-        Ok(stored) => stored.id,
+    // The id alone: the owner has the document's content.
+    let doc = match store.doc_id(name.as_str()).await {
+        Ok(id) => id,
         Err(_) => return Err(unavailable()),
     };
     match store.acquire_lease(doc, &lease.node_id, lease.ttl).await {
@@ -98,11 +171,13 @@ where
         expires_at: auth.expires_at,
         seen_change: auth.seen_change,
     };
+    app.relay_leases.watch(doc);
     let (outcome, link) = if bus.send(&link.owner, open).await.is_err() {
         (Some(lost_link()), link)
     } else {
         pump(sink, stream, inbox, link, (doc, &auth, app)).await
     };
+    app.relay_leases.unwatch(doc);
     bus.unregister_relay(conn);
     let close = Envelope::Close {
         from: link.from,
@@ -177,7 +252,7 @@ where
 }
 
 /// Every [`ALIVE_EVERY`]: the token is not revoked, the owner hears the client is alive, and
-/// the owner still holds the lease. `Some(reason)` to close the client.
+/// the owner still holds the lease (as [`LeaseWatch`] last read it). `Some(reason)` to close the client.
 async fn still_relayed(
     link: &Link<'_>,
     doc: DocId,
@@ -199,15 +274,13 @@ async fn still_relayed(
     if link.bus.send(&link.owner, alive).await.is_err() {
         return Some(lost_link());
     }
-    let lease = app.registry.config.lease.as_ref()?;
-    let store = &app.registry.store;
-    match store.acquire_lease(doc, &lease.node_id, lease.ttl).await {
-        Ok(LeaseGrant::HeldBy { owner, .. }) if owner == link.owner => None,
-        Ok(_) => Some(moved()),
-        Err(e) => {
-            debug!(error = %e, "lease check failed; still relaying");
-            None
-        }
+    match app.relay_leases.owner(doc) {
+        // Not read yet, or still the owner this connection relays to.
+        None => None,
+        Some(Some(owner)) if owner == link.owner => None,
+        // Another node holds the lease now, or nobody does (the owner died or let go): the
+        // client reconnects and is served by the new owner (or here).
+        Some(_) => Some(moved()),
     }
 }
 

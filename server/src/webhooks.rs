@@ -1,6 +1,9 @@
-//! The webhook delivery worker: reads due events from the outbox, posts each to every
-//! configured URL, and records the outcome in the outbox row. Delivery is at least once: a
-//! receiver deduplicates with the event id (sent as `Idempotency-Key` and in the body).
+//! The webhook delivery worker: claims due events in the outbox, posts each to every
+//! configured URL, and records the outcome in the outbox row. With several nodes on one
+//! database each event is claimed by one node at a time, so it gets one delivery attempt per
+//! round across the cluster; a node that dies mid-delivery leaves a claim that expires, and
+//! another node delivers the event then. Delivery is therefore at least once: a receiver
+//! deduplicates with the event id (sent as `Idempotency-Key` and in the body).
 //!
 //! - Signature: `Quire-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`.
 //! - Retries: exponential backoff from `webhook_backoff`, doubled per attempt, with ±25 %
@@ -25,10 +28,8 @@ use crate::storage::now_ms;
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 /// How often the worker looks for due events when nothing wakes it.
 const POLL: Duration = Duration::from_millis(500);
-/// Events fetched per round.
-const BATCH: u32 = 64;
-/// Time allowed for one POST.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Events claimed per round.
+const BATCH: u32 = 16;
 
 pub async fn run(
     api: Arc<dyn ApiStore>,
@@ -36,7 +37,7 @@ pub async fn run(
     wake: Arc<Notify>,
     shutdown: CancellationToken,
 ) {
-    let client = match reqwest::Client::builder().timeout(REQUEST_TIMEOUT).build() {
+    let client = match reqwest::Client::builder().timeout(config.timeout).build() {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "cannot build the webhook HTTP client; webhooks are off");
@@ -44,7 +45,11 @@ pub async fn run(
         }
     };
     loop {
-        let due = match api.due_events(now_ms(), BATCH).await {
+        let now = now_ms();
+        let due = match api
+            .claim_due_events(now, now + claim_ms(&config), BATCH)
+            .await
+        {
             Ok(due) => due,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the outbox");
@@ -67,6 +72,13 @@ pub async fn run(
             _ = shutdown.cancelled() => return,
         }
     }
+}
+
+/// How long a round's claim lasts: one attempt at every URL for every event of a full round,
+/// plus one timeout of margin. Another node takes an event over only after that.
+fn claim_ms(config: &WebhookConfig) -> i64 {
+    let attempts = config.urls.len() as u32 * BATCH + 1;
+    config.timeout.saturating_mul(attempts).as_millis() as i64
 }
 
 async fn deliver(

@@ -13,6 +13,8 @@ const OUT: u8 = 5;
 const KILL: u8 = 6;
 const BEAT: u8 = 7;
 const CHANGED: u8 = 8;
+const REQUEST: u8 = 9;
+const RESPONSE: u8 = 10;
 
 /// Length of the signature in front of every message.
 const MAC_LEN: usize = 32;
@@ -86,6 +88,23 @@ pub enum Envelope {
         doc: String,
         change: Change,
     },
+    /// An HTTP request that must run on the document's owner (a content write made through
+    /// another node), to be run through the owner's router and answered with `Response`.
+    Request {
+        from: String,
+        id: u64,
+        method: String,
+        uri: String,
+        headers: Vec<(String, String)>,
+        body: Bytes,
+    },
+    /// The owner's answer to `Request` `id`.
+    Response {
+        id: u64,
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: Bytes,
+    },
 }
 
 /// Which kind of message (for [`Faults`]).
@@ -99,6 +118,8 @@ pub enum Kind {
     Beat,
     Kill,
     Changed,
+    Request,
+    Response,
 }
 
 fn put_str(b: &mut BytesMut, s: &str) {
@@ -118,6 +139,28 @@ fn get_str(b: &mut Bytes) -> Option<String> {
     String::from_utf8(b.split_to(n).to_vec()).ok()
 }
 
+fn put_headers(b: &mut BytesMut, headers: &[(String, String)]) {
+    let n = headers.len().min(u16::MAX as usize);
+    b.put_u16(n as u16);
+    for (name, value) in &headers[..n] {
+        put_str(b, name);
+        put_str(b, value);
+    }
+}
+
+fn get_headers(b: &mut Bytes) -> Option<Vec<(String, String)>> {
+    if b.remaining() < 2 {
+        return None;
+    }
+    let n = b.get_u16() as usize;
+    // Each pair takes at least 4 bytes: a count past that is not honoured before reading.
+    let mut headers = Vec::with_capacity(n.min(b.remaining() / 4));
+    for _ in 0..n {
+        headers.push((get_str(b)?, get_str(b)?));
+    }
+    Some(headers)
+}
+
 fn get_u64(b: &mut Bytes) -> Option<u64> {
     (b.remaining() >= 8).then(|| b.get_u64())
 }
@@ -133,6 +176,8 @@ impl Envelope {
             Envelope::Beat { .. } => Kind::Beat,
             Envelope::Kill { .. } => Kind::Kill,
             Envelope::Changed { .. } => Kind::Changed,
+            Envelope::Request { .. } => Kind::Request,
+            Envelope::Response { .. } => Kind::Response,
         }
     }
 
@@ -234,6 +279,34 @@ impl Envelope {
                         put_str(&mut b, user);
                     }
                 }
+            }
+            Envelope::Request {
+                from,
+                id,
+                method,
+                uri,
+                headers,
+                body,
+            } => {
+                b.put_u8(REQUEST);
+                b.put_u64(*id);
+                put_str(&mut b, from);
+                put_str(&mut b, method);
+                put_str(&mut b, uri);
+                put_headers(&mut b, headers);
+                b.put_slice(body);
+            }
+            Envelope::Response {
+                id,
+                status,
+                headers,
+                body,
+            } => {
+                b.put_u8(RESPONSE);
+                b.put_u64(*id);
+                b.put_u16(*status);
+                put_headers(&mut b, headers);
+                b.put_slice(body);
             }
         }
         b.freeze()
@@ -341,6 +414,26 @@ impl Envelope {
                     at_ms,
                     doc,
                     change,
+                }
+            }
+            REQUEST => Envelope::Request {
+                from: get_str(&mut b)?,
+                id: conn,
+                method: get_str(&mut b)?,
+                uri: get_str(&mut b)?,
+                headers: get_headers(&mut b)?,
+                body: b,
+            },
+            RESPONSE => {
+                if b.remaining() < 2 {
+                    return None;
+                }
+                let status = b.get_u16();
+                Envelope::Response {
+                    id: conn,
+                    status,
+                    headers: get_headers(&mut b)?,
+                    body: b,
                 }
             }
             _ => return None,
@@ -466,6 +559,20 @@ mod tests {
                     user: "ann".into(),
                     id: 7,
                 },
+            },
+            Envelope::Request {
+                from: "n2".into(),
+                id: 11,
+                method: "POST".into(),
+                uri: "/api/v1/docs/3/update".into(),
+                headers: vec![("authorization".into(), "Bearer t".into())],
+                body: Bytes::from_static(&[0, 0]),
+            },
+            Envelope::Response {
+                id: 11,
+                status: 200,
+                headers: vec![],
+                body: Bytes::from_static(b"{\"seq\":4}"),
             },
         ];
         for env in all {

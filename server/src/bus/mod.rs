@@ -37,13 +37,13 @@ pub use order::*;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use crate::close;
@@ -87,6 +87,24 @@ pub enum Inbound {
     Open(RemoteOpen),
     /// Another node announced a change the sockets on `name` must see.
     Changed { name: DocName, change: Change },
+    /// Another node forwards an HTTP request only this node (the owner) may serve: answer
+    /// it with [`Bus::respond`].
+    Request(Forwarded),
+}
+
+/// An HTTP request or response carried over the bus (see `crate::http::owner`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forwarded {
+    /// The node that sent it and its id for the exchange.
+    pub from: String,
+    pub id: u64,
+    /// The method and URI (path and query) of a request; empty in a response.
+    pub method: String,
+    pub uri: String,
+    /// A response's status; 0 in a request.
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
 }
 
 /// A relayed client opened on this node (the owner): who it is and its inbox.
@@ -150,6 +168,9 @@ pub struct Bus {
     metrics: Arc<Metrics>,
     /// Opens and announced changes, to whoever serves them.
     inbound: mpsc::UnboundedSender<Inbound>,
+    /// Forwarded requests of this node waiting for their responses, by id.
+    pending: Mutex<HashMap<u64, oneshot::Sender<Forwarded>>>,
+    next_request: AtomicU64,
 }
 
 /// A relayed connection on the relaying node: the owner's frames for it wait in a queue
@@ -271,6 +292,8 @@ impl Bus {
             limits,
             metrics: registry.metrics.clone(),
             inbound,
+            pending: Mutex::new(HashMap::new()),
+            next_request: AtomicU64::new(1),
         });
         let weak = Arc::downgrade(&bus);
         tokio::spawn(async move {
@@ -344,6 +367,49 @@ impl Bus {
     /// closes the relayed connection it belongs to.
     pub async fn send(&self, node: &str, env: Envelope) -> Result<(), ()> {
         self.publish(subject(node), &env).await
+    }
+
+    /// Sends `request` to `node` and waits up to `deadline` for its response. `Err` if it
+    /// could not be sent or no response came in time (it may still have been served: the
+    /// requests forwarded are ones a retry does no harm with).
+    pub async fn request(
+        &self,
+        node: &str,
+        mut request: Forwarded,
+        deadline: std::time::Duration,
+    ) -> Result<Forwarded, ()> {
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        request.id = id;
+        let env = Envelope::Request {
+            from: self.node.to_string(),
+            id,
+            method: request.method,
+            uri: request.uri,
+            headers: request.headers,
+            body: request.body,
+        };
+        let answer = match self.send(node, env).await {
+            Ok(()) => tokio::time::timeout(deadline, rx)
+                .await
+                .ok()
+                .and_then(Result::ok),
+            Err(()) => None,
+        };
+        lock(&self.pending).remove(&id);
+        answer.ok_or(())
+    }
+
+    /// Answers forwarded request `id` of node `to`.
+    pub async fn respond(&self, to: &str, id: u64, response: Forwarded) {
+        let env = Envelope::Response {
+            id,
+            status: response.status,
+            headers: response.headers,
+            body: response.body,
+        };
+        let _ = self.send(to, env).await;
     }
 
     /// Tells every node (this one included) about a change its sockets must see.
@@ -553,6 +619,44 @@ impl Bus {
             Envelope::Close { from, conn } => {
                 if let Some(remote) = lock(&self.remotes).remove(&(from, conn)) {
                     let _ = remote.tx.send(RemoteIn::Close);
+                }
+            }
+            Envelope::Request {
+                from,
+                id,
+                method,
+                uri,
+                headers,
+                body,
+            } => {
+                let request = Forwarded {
+                    from,
+                    id,
+                    method,
+                    uri,
+                    status: 0,
+                    headers,
+                    body,
+                };
+                let _ = self.inbound.send(Inbound::Request(request));
+            }
+            Envelope::Response {
+                id,
+                status,
+                headers,
+                body,
+            } => {
+                // (A duplicate or a late response finds nothing waiting.)
+                if let Some(waiting) = lock(&self.pending).remove(&id) {
+                    let _ = waiting.send(Forwarded {
+                        from: String::new(),
+                        id,
+                        method: String::new(),
+                        uri: String::new(),
+                        status,
+                        headers,
+                        body,
+                    });
                 }
             }
             Envelope::Changed {

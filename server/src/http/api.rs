@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use utoipa::{IntoParams, OpenApi, ToSchema};
 use yrs::updates::decoder::Decode;
-use yrs::{StateVector, Update};
+use yrs::{ReadTxn, StateVector, Transact, Update};
 
 use super::error::{etag, ApiError, Problem};
 use crate::auth::{Permission, Principal};
@@ -35,7 +35,9 @@ const MAX_PAGE: u32 = 200;
 /// How long a content request waits for the room (loading included).
 const ROOM_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub fn routes() -> Router<AppState> {
+pub fn routes(app: &AppState) -> Router<AppState> {
+    // Content writes go through the document's room: on the owner's node (see `owner.rs`).
+    let on_owner = || axum::middleware::from_fn_with_state(app.clone(), super::owner::on_owner);
     Router::new()
         .route("/docs", post(create_doc).get(list_docs))
         .route(
@@ -43,7 +45,10 @@ pub fn routes() -> Router<AppState> {
             get(get_doc).patch(patch_doc).delete(delete_doc),
         )
         .route("/docs/{id}/restore", post(restore_doc))
-        .route("/docs/{id}/update", get(get_update).post(post_update))
+        .route(
+            "/docs/{id}/update",
+            get(get_update).merge(post(post_update).route_layer(on_owner())),
+        )
         .route("/docs/{id}/json", get(get_json))
         .route("/docs/{id}/access", get(list_access))
         .route(
@@ -166,6 +171,51 @@ fn live(doc: DocMeta) -> ApiResult<DocMeta> {
         ));
     }
     Ok(doc)
+}
+
+/// Reads the document's committed state with `make` (a room command) or `from_doc`.
+///
+/// One node: through its room, loaded if needed. Several nodes: through this node's room if
+/// it serves the document; otherwise from storage, which holds exactly the committed state (an
+/// update is acknowledged only once committed), so every node answers like the owner, and
+/// without the owner's help.
+async fn read_committed<T>(
+    app: &AppState,
+    name: &str,
+    mut make: impl FnMut(oneshot::Sender<T>) -> RoomCmd,
+    from_doc: impl FnOnce(&yrs::Doc) -> T,
+) -> ApiResult<T> {
+    if app.registry.config.lease.is_none() {
+        return ask_room(app, name, make).await;
+    }
+    let name = DocName::parse(name)
+        .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
+    if let Some(room) = app.registry.get(&name) {
+        let (tx, rx) = oneshot::channel();
+        if room.command(make(tx)).await.is_ok() {
+            if let Ok(Ok(answer)) = tokio::time::timeout(ROOM_TIMEOUT, rx).await {
+                return Ok(answer);
+            }
+        }
+        // Served elsewhere after all, or unloading: storage answers.
+    }
+    app.metrics.stored_reads.inc();
+    match crate::room::read_stored(&app.registry, &name).await {
+        Ok(Some(doc)) => Ok(from_doc(&doc)),
+        Ok(None) => Err(ApiError::new(
+            StatusCode::GONE,
+            "document-deleted",
+            "the document is deleted; restore it first",
+        )),
+        Err(e) => {
+            tracing::warn!(doc = %name, error = %e, "cannot read the document from storage");
+            Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "document-unavailable",
+                "the document could not be read; retry later",
+            ))
+        }
+    }
 }
 
 /// Sends a command to the document's room (loading it if needed) and waits for the answer.
@@ -473,10 +523,15 @@ async fn get_update(
                 })?
         }
     };
-    let update = ask_room(&app, &doc.name, |reply| RoomCmd::ReadUpdate {
-        since: since.clone(),
-        reply,
-    })
+    let update = read_committed(
+        &app,
+        &doc.name,
+        |reply| RoomCmd::ReadUpdate {
+            since: since.clone(),
+            reply,
+        },
+        |d| d.transact().encode_diff_v1(&since),
+    )
     .await?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], update).into_response())
 }
@@ -543,7 +598,13 @@ async fn get_json(
     ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let doc = live(doc_for(&app, &principal, id, Permission::Read).await?)?;
-    let json = ask_room(&app, &doc.name, |reply| RoomCmd::ReadJson { reply }).await?;
+    let json = read_committed(
+        &app,
+        &doc.name,
+        |reply| RoomCmd::ReadJson { reply },
+        crate::room::doc_json,
+    )
+    .await?;
     Ok(Json(json))
 }
 

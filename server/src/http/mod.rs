@@ -5,6 +5,7 @@ pub mod api;
 mod error;
 mod extract;
 mod idempotency;
+pub mod owner;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{Request, State, WebSocketUpgrade};
@@ -26,7 +27,7 @@ use crate::AppState;
 const WRITE_BUFFER: usize = 64 * 1024;
 
 pub fn router(app: AppState) -> Router {
-    let api = api::routes()
+    let api = api::routes(&app)
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not-found", "no such API route")
         })

@@ -22,7 +22,14 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use yrs::sync::AwarenessUpdate;
 use yrs::{StateVector, Update};
 
+pub(crate) use actor::doc_json;
 pub use registry::Registry;
+
+/// A document's committed state read from storage, for a node that does not serve it (see
+/// [`actor`]); `None` if the document is deleted.
+pub async fn read_stored(registry: &Registry, name: &DocName) -> Result<Option<yrs::Doc>, String> {
+    actor::load_committed(registry, name).await
+}
 
 /// Identifies one WebSocket connection within the process.
 pub type PeerId = u64;

@@ -20,6 +20,10 @@ pub trait Dialect: Database {
     /// committed between two of them would otherwise delete log rows the first still needs).
     const BEGIN_READ_SNAPSHOT: &'static str;
 
+    /// Ends a `SELECT` that picks rows to claim: rows another transaction is claiming are
+    /// passed over instead of waited for.
+    const SKIP_LOCKED: &'static str;
+
     /// The database's clock in milliseconds since the Unix epoch, as a SQL expression: lease
     /// times come from it, the one clock every node sharing the database agrees on.
     const NOW_MS: &'static str;
@@ -50,6 +54,8 @@ pub trait Dialect: Database {
 impl Dialect for Sqlite {
     // SQLite's read transaction keeps the snapshot of its first read (WAL mode).
     const BEGIN_READ_SNAPSHOT: &'static str = "BEGIN";
+    // One writer at a time: nothing to pass over.
+    const SKIP_LOCKED: &'static str = "";
     const NOW_MS: &'static str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
     fn rows_affected(result: &Self::QueryResult) -> u64 {
@@ -102,6 +108,7 @@ impl Dialect for Sqlite {
 impl Dialect for Postgres {
     // READ COMMITTED would take a new snapshot for every statement.
     const BEGIN_READ_SNAPSHOT: &'static str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+    const SKIP_LOCKED: &'static str = "FOR UPDATE SKIP LOCKED";
     const NOW_MS: &'static str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
     fn rows_affected(result: &Self::QueryResult) -> u64 {

@@ -131,6 +131,9 @@ pub trait SharedStatements: Send + Sync {
     ) -> Result<bool, StorageError>;
     async fn release_lease(&self, doc: DocId, node: &str, epoch: Epoch)
         -> Result<(), StorageError>;
+    async fn lease_owner(&self, doc: DocId) -> Result<Option<String>, StorageError>;
+    async fn lease_owners(&self, docs: &[DocId]) -> Result<Vec<(DocId, String)>, StorageError>;
+    async fn doc_id(&self, name: &str) -> Result<DocId, StorageError>;
     async fn ping(&self) -> Result<(), StorageError>;
 }
 
@@ -200,6 +203,22 @@ pub trait DocStore: Send + Sync + 'static {
         epoch: Epoch,
     ) -> Result<(), StorageError> {
         self.shared().release_lease(doc, node, epoch).await
+    }
+
+    /// The node holding the document's unexpired lease, if any (reads only: grants nothing).
+    async fn lease_owner(&self, doc: DocId) -> Result<Option<String>, StorageError> {
+        self.shared().lease_owner(doc).await
+    }
+
+    /// The holders of the unexpired leases among `docs`, in one statement.
+    async fn lease_owners(&self, docs: &[DocId]) -> Result<Vec<(DocId, String)>, StorageError> {
+        self.shared().lease_owners(docs).await
+    }
+
+    /// The document's id, creating its row if it has none (like [`DocStore::load`], without
+    /// reading its content).
+    async fn doc_id(&self, name: &str) -> Result<DocId, StorageError> {
+        self.shared().doc_id(name).await
     }
 
     /// Checks that the database answers (for `/readyz`).

@@ -768,10 +768,42 @@ where
         Ok(rows.iter().map(Self::event_row).collect::<Result<_, _>>()?)
     }
 
+    async fn claim_due_events(
+        &self,
+        now: i64,
+        until: i64,
+        limit: u32,
+    ) -> Result<Vec<OutboxEvent>, StorageError> {
+        let rows = sqlx::query(&format!(
+            "UPDATE outbox SET claimed_until = $2 WHERE id IN ( \
+               SELECT id FROM outbox \
+               WHERE status = 'pending' AND available_at <= $1 AND claimed_until <= $1 \
+               ORDER BY id LIMIT $3 {}) \
+             RETURNING *",
+            DB::SKIP_LOCKED
+        ))
+        .bind(now)
+        .bind(until)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut events = rows
+            .iter()
+            .map(Self::event_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        events.sort_by_key(|e| e.id);
+        Ok(events)
+    }
+
     async fn event_delivered(&self, id: i64, revision: i64, now: i64) -> Result<(), StorageError> {
+        // A row folded meanwhile (new revision) stays pending, unclaimed: delivered again.
         sqlx::query(
-            "UPDATE outbox SET status = 'delivered', delivered_at = $1, attempts = attempts + 1 \
-             WHERE id = $2 AND revision = $3",
+            "UPDATE outbox SET \
+               status = CASE WHEN revision = $3 THEN 'delivered' ELSE status END, \
+               delivered_at = CASE WHEN revision = $3 THEN $1 ELSE delivered_at END, \
+               attempts = attempts + CASE WHEN revision = $3 THEN 1 ELSE 0 END, \
+               claimed_until = 0 \
+             WHERE id = $2",
         )
         .bind(now)
         .bind(id)
@@ -792,7 +824,8 @@ where
         // After a fold (new revision), the URLs that took the old revision must get the new one.
         sqlx::query(
             "UPDATE outbox SET attempts = attempts + 1, available_at = $1, last_error = $2, \
-             delivered_urls = CASE WHEN revision = $3 THEN $4 ELSE '[]' END WHERE id = $5",
+             delivered_urls = CASE WHEN revision = $3 THEN $4 ELSE '[]' END, claimed_until = 0 \
+             WHERE id = $5",
         )
         .bind(next_attempt_at)
         .bind(error)

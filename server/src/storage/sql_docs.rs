@@ -71,6 +71,50 @@ where
         }
     }
 
+    async fn lease_owner(&self, doc: DocId) -> Result<Option<String>, StorageError> {
+        Ok(sqlx::query_scalar(&format!(
+            "SELECT owner FROM room_leases WHERE doc_id = $1 AND expires_at > {}",
+            DB::NOW_MS
+        ))
+        .bind(doc)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    async fn lease_owners(&self, docs: &[DocId]) -> Result<Vec<(DocId, String)>, StorageError> {
+        let mut owners = Vec::new();
+        // In chunks: a statement takes a bounded number of parameters.
+        for chunk in docs.chunks(500) {
+            let list = (1..=chunk.len())
+                .map(|i| format!("${i}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let sql = format!(
+                "SELECT doc_id, owner FROM room_leases WHERE doc_id IN ({list}) AND expires_at > {}",
+                DB::NOW_MS
+            );
+            let mut query = sqlx::query_as::<_, (i64, String)>(&sql);
+            for doc in chunk {
+                query = query.bind(*doc);
+            }
+            owners.extend(query.fetch_all(&self.pool).await?);
+        }
+        Ok(owners)
+    }
+
+    async fn doc_id(&self, name: &str) -> Result<DocId, StorageError> {
+        loop {
+            let id: Option<i64> = sqlx::query_scalar("SELECT id FROM documents WHERE name = $1")
+                .bind(name)
+                .fetch_optional(&self.pool)
+                .await?;
+            match id {
+                Some(id) => return Ok(id),
+                None => self.create_for_load(name).await?,
+            }
+        }
+    }
+
     async fn ping(&self) -> Result<(), StorageError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())

@@ -156,21 +156,21 @@ pub(super) enum Owned {
 }
 
 /// Loads a document for a room on this node: with leases, takes the document's lease first
-/// and loads again under it, so everything the previous owner committed is seen (a write
-/// under its epoch cannot commit after the grant: the storage fences it).
+/// and loads under it, so everything the previous owner committed is seen (a write under its
+/// epoch cannot commit after the grant: the storage fences it). A deleted document's lease is
+/// given back at once.
 pub(super) async fn load_owned(registry: &Registry, name: &DocName) -> Result<Owned, LoadError> {
-    let loaded = load(registry, name).await?;
     let Some(lease) = &registry.config.lease else {
-        return Ok(Owned::Here(None, loaded));
+        return Ok(Owned::Here(None, load(registry, name).await?));
     };
-    if loaded.stored.deleted {
-        return Ok(Owned::Here(None, loaded));
-    }
-    let doc = loaded.stored.id;
+    // Only the id before the lease: a node that finds the document served elsewhere reads
+    // none of its content.
+    let limit = registry.config.storage_timeout;
+    let asking = registry.store.doc_id(name.as_str());
+    let doc = within(limit, &registry.metrics, "load", asking).await?;
     // The database counts the lease from the grant: so does the room (taken before asking,
     // so the room's idea of the lease never outlives the database's).
     let asked = Instant::now();
-    let limit = registry.config.storage_timeout;
     let asking = registry.store.acquire_lease(doc, &lease.node_id, lease.ttl);
     let grant = within(limit, &registry.metrics, "lease", asking).await?;
     let epoch = match grant {

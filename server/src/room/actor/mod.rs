@@ -46,6 +46,18 @@ use crate::protocol;
 use crate::storage::{Epoch, LeaseGrant, SnapshotOutcome, StorageError, StoredDoc};
 
 pub(super) use lifecycle::run;
+pub(crate) use reads::doc_json;
+
+/// A document's committed state straight from storage (the snapshot and the log after it,
+/// replayed into a fresh `Doc`), within `storage_timeout`; `None` if it is deleted. What a
+/// room would answer a read with once nothing uncommitted is in its `Doc`.
+pub(super) async fn load_committed(
+    registry: &Registry,
+    name: &DocName,
+) -> Result<Option<Doc>, String> {
+    let loaded = load(registry, name).await.map_err(|e| e.to_string())?;
+    Ok((!loaded.stored.deleted).then_some(loaded.doc))
+}
 use lifecycle::*;
 use pipeline::*;
 

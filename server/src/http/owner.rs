@@ -1,0 +1,200 @@
+//! Requests only the document's owner may serve, made on another node.
+//!
+//! With several nodes, a document's room runs on one node (the one holding its lease). Reads
+//! of committed content work on every node (from storage: see `api::read_committed`), but a
+//! content write must go through the owner's room, so [`on_owner`] (a layer on those routes)
+//! forwards the request over the bus to the owner and answers with the owner's response: the
+//! client cannot tell which node it asked. A request is forwarded at most once (the owner
+//! serves what arrives with [`FORWARDED`]), without its `Idempotency-Key` (this node's
+//! idempotency layer, outside this one, records the owner's response under the key).
+//!
+//! If the owner does not answer within `forward_timeout` the answer is 503 with
+//! `Retry-After`: the request may have been served (an update applied twice changes nothing).
+
+use std::net::SocketAddr;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, OriginalUri, Request, State};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::{ApiError, MAX_REQUEST_BODY};
+use crate::bus::Forwarded;
+use crate::room::DocName;
+use crate::AppState;
+
+/// Marks a request forwarded by another node: served here, never forwarded again.
+pub const FORWARDED: &str = "quire-forwarded-by";
+
+/// Headers not carried across: hop-by-hop ones, the length (recomputed) and the
+/// idempotency key (recorded by the node the client asked).
+const NOT_CARRIED: [&str; 7] = [
+    "connection",
+    "content-length",
+    "host",
+    "idempotency-key",
+    "keep-alive",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn carried(headers: &axum::http::HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(name, _)| !NOT_CARRIED.contains(&name.as_str()))
+        .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_owned())))
+        .collect()
+}
+
+/// The owner to forward a request for document `id` to, if another node holds its lease.
+async fn owner_elsewhere(app: &AppState, id: i64) -> Result<Option<String>, ApiError> {
+    let (Some(bus), Some(_)) = (&app.bus, &app.registry.config.lease) else {
+        return Ok(None);
+    };
+    let Some(doc) = app.api.get_doc(id).await? else {
+        return Ok(None); // the handler answers 404
+    };
+    if let Ok(name) = DocName::parse(&doc.name) {
+        if app.registry.get(&name).is_some() {
+            return Ok(None); // served here
+        }
+    }
+    let owner = app.store.lease_owner(id).await?;
+    Ok(owner.filter(|owner| **owner != *bus.node))
+}
+
+/// A layer for the routes of `/docs/{id}/...` that must run on the document's owner.
+pub async fn on_owner(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    if req.headers().contains_key(FORWARDED) {
+        return next.run(req).await;
+    }
+    // `/docs/{id}/...` as the nested router sees it.
+    let id = req
+        .uri()
+        .path()
+        .strip_prefix("/docs/")
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|id| id.parse::<i64>().ok());
+    let owner = match id {
+        Some(id) => owner_elsewhere(&app, id).await,
+        None => Ok(None),
+    };
+    let owner = match owner {
+        Ok(Some(owner)) => owner,
+        Ok(None) => return next.run(req).await,
+        Err(e) => return e.into_response(),
+    };
+    let Some(bus) = app.bus.clone() else {
+        return next.run(req).await;
+    };
+    let (parts, body) = req.into_parts();
+    let body = match axum::body::to_bytes(body, MAX_REQUEST_BODY).await {
+        Ok(body) => body,
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "the request body is larger than allowed",
+            )
+            .into_response()
+        }
+    };
+    // The URI the client sent (a nested router sees its path without the `/api/v1` prefix).
+    let uri = parts
+        .extensions
+        .get::<OriginalUri>()
+        .map_or(&parts.uri, |original| &original.0);
+    let uri = uri
+        .path_and_query()
+        .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned());
+    let request = Forwarded {
+        from: String::new(),
+        id: 0,
+        method: parts.method.to_string(),
+        uri,
+        status: 0,
+        headers: carried(&parts.headers),
+        body,
+    };
+    app.metrics.forwarded_requests.inc();
+    match bus
+        .request(&owner, request, app.config.forward_timeout)
+        .await
+    {
+        Ok(answer) => into_response(answer),
+        Err(()) => {
+            app.metrics.forward_failures.inc();
+            let mut response = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "owner-unavailable",
+                "the node serving this document did not answer; retry",
+            )
+            .into_response();
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
+    }
+}
+
+/// The owner's response as this node's.
+fn into_response(answer: Forwarded) -> Response {
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut response = Response::new(Body::from(answer.body));
+    *response.status_mut() = status;
+    for (name, value) in answer.headers {
+        if NOT_CARRIED.contains(&name.as_str()) {
+            continue;
+        }
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            response.headers_mut().append(name, value);
+        }
+    }
+    response
+}
+
+/// Serves a request another node forwarded (this node owns the document) through `router`,
+/// and answers it over the bus.
+pub async fn serve_forwarded(app: AppState, router: axum::Router, request: Forwarded) {
+    let Some(bus) = app.bus.clone() else {
+        return;
+    };
+    let mut builder = Request::builder()
+        .method(request.method.as_str())
+        .uri(request.uri.as_str());
+    for (name, value) in &request.headers {
+        builder = builder.header(name.as_str(), value.as_str());
+    }
+    let from = request.from.clone();
+    let built = builder
+        .header(FORWARDED, from.as_str())
+        // Per-address limits: the node that forwarded it applied them to the client.
+        .extension(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 0))))
+        .body(Body::from(request.body));
+    let response = match built {
+        Ok(req) => match tower::ServiceExt::oneshot(router, req).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        },
+        Err(_) => StatusCode::BAD_REQUEST.into_response(),
+    };
+    let (parts, body) = response.into_parts();
+    let body = axum::body::to_bytes(body, MAX_REQUEST_BODY * 8)
+        .await
+        .unwrap_or_default();
+    let answer = Forwarded {
+        from: String::new(),
+        id: request.id,
+        method: String::new(),
+        uri: String::new(),
+        status: parts.status.as_u16(),
+        headers: carried(&parts.headers),
+        body,
+    };
+    bus.respond(&from, request.id, answer).await;
+}

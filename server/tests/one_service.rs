@@ -1,0 +1,572 @@
+//! Several nodes, one service: behind a load balancer any request may reach any node, and the
+//! answer must not depend on which. Three nodes on one PostgreSQL database and a private NATS
+//! server (the PostgreSQL pass; in the SQLite pass these tests return at once).
+//!
+//! - Every documented route, called on a node that does not own the document, answers as on
+//!   the owner (a table over the OpenAPI document: a route added later without a row here
+//!   fails the test).
+//! - Each webhook event gets one delivery with three nodes sharing the outbox.
+//! - A thousand relayed connections cost their node one lease statement a second.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode as AxumStatus};
+use axum::routing::post;
+use axum::Router;
+use base64::Engine;
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use yrs::updates::decoder::Decode;
+use yrs::updates::encoder::Encode;
+use yrs::{GetString, ReadTxn, Text, Transact};
+
+fn in_postgres_pass() -> bool {
+    if !on_postgres() {
+        eprintln!("several nodes need PostgreSQL: this test runs in the PostgreSQL pass");
+    }
+    on_postgres()
+}
+
+/// Three nodes on one database and bus, configured by `tune`.
+async fn three_nodes(
+    dir: &std::path::Path,
+    nats: &Nats,
+    tune: impl Fn(&mut quire_server::config::Config),
+) -> Vec<TestServer> {
+    let mut nodes = Vec::new();
+    for id in ["node-a", "node-b", "node-c"] {
+        let mut cfg = node_config(dir, id, &nats.url);
+        tune(&mut cfg);
+        nodes.push(TestServer::start(cfg).await);
+    }
+    nodes
+}
+
+/// The text of a Yjs v1 update applied to an empty document.
+fn text_of(update: &[u8]) -> String {
+    let doc = yrs::Doc::new();
+    let text = doc.get_or_insert_text("text");
+    let update = yrs::Update::decode_v1(update).expect("a Yjs update");
+    doc.transact_mut().apply_update(update).expect("applies");
+    let txn = doc.transact();
+    text.get_string(&txn)
+}
+
+/// `(method, path)` of every route the OpenAPI document lists.
+fn documented(openapi: &Value) -> BTreeSet<(String, String)> {
+    let mut routes = BTreeSet::new();
+    for (path, item) in openapi["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("path item").keys() {
+            routes.insert((method.to_uppercase(), path.clone()));
+        }
+    }
+    routes
+}
+
+/// Sends one request to `node` and returns its status and body (as JSON where it is).
+async fn call(
+    http: &reqwest::Client,
+    node: &TestServer,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    if_match: Option<&str>,
+) -> (StatusCode, Value) {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let mut req = http.request(method, node.http(&format!("/api/v1{path}")));
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    if let Some(tag) = if_match {
+        req = req.header("if-match", tag);
+    }
+    let resp = req.send().await.expect("send");
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nats = Nats::start().await;
+    let nodes = three_nodes(dir.path(), &nats, |_| {}).await;
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let http = reqwest::Client::new();
+
+    // Node A owns "svc": a client there wrote to it (committed: acknowledged).
+    let (status, created) = call(
+        &http,
+        a,
+        "POST",
+        "/docs",
+        Some(json!({"name": "svc"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let id = created["id"].as_i64().expect("id");
+    let mut writer = Client::connect(&a.url("svc"), 1).await;
+    writer.insert(0, "hello").await;
+    writer.durable_ack(1).await;
+
+    let openapi: Value = http
+        .get(b.http("/api/v1/openapi.json"))
+        .send()
+        .await
+        .expect("openapi")
+        .json()
+        .await
+        .expect("json");
+    let mut checked = BTreeSet::new();
+    let mut check = |method: &str, path: &str| {
+        checked.insert((method.to_owned(), path.to_owned()));
+    };
+
+    // Content reads: the same committed state from every node (B and C read it without the
+    // owner: from storage).
+    for node in [a, b, c] {
+        let (status, doc) = call(&http, node, "GET", &format!("/docs/{id}/json"), None, None).await;
+        assert_eq!((status, doc), (StatusCode::OK, json!({"text": "hello"})));
+        let full = http
+            .get(node.http(&format!("/api/v1/docs/{id}/update")))
+            .send()
+            .await
+            .expect("update");
+        assert_eq!(full.status(), StatusCode::OK);
+        assert_eq!(text_of(&full.bytes().await.expect("bytes")), "hello");
+    }
+    check("GET", "/api/v1/docs/{id}/json");
+    check("GET", "/api/v1/docs/{id}/update");
+    // With a state vector: only what it lacks, the same on the owner and elsewhere.
+    let sv = base64::engine::general_purpose::STANDARD.encode(writer.state_vector().encode_v1());
+    for node in [a, b] {
+        let diff = http
+            .get(node.http(&format!("/api/v1/docs/{id}/update?sv={sv}")))
+            .send()
+            .await
+            .expect("diff")
+            .bytes()
+            .await
+            .expect("bytes");
+        assert_eq!(text_of(&diff), "", "nothing the writer lacks");
+    }
+
+    // A content write through B: forwarded to the owner's room, committed there, broadcast to
+    // the owner's client, and readable on C.
+    let update = {
+        let doc = yrs::Doc::with_client_id(7);
+        let text = doc.get_or_insert_text("text");
+        doc.transact_mut()
+            .apply_update(
+                yrs::Update::decode_v1(&writer.doc.transact().encode_diff_v1(&Default::default()))
+                    .expect("decodes"),
+            )
+            .expect("applies");
+        let mut txn = doc.transact_mut();
+        text.insert(&mut txn, 5, " world");
+        txn.encode_update_v1()
+    };
+    let posted = http
+        .post(b.http(&format!("/api/v1/docs/{id}/update")))
+        .header("content-type", "application/octet-stream")
+        .body(update)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(posted.status(), StatusCode::OK);
+    let seq = posted.json::<Value>().await.expect("json")["seq"].as_i64();
+    assert!(
+        seq.is_some_and(|s| s >= 2),
+        "the owner's log position: {seq:?}"
+    );
+    assert!(
+        writer
+            .pump_until(PATIENCE, |c| c.text() == "hello world")
+            .await
+    );
+    let (_, doc) = call(&http, c, "GET", &format!("/docs/{id}/json"), None, None).await;
+    assert_eq!(doc, json!({"text": "hello world"}));
+    assert_eq!(b.metric("quire_forwarded_requests_total").await, 1.0);
+    check("POST", "/api/v1/docs/{id}/update");
+
+    // Metadata and access: the database answers, whichever node asks. Reads give the same
+    // body on the owner and on B; writes made on B or C are what A reads back.
+    for path in [
+        format!("/docs/{id}"),
+        "/docs".to_owned(),
+        format!("/docs/{id}/access"),
+    ] {
+        let on_a = call(&http, a, "GET", &path, None, None).await;
+        let on_b = call(&http, b, "GET", &path, None, None).await;
+        assert_eq!(on_a, on_b, "{path}");
+    }
+    check("GET", "/api/v1/docs/{id}");
+    check("GET", "/api/v1/docs");
+    check("GET", "/api/v1/docs/{id}/access");
+    let (_, meta) = call(&http, a, "GET", &format!("/docs/{id}"), None, None).await;
+    let tag = format!("\"{}\"", meta["version"]);
+    let (status, _) = call(
+        &http,
+        b,
+        "PATCH",
+        &format!("/docs/{id}"),
+        Some(json!({"title": "T"})),
+        Some(&tag),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, meta) = call(&http, a, "GET", &format!("/docs/{id}"), None, None).await;
+    assert_eq!(meta["title"], "T");
+    check("PATCH", "/api/v1/docs/{id}");
+    let (status, _) = call(
+        &http,
+        c,
+        "PUT",
+        &format!("/docs/{id}/access/bob"),
+        Some(json!({"role": "editor"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, access) = call(&http, a, "GET", &format!("/docs/{id}/access"), None, None).await;
+    assert!(access.to_string().contains("bob"), "{access}");
+    let (status, _) = call(
+        &http,
+        b,
+        "DELETE",
+        &format!("/docs/{id}/access/bob"),
+        None,
+        None,
+    )
+    .await;
+    assert!(status.is_success(), "{status}");
+    check("PUT", "/api/v1/docs/{id}/access/{user}");
+    check("DELETE", "/api/v1/docs/{id}/access/{user}");
+    let (status, other) = call(
+        &http,
+        b,
+        "POST",
+        "/docs",
+        Some(json!({"name": "other"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    check("POST", "/api/v1/docs");
+    let other = other["id"].as_i64().expect("id");
+    let (status, _) = call(&http, c, "DELETE", &format!("/docs/{other}"), None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = call(&http, a, "GET", &format!("/docs/{other}/json"), None, None).await;
+    assert_eq!(status, StatusCode::GONE, "deleted through C, seen by A");
+    check("DELETE", "/api/v1/docs/{id}");
+    let (status, _) = call(
+        &http,
+        b,
+        "POST",
+        &format!("/docs/{other}/restore"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    check("POST", "/api/v1/docs/{id}/restore");
+
+    // Users, tokens, the outbox view: the same answer on every node.
+    for (method, path, body) in [
+        ("GET", "/users/ann", None),
+        ("PATCH", "/users/ann", Some(json!({"display_name": "Ann"}))),
+        ("GET", "/me", None),
+        (
+            "POST",
+            "/tokens",
+            Some(json!({"sub": "ann", "doc": "svc", "permission": "read"})),
+        ),
+        ("POST", "/tokens/revoke", Some(json!({"user_id": "nobody"}))),
+        ("GET", "/admin/outbox", None),
+    ] {
+        let on_a = call(&http, a, method, path, body.clone(), None).await.0;
+        let on_c = call(&http, c, method, path, body, None).await.0;
+        assert_eq!(on_a, on_c, "{method} {path}");
+        check(
+            method,
+            &format!("/api/v1{path}").replace("/users/ann", "/users/{id}"),
+        );
+    }
+    assert_eq!(
+        checked,
+        documented(&openapi),
+        "every documented route has a row in this test"
+    );
+    writer.close().await;
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
+/// A webhook receiver that counts the deliveries of each event id.
+#[derive(Clone, Default)]
+struct Counter(Arc<Mutex<HashMap<String, usize>>>);
+
+impl Counter {
+    async fn start(listener: tokio::net::TcpListener) -> Counter {
+        let counter = Counter::default();
+        let app = Router::new()
+            .route("/hook", post(count))
+            .with_state(counter.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        counter
+    }
+
+    fn counts(&self) -> HashMap<String, usize> {
+        self.0.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+}
+
+async fn count(State(c): State<Counter>, headers: HeaderMap) -> AxumStatus {
+    let id = headers
+        .get("quire-event-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    if let Ok(mut m) = c.0.lock() {
+        *m.entry(id).or_default() += 1;
+    }
+    AxumStatus::OK
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_webhook_event_is_delivered_once_by_three_nodes_sharing_the_outbox() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nats = Nats::start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hook = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    let receiver = Counter::start(listener).await;
+    let nodes = three_nodes(dir.path(), &nats, |cfg| {
+        cfg.webhooks.urls = vec![hook.clone()];
+    })
+    .await;
+    let http = reqwest::Client::new();
+    // 30 events, made through every node: each worker sees all of them in the shared outbox.
+    for i in 0..30 {
+        let node = &nodes[i % 3];
+        let (status, _) = call(
+            &http,
+            node,
+            "POST",
+            "/docs",
+            Some(json!({"name": format!("w{i}")})),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while receiver.counts().len() < 30 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Time for a second delivery to show up, if a node were to make one.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let counts = receiver.counts();
+    assert_eq!(counts.len(), 30, "every event delivered: {counts:?}");
+    let repeated: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "delivered more than once: {repeated:?}"
+    );
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_relayed_connections_cost_one_lease_statement_a_second() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nats = Nats::start().await;
+    let nodes = three_nodes(dir.path(), &nats, |_| {}).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    // Twenty documents owned by A, fifty relayed connections to each through B.
+    let mut owners = Vec::new();
+    for d in 0..20 {
+        owners.push(Client::connect(&a.url(&format!("r{d}")), 1).await);
+    }
+    let mut relayed = Vec::new();
+    for d in 0..20 {
+        for k in 0..50 {
+            relayed.push(Client::connect(&b.url(&format!("r{d}")), 100 + k).await);
+        }
+    }
+    assert_eq!(relayed.len(), 1000);
+    // What the database executes, all three nodes together: transactions committed (every
+    // statement outside a transaction is one), as PostgreSQL's statistics count them.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&pg_database_url(dir.path()))
+        .await
+        .expect("connect");
+    let committed = || async {
+        // Backends report their counts at most once a second.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let n: i64 = sqlx::query_scalar(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("stats");
+        n
+    };
+    let transactions_before = committed().await;
+    let checks_before = b.metric("quire_relay_lease_checks_total").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let checks = b.metric("quire_relay_lease_checks_total").await - checks_before;
+    let transactions = committed().await - transactions_before;
+    eprintln!(
+        "idle, 1,000 relayed connections over 20 documents: {checks} relay lease statements \
+         on the relaying node, {transactions} transactions in the database from all three \
+         nodes (room lease renewals, change and revocation polls included) in about 6.5 s"
+    );
+    // One statement per `ALIVE_EVERY` (1 s) for all of them: 5, with a tick of slack.
+    assert!(
+        (4.0..=6.0).contains(&checks),
+        "{checks} lease statements in 5 s for 1,000 relayed connections"
+    );
+    // One statement per relayed connection per second would be 5,000 and more in this window.
+    assert!(
+        transactions < 1_000,
+        "{transactions} transactions while idle with 1,000 relayed connections"
+    );
+    drop(relayed);
+    drop(owners);
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
+/// A webhook receiver that holds the first request it gets open (it never answers it, like a
+/// receiver whose sender died mid-delivery) and accepts the others, noting when each came.
+#[derive(Clone)]
+struct Holding {
+    first: Arc<tokio::sync::Notify>,
+    log: Arc<Mutex<Vec<(String, i64)>>>,
+}
+
+async fn hold_first(State(h): State<Holding>, headers: HeaderMap) -> AxumStatus {
+    let id = headers
+        .get("quire-event-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let first = {
+        let Ok(mut log) = h.log.lock() else {
+            return AxumStatus::INTERNAL_SERVER_ERROR;
+        };
+        log.push((id, quire_server::storage::now_ms()));
+        log.len() == 1
+    };
+    if first {
+        h.first.notify_one();
+        std::future::pending::<()>().await;
+    }
+    AxumStatus::OK
+}
+
+/// The node that claimed an event is killed while its POST is in flight: the claim outlives
+/// it, nobody else delivers the event before the claim expires, and another node delivers it
+/// once after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_node_died_mid_delivery_is_delivered_once_after_its_claim_expires() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = pg_database_url(dir.path());
+    let nats = Nats::start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hook = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    let receiver = Holding {
+        first: Arc::new(tokio::sync::Notify::new()),
+        log: Arc::default(),
+    };
+    let app = Router::new()
+        .route("/hook", post(hold_first))
+        .with_state(receiver.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    // One attempt may take 1 s: a claim then lasts 17 s (a full round of 16 events, plus one).
+    let node = |id: &'static str| {
+        let (url, bus, hook) = (url.clone(), nats.url.clone(), hook.clone());
+        async move {
+            let mut args = node_args(id, &bus, "2s").to_vec();
+            args.extend(["--webhook-url", &hook, "--webhook-timeout", "1s"]);
+            ServerProcess::start_url(&url, &args).await
+        }
+    };
+    let a = node("node-a").await;
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("http://{}/api/v1/docs", a.addr))
+        .json(&json!({"name": "claimed"}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), StatusCode::CREATED);
+    tokio::time::timeout(PATIENCE, receiver.first.notified())
+        .await
+        .expect("node A posts the event");
+    a.signal("KILL");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("connect");
+    let claimed_until: i64 = sqlx::query_scalar("SELECT claimed_until FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .expect("the event's row");
+    // Node B comes up at once; it must wait for A's claim.
+    let b = node("node-b").await;
+    let deadline = tokio::time::Instant::now() + PATIENCE * 2;
+    while receiver.log.lock().map(|l| l.len()).unwrap_or(0) < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never delivered again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let log = receiver.log.lock().map(|l| l.clone()).unwrap_or_default();
+    assert_eq!(log.len(), 2, "one attempt by A, one by B: {log:?}");
+    assert_eq!(log[0].0, log[1].0, "the same event");
+    assert!(
+        log[1].1 >= claimed_until,
+        "B delivered at {} before A's claim ran out at {claimed_until}",
+        log[1].1
+    );
+    let delivered: String = sqlx::query_scalar("SELECT status FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .expect("row");
+    assert_eq!(delivered, "delivered");
+    drop(b);
+}
