@@ -46,8 +46,20 @@ impl LeaseWatch {
         self.docs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn watch(&self, doc: DocId) {
-        self.lock().entry(doc).or_insert((0, None)).0 += 1;
+    /// One more relayed connection to `doc`, whose owner it found to be `owner`. An owner
+    /// read before that (for the other connections) may be out of date: it is read again
+    /// before this connection is judged by it.
+    fn watch(&self, doc: DocId, owner: &str) {
+        let mut docs = self.lock();
+        let entry = docs.entry(doc).or_insert((0, None));
+        entry.0 += 1;
+        if entry
+            .1
+            .as_ref()
+            .is_some_and(|read| read.as_deref() != Some(owner))
+        {
+            entry.1 = None;
+        }
     }
 
     fn unwatch(&self, doc: DocId) {
@@ -80,6 +92,7 @@ impl LeaseWatch {
                 _ = shutdown.cancelled() => return,
             }
             let docs: Vec<DocId> = self.lock().keys().copied().collect();
+            let asked: std::collections::HashSet<DocId> = docs.iter().copied().collect();
             if docs.is_empty() {
                 continue;
             }
@@ -89,7 +102,7 @@ impl LeaseWatch {
                     let owners: HashMap<DocId, String> = owners.into_iter().collect();
                     for (doc, entry) in self.lock().iter_mut() {
                         // (A document watched since the read is left unread until the next.)
-                        if docs.contains(doc) {
+                        if asked.contains(doc) {
                             entry.1 = Some(owners.get(doc).cloned());
                         }
                     }
@@ -97,6 +110,26 @@ impl LeaseWatch {
                 Err(e) => debug!(error = %e, "lease check failed; still relaying"),
             }
         }
+    }
+}
+
+/// A relayed connection's interest in its document's owner, dropped with the connection
+/// (its future included, at shutdown).
+struct Watching<'a> {
+    leases: &'a LeaseWatch,
+    doc: DocId,
+}
+
+impl<'a> Watching<'a> {
+    fn new(leases: &'a LeaseWatch, doc: DocId, owner: &str) -> Watching<'a> {
+        leases.watch(doc, owner);
+        Watching { leases, doc }
+    }
+}
+
+impl Drop for Watching<'_> {
+    fn drop(&mut self) {
+        self.leases.unwatch(self.doc);
     }
 }
 
@@ -171,13 +204,13 @@ where
         expires_at: auth.expires_at,
         seen_change: auth.seen_change,
     };
-    app.relay_leases.watch(doc);
+    let watching = Watching::new(&app.relay_leases, doc, &link.owner);
     let (outcome, link) = if bus.send(&link.owner, open).await.is_err() {
         (Some(lost_link()), link)
     } else {
         pump(sink, stream, inbox, link, (doc, &auth, app)).await
     };
-    app.relay_leases.unwatch(doc);
+    drop(watching);
     bus.unregister_relay(conn);
     let close = Envelope::Close {
         from: link.from,

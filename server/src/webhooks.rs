@@ -45,9 +45,8 @@ pub async fn run(
         }
     };
     loop {
-        let now = now_ms();
         let due = match api
-            .claim_due_events(now, now + claim_ms(&config), BATCH)
+            .claim_due_events(now_ms(), claim_ms(&config), BATCH)
             .await
         {
             Ok(due) => due,
@@ -57,8 +56,14 @@ pub async fn run(
             }
         };
         let full = due.len() as u32 == BATCH;
-        for event in due {
+        let mut due = due.into_iter();
+        while let Some(event) = due.next() {
             if shutdown.is_cancelled() {
+                // The events not attempted go back to the other nodes at once.
+                let left: Vec<i64> = std::iter::once(event.id).chain(due.map(|e| e.id)).collect();
+                if let Err(e) = api.release_claims(&left).await {
+                    tracing::warn!(error = %e, "cannot release webhook claims; they expire");
+                }
                 return;
             }
             deliver(&*api, &client, &config, event).await;

@@ -293,7 +293,9 @@ impl Bus {
             metrics: registry.metrics.clone(),
             inbound,
             pending: Mutex::new(HashMap::new()),
-            next_request: AtomicU64::new(1),
+            // Not from 1: a late response meant for this node's previous life (same node id)
+            // must not answer a request of this one.
+            next_request: AtomicU64::new(rand::random::<u64>() >> 1),
         });
         let weak = Arc::downgrade(&bus);
         tokio::spawn(async move {
@@ -367,6 +369,11 @@ impl Bus {
     /// closes the relayed connection it belongs to.
     pub async fn send(&self, node: &str, env: Envelope) -> Result<(), ()> {
         self.publish(subject(node), &env).await
+    }
+
+    /// The largest message NATS takes (its server's `max_payload`; 1 MiB by default).
+    pub fn max_payload(&self) -> usize {
+        self.client.max_payload()
     }
 
     /// Sends `request` to `node` and waits up to `deadline` for its response. `Err` if it

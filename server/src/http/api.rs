@@ -141,7 +141,7 @@ fn if_match(headers: &HeaderMap) -> ApiResult<i64> {
 }
 
 /// The document, checked for existence and the caller's permission on it.
-async fn doc_for(
+pub(super) async fn doc_for(
     app: &AppState,
     principal: &Principal,
     id: i64,
@@ -162,7 +162,7 @@ async fn doc_for(
     }
 }
 
-fn live(doc: DocMeta) -> ApiResult<DocMeta> {
+pub(super) fn live(doc: DocMeta) -> ApiResult<DocMeta> {
     if doc.deleted_at.is_some() {
         return Err(ApiError::new(
             StatusCode::GONE,

@@ -4,9 +4,12 @@
 //! of committed content work on every node (from storage: see `api::read_committed`), but a
 //! content write must go through the owner's room, so [`on_owner`] (a layer on those routes)
 //! forwards the request over the bus to the owner and answers with the owner's response: the
-//! client cannot tell which node it asked. A request is forwarded at most once (the owner
-//! serves what arrives with [`FORWARDED`]), without its `Idempotency-Key` (this node's
-//! idempotency layer, outside this one, records the owner's response under the key).
+//! client cannot tell which node it asked. The caller's permission is checked here first (an
+//! unknown or forbidden document is refused as it would be on the owner, without a forward);
+//! the owner checks again with the same `Authorization`. A request is forwarded at most once
+//! (the owner serves what arrives through the bus, marked [`ForwardedBy`], a request extension
+//! no client can set), without its `Idempotency-Key` (this node's idempotency layer, outside
+//! this one, records the owner's response under the key).
 //!
 //! If the owner does not answer within `forward_timeout` the answer is 503 with
 //! `Retry-After`: the request may have been served (an update applied twice changes nothing).
@@ -20,12 +23,18 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, MAX_REQUEST_BODY};
+use crate::auth::{Permission, Principal};
 use crate::bus::Forwarded;
 use crate::room::DocName;
 use crate::AppState;
 
-/// Marks a request forwarded by another node: served here, never forwarded again.
-pub const FORWARDED: &str = "quire-forwarded-by";
+/// Marks a request another node forwarded: served here, never forwarded again.
+#[derive(Debug, Clone)]
+pub struct ForwardedBy(pub String);
+
+/// Room for the envelope around a forwarded body (method, URI, headers) within NATS's
+/// message size.
+const ENVELOPE_ROOM: usize = 16 << 10;
 
 /// Headers not carried across: hop-by-hop ones, the length (recomputed) and the
 /// idempotency key (recorded by the node the client asked).
@@ -47,14 +56,18 @@ fn carried(headers: &axum::http::HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The owner to forward a request for document `id` to, if another node holds its lease.
-async fn owner_elsewhere(app: &AppState, id: i64) -> Result<Option<String>, ApiError> {
-    let (Some(bus), Some(_)) = (&app.bus, &app.registry.config.lease) else {
+/// The owner to forward a request for document `id` to, if another node holds its lease. A
+/// caller without write access, or a deleted document, is refused here as the owner would.
+async fn owner_elsewhere(
+    app: &AppState,
+    principal: Option<&Principal>,
+    id: i64,
+) -> Result<Option<String>, ApiError> {
+    let (Some(bus), Some(_), Some(principal)) = (&app.bus, &app.registry.config.lease, principal)
+    else {
         return Ok(None);
     };
-    let Some(doc) = app.api.get_doc(id).await? else {
-        return Ok(None); // the handler answers 404
-    };
+    let doc = super::api::live(super::api::doc_for(app, principal, id, Permission::Write).await?)?;
     if let Ok(name) = DocName::parse(&doc.name) {
         if app.registry.get(&name).is_some() {
             return Ok(None); // served here
@@ -66,7 +79,7 @@ async fn owner_elsewhere(app: &AppState, id: i64) -> Result<Option<String>, ApiE
 
 /// A layer for the routes of `/docs/{id}/...` that must run on the document's owner.
 pub async fn on_owner(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    if req.headers().contains_key(FORWARDED) {
+    if req.extensions().get::<ForwardedBy>().is_some() {
         return next.run(req).await;
     }
     // `/docs/{id}/...` as the nested router sees it.
@@ -76,8 +89,9 @@ pub async fn on_owner(State(app): State<AppState>, req: Request, next: Next) -> 
         .strip_prefix("/docs/")
         .and_then(|rest| rest.split('/').next())
         .and_then(|id| id.parse::<i64>().ok());
+    let principal = req.extensions().get::<Principal>().cloned();
     let owner = match id {
-        Some(id) => owner_elsewhere(&app, id).await,
+        Some(id) => owner_elsewhere(&app, principal.as_ref(), id).await,
         None => Ok(None),
     };
     let owner = match owner {
@@ -89,13 +103,19 @@ pub async fn on_owner(State(app): State<AppState>, req: Request, next: Next) -> 
         return next.run(req).await;
     };
     let (parts, body) = req.into_parts();
-    let body = match axum::body::to_bytes(body, MAX_REQUEST_BODY).await {
+    // What NATS cannot carry is refused here rather than retried (NATS's `max_payload` is
+    // 1 MiB by default: raise it to the API's 2 MiB for writes of any size through any node).
+    let limit = MAX_REQUEST_BODY.min(bus.max_payload().saturating_sub(ENVELOPE_ROOM));
+    let body = match axum::body::to_bytes(body, limit).await {
         Ok(body) => body,
         Err(_) => {
             return ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body-too-large",
-                "the request body is larger than allowed",
+                format!(
+                    "the body is larger than this node can forward to the document's node \
+                     ({limit} bytes)"
+                ),
             )
             .into_response()
         }
@@ -172,7 +192,7 @@ pub async fn serve_forwarded(app: AppState, router: axum::Router, request: Forwa
     }
     let from = request.from.clone();
     let built = builder
-        .header(FORWARDED, from.as_str())
+        .extension(ForwardedBy(from.clone()))
         // Per-address limits: the node that forwarded it applied them to the client.
         .extension(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 0))))
         .body(Body::from(request.body));

@@ -254,14 +254,17 @@ pub trait ApiStore: Send + Sync + 'static {
     async fn doc_changes_cleanup(&self, before: i64) -> Result<u64, StorageError>;
 
     async fn due_events(&self, now: i64, limit: u32) -> Result<Vec<OutboxEvent>, StorageError>;
-    /// Claims up to `limit` due events that no node has claimed (or whose claim has expired)
-    /// until `until` (ms), oldest first: several nodes claiming at once get disjoint events.
+    /// Claims up to `limit` events due at `now` that no node has claimed (or whose claim has
+    /// expired) for `claim_ms`, oldest first: several nodes claiming at once get disjoint
+    /// events. Claims are timed by the database's clock, which every node shares.
     async fn claim_due_events(
         &self,
         now: i64,
-        until: i64,
+        claim_ms: i64,
         limit: u32,
     ) -> Result<Vec<OutboxEvent>, StorageError>;
+    /// Gives up this node's claims on `ids` (it stops before attempting them).
+    async fn release_claims(&self, ids: &[i64]) -> Result<(), StorageError>;
     /// Marks delivered if the row still has `revision` (a fold in between means deliver again);
     /// either way the claim ends.
     async fn event_delivered(&self, id: i64, revision: i64, now: i64) -> Result<(), StorageError>;

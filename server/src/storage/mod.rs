@@ -14,6 +14,7 @@
 pub mod api;
 mod dialect;
 pub mod postgres;
+mod renewals;
 pub mod sql_api;
 mod sql_docs;
 pub mod sqlite;
@@ -131,6 +132,14 @@ pub trait SharedStatements: Send + Sync {
     ) -> Result<bool, StorageError>;
     async fn release_lease(&self, doc: DocId, node: &str, epoch: Epoch)
         -> Result<(), StorageError>;
+    /// Renews every lease of `leases` that `node` still holds under that epoch, for `ttl`,
+    /// with one statement per 500; the ones renewed.
+    async fn renew_leases(
+        &self,
+        node: &str,
+        ttl: std::time::Duration,
+        leases: &[(DocId, Epoch)],
+    ) -> Result<Vec<(DocId, Epoch)>, StorageError>;
     async fn lease_owner(&self, doc: DocId) -> Result<Option<String>, StorageError>;
     async fn lease_owners(&self, docs: &[DocId]) -> Result<Vec<(DocId, String)>, StorageError>;
     async fn doc_id(&self, name: &str) -> Result<DocId, StorageError>;

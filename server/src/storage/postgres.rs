@@ -128,6 +128,7 @@ impl PgStore {
                 pool,
                 events,
                 events_written,
+                renewals: Arc::default(),
             },
             writer: tx,
         })

@@ -20,6 +20,8 @@ pub struct SqlApi<DB: Dialect> {
     pub(super) events: EventSettings,
     /// Woken after a transaction that wrote outbox events commits.
     pub(super) events_written: Arc<Notify>,
+    /// The node's lease renewals, batched (`renewals.rs`).
+    pub(super) renewals: Arc<super::renewals::Renewals>,
 }
 
 impl<DB: Dialect> SqlApi<DB> {
@@ -40,6 +42,7 @@ impl<DB: Dialect> Clone for SqlApi<DB> {
             pool: self.pool.clone(),
             events: self.events,
             events_written: self.events_written.clone(),
+            renewals: self.renewals.clone(),
         }
     }
 }
@@ -771,19 +774,20 @@ where
     async fn claim_due_events(
         &self,
         now: i64,
-        until: i64,
+        claim_ms: i64,
         limit: u32,
     ) -> Result<Vec<OutboxEvent>, StorageError> {
+        let clock = DB::NOW_MS;
         let rows = sqlx::query(&format!(
-            "UPDATE outbox SET claimed_until = $2 WHERE id IN ( \
+            "UPDATE outbox SET claimed_until = {clock} + $2 WHERE id IN ( \
                SELECT id FROM outbox \
-               WHERE status = 'pending' AND available_at <= $1 AND claimed_until <= $1 \
+               WHERE status = 'pending' AND available_at <= $1 AND claimed_until <= {clock} \
                ORDER BY id LIMIT $3 {}) \
              RETURNING *",
             DB::SKIP_LOCKED
         ))
         .bind(now)
-        .bind(until)
+        .bind(claim_ms)
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
@@ -793,6 +797,16 @@ where
             .collect::<Result<Vec<_>, _>>()?;
         events.sort_by_key(|e| e.id);
         Ok(events)
+    }
+
+    async fn release_claims(&self, ids: &[i64]) -> Result<(), StorageError> {
+        for id in ids {
+            sqlx::query("UPDATE outbox SET claimed_until = 0 WHERE id = $1")
+                .bind(*id)
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(())
     }
 
     async fn event_delivered(&self, id: i64, revision: i64, now: i64) -> Result<(), StorageError> {
@@ -844,7 +858,10 @@ where
         error: &str,
         now: i64,
     ) -> Result<(), StorageError> {
-        DB::move_to_dead(&self.pool, id, revision, error, now).await?;
+        if !DB::move_to_dead(&self.pool, id, revision, error, now).await? {
+            // Folded meanwhile: it stays, with a new revision to deliver, and unclaimed.
+            self.release_claims(&[id]).await?;
+        }
         Ok(())
     }
 

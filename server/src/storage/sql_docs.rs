@@ -3,6 +3,7 @@
 //! committed differs (SQLite's single writer task with its commit window, PostgreSQL's writer
 //! tasks and row locks) and stays in `sqlite.rs` and `postgres.rs`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -157,6 +158,7 @@ where
         })
     }
 
+    /// Joins the node's next batch of renewals (`renewals.rs`).
     async fn renew_lease(
         &self,
         doc: DocId,
@@ -164,18 +166,48 @@ where
         epoch: Epoch,
         ttl: Duration,
     ) -> Result<bool, StorageError> {
-        let done = sqlx::query(&format!(
-            "UPDATE room_leases SET expires_at = {} + $1 \
-             WHERE doc_id = $2 AND owner = $3 AND epoch = $4",
-            DB::NOW_MS
-        ))
-        .bind(ttl.as_millis() as i64)
-        .bind(doc)
-        .bind(node)
-        .bind(epoch)
-        .execute(&self.pool)
-        .await?;
-        Ok(DB::rows_affected(&done) == 1)
+        // The queue's task holds a handle of its own to the pool, without the queue (which
+        // would keep itself alive): it ends when the store's last handle goes.
+        let statements = || {
+            Arc::new(SqlApi {
+                pool: self.pool.clone(),
+                events: self.events,
+                events_written: self.events_written.clone(),
+                renewals: Arc::default(),
+            }) as Arc<dyn SharedStatements>
+        };
+        self.renewals
+            .renew(statements, (doc, node, epoch, ttl))
+            .await
+    }
+
+    async fn renew_leases(
+        &self,
+        node: &str,
+        ttl: Duration,
+        leases: &[(DocId, Epoch)],
+    ) -> Result<Vec<(DocId, Epoch)>, StorageError> {
+        let mut renewed = Vec::new();
+        for chunk in leases.chunks(500) {
+            let pairs = (0..chunk.len())
+                .map(|i| format!("(${}, ${})", 3 + 2 * i, 4 + 2 * i))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let sql = format!(
+                "UPDATE room_leases SET expires_at = {} + $1 \
+                 WHERE owner = $2 AND (doc_id, epoch) IN (VALUES {pairs}) \
+                 RETURNING doc_id, epoch",
+                DB::NOW_MS
+            );
+            let mut query = sqlx::query_as::<_, (i64, i64)>(&sql)
+                .bind(ttl.as_millis() as i64)
+                .bind(node);
+            for (doc, epoch) in chunk {
+                query = query.bind(*doc).bind(*epoch);
+            }
+            renewed.extend(query.fetch_all(&self.pool).await?);
+        }
+        Ok(renewed)
     }
 
     async fn release_lease(

@@ -230,6 +230,7 @@ impl SqliteStore {
                 pool,
                 events,
                 events_written,
+                renewals: Arc::default(),
             },
             writer: tx,
             transactions,

@@ -327,7 +327,7 @@ impl Room {
             fence: lease.map(|(epoch, _)| epoch),
             renewing: None,
             renew_started: granted_at,
-            renew_at: granted_at + ttl / 3,
+            renew_at: renewal_tick(granted_at, ttl),
             lease_until: granted_at + ttl,
             lease_guard,
             fenced: false,
@@ -666,5 +666,28 @@ mod tests {
         let c = config(10, 4 << 20, 0);
         assert!(!snapshot_due(&c, 9, 1, u64::MAX));
         assert!(snapshot_due(&c, 10, 1, u64::MAX));
+    }
+
+    #[test]
+    fn renewals_fall_on_a_shared_tick_within_the_lease() {
+        let ttl = Duration::from_secs(3);
+        let t0 = tokio::time::Instant::now();
+        let mut ticks = std::collections::BTreeSet::new();
+        for ms in (0..3000).step_by(37) {
+            let from = t0 + Duration::from_millis(ms);
+            let at = super::lifecycle::renewal_tick(from, ttl);
+            assert!(at > from + ttl / 6, "{ms}: too early");
+            assert!(
+                at <= from + ttl / 2 + Duration::from_millis(1),
+                "{ms}: too late"
+            );
+            ticks.insert(at);
+        }
+        // 82 rooms granted over three seconds renew at 3 or 4 moments, a period (1 s) apart.
+        assert!(ticks.len() <= 4, "{} distinct moments", ticks.len());
+        let v: Vec<_> = ticks.into_iter().collect();
+        for w in v.windows(2) {
+            assert_eq!(w[1] - w[0], ttl / 3);
+        }
     }
 }
