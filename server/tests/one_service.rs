@@ -645,3 +645,70 @@ async fn a_forwarded_write_keeps_the_callers_permission_and_idempotency_key() {
         node.stop().await;
     }
 }
+
+/// The owner stops answering (SIGSTOP, its lease still valid): a write through another node
+/// gets 503 with `Retry-After` once `--forward-timeout` passes, and goes through once the
+/// owner is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_owner_does_not_answer_in_time_gets_503_with_retry_after() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = pg_database_url(dir.path());
+    let nats = Nats::start().await;
+    let node = |id: &'static str| {
+        let (url, bus) = (url.clone(), nats.url.clone());
+        async move {
+            let mut args = node_args(id, &bus, "60s").to_vec();
+            args.extend(["--forward-timeout", "1s"]);
+            ServerProcess::start_url(&url, &args).await
+        }
+    };
+    let a = node("node-a").await;
+    let b = node("node-b").await;
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("http://{}/api/v1/docs", a.addr))
+        .json(&json!({"name": "paused"}))
+        .send()
+        .await
+        .expect("create");
+    let id = created.json::<Value>().await.expect("json")["id"]
+        .as_i64()
+        .expect("id");
+    let owner_client = Client::connect(&a.url("paused"), 1).await;
+    let update = {
+        let doc = yrs::Doc::with_client_id(9);
+        let text = doc.get_or_insert_text("text");
+        let mut txn = doc.transact_mut();
+        text.insert(&mut txn, 0, "x");
+        txn.encode_update_v1()
+    };
+    let post = || {
+        http.post(format!("http://{}/api/v1/docs/{id}/update", b.addr))
+            .header("content-type", "application/octet-stream")
+            .body(update.clone())
+            .send()
+    };
+    a.signal("STOP");
+    let started = std::time::Instant::now();
+    let refused = post().await.expect("post");
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        refused
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "after the deadline"
+    );
+    assert!(b.metric("quire_forward_failures_total").await >= 1.0);
+    a.signal("CONT");
+    let accepted = post().await.expect("post");
+    assert_eq!(accepted.status(), StatusCode::OK);
+    drop(owner_client);
+}
