@@ -24,6 +24,10 @@ pub trait Dialect: Database {
     /// passed over instead of waited for.
     const SKIP_LOCKED: &'static str;
 
+    /// Ends a `SELECT` that locks the rows it picks for an update (in its `ORDER BY` order,
+    /// so two statements locking several rows never deadlock).
+    const LOCK_ROWS: &'static str;
+
     /// The database's clock in milliseconds since the Unix epoch, as a SQL expression: lease
     /// times come from it, the one clock every node sharing the database agrees on.
     const NOW_MS: &'static str;
@@ -54,8 +58,9 @@ pub trait Dialect: Database {
 impl Dialect for Sqlite {
     // SQLite's read transaction keeps the snapshot of its first read (WAL mode).
     const BEGIN_READ_SNAPSHOT: &'static str = "BEGIN";
-    // One writer at a time: nothing to pass over.
+    // One writer at a time: nothing to pass over, nothing to lock.
     const SKIP_LOCKED: &'static str = "";
+    const LOCK_ROWS: &'static str = "";
     const NOW_MS: &'static str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
     fn rows_affected(result: &Self::QueryResult) -> u64 {
@@ -109,6 +114,7 @@ impl Dialect for Postgres {
     // READ COMMITTED would take a new snapshot for every statement.
     const BEGIN_READ_SNAPSHOT: &'static str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
     const SKIP_LOCKED: &'static str = "FOR UPDATE SKIP LOCKED";
+    const LOCK_ROWS: &'static str = "FOR NO KEY UPDATE";
     const NOW_MS: &'static str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
     fn rows_affected(result: &Self::QueryResult) -> u64 {

@@ -3,7 +3,8 @@
 //! that arrive together go to the database as one statement, so a node renews all its
 //! leases with a statement or two per period instead of one per room.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -21,10 +22,10 @@ struct Renewal {
     reply: oneshot::Sender<Result<bool, StorageError>>,
 }
 
-/// A node's renewal queue, started with its first renewal.
+/// A node's renewal queue, started with its first renewal (and again if its task ever ends).
 #[derive(Default)]
 pub(super) struct Renewals {
-    tx: OnceLock<mpsc::UnboundedSender<Renewal>>,
+    tx: Mutex<Option<mpsc::UnboundedSender<Renewal>>>,
 }
 
 impl Renewals {
@@ -35,11 +36,6 @@ impl Renewals {
         statements: impl FnOnce() -> Arc<dyn SharedStatements>,
         (doc, node, epoch, ttl): (DocId, &str, Epoch, Duration),
     ) -> Result<bool, StorageError> {
-        let tx = self.tx.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(batches(statements(), rx));
-            tx
-        });
         let (reply, answer) = oneshot::channel();
         let renewal = Renewal {
             doc,
@@ -48,7 +44,22 @@ impl Renewals {
             ttl,
             reply,
         };
-        tx.send(renewal).map_err(|_| StorageError::Closed)?;
+        {
+            let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+            let renewal = match tx.as_ref() {
+                Some(queue) => match queue.send(renewal) {
+                    Ok(()) => None,
+                    Err(mpsc::error::SendError(renewal)) => Some(renewal),
+                },
+                None => Some(renewal),
+            };
+            if let Some(renewal) = renewal {
+                let (queue, rx) = mpsc::unbounded_channel();
+                tokio::spawn(batches(statements(), rx));
+                queue.send(renewal).map_err(|_| StorageError::Closed)?;
+                *tx = Some(queue);
+            }
+        }
         answer.await.map_err(|_| StorageError::Closed)?
     }
 }
@@ -78,11 +89,13 @@ async fn batches(statements: Arc<dyn SharedStatements>, mut rx: mpsc::UnboundedR
             let leases: Vec<(DocId, Epoch)> = these.iter().map(|r| (r.doc, r.epoch)).collect();
             match statements.renew_leases(&node, ttl, &leases).await {
                 Ok(renewed) => {
+                    let renewed: HashSet<(DocId, Epoch)> = renewed.into_iter().collect();
                     for r in these {
                         let _ = r.reply.send(Ok(renewed.contains(&(r.doc, r.epoch))));
                     }
                 }
                 Err(e) => {
+                    // (`StorageError` is not `Clone`: each room gets the text.)
                     let text = e.to_string();
                     for r in these {
                         let err = StorageError::Database(sqlx::Error::Protocol(text.clone()));

@@ -193,11 +193,17 @@ where
                 .map(|i| format!("(${}, ${})", 3 + 2 * i, 4 + 2 * i))
                 .collect::<Vec<_>>()
                 .join(", ");
+            // The rows are locked in document order first: appends lock the lease rows of
+            // several documents in that order too (FOR SHARE), so the two never deadlock.
             let sql = format!(
                 "UPDATE room_leases SET expires_at = {} + $1 \
                  WHERE owner = $2 AND (doc_id, epoch) IN (VALUES {pairs}) \
+                   AND doc_id IN (SELECT doc_id FROM room_leases \
+                     WHERE owner = $2 AND (doc_id, epoch) IN (VALUES {pairs}) \
+                     ORDER BY doc_id {}) \
                  RETURNING doc_id, epoch",
-                DB::NOW_MS
+                DB::NOW_MS,
+                DB::LOCK_ROWS
             );
             let mut query = sqlx::query_as::<_, (i64, i64)>(&sql)
                 .bind(ttl.as_millis() as i64)

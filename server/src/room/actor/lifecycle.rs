@@ -260,19 +260,20 @@ impl Drop for LeaseGuard {
 }
 
 /// When to renew a lease granted or renewed at `from`: on the node-wide tick (every third of
-/// the lease time, counted from the first lease of the process), the first one after a sixth
-/// of the lease, so between a sixth and a half of the lease after `from` (it lasts the whole
-/// lease). The node's rooms renew at the same moments, and the storage sends renewals that
-/// arrive together as one statement (`storage/renewals.rs`).
+/// the lease time, counted from the first lease of the process), the first one after `from`,
+/// and never later than a third of the lease after it (the lease lasts the whole of it). The
+/// node's rooms renew at the same moments, and the storage sends renewals that arrive
+/// together as one statement (`storage/renewals.rs`).
 pub(super) fn renewal_tick(from: Instant, ttl: Duration) -> Instant {
     static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let origin = *ORIGIN.get_or_init(Instant::now);
     let period = (ttl / 3).as_nanos().max(1);
-    let since = (from + ttl / 6)
-        .saturating_duration_since(origin)
-        .as_nanos();
+    let since = from.saturating_duration_since(origin).as_nanos();
     let ticks = since / period + 1;
-    origin + Duration::from_nanos(u64::try_from(ticks * period).unwrap_or(u64::MAX / 2))
+    let tick = origin + Duration::from_nanos(u64::try_from(ticks * period).unwrap_or(u64::MAX / 2));
+    // (A lease granted before the origin was set, while its room loaded, renews a third of the
+    // lease after its grant at the latest.)
+    tick.min(from + ttl / 3)
 }
 
 pub(super) async fn wait_renewal(
