@@ -37,9 +37,17 @@ pub struct LeaseWatch {
     docs: Mutex<HashMap<DocId, Watched>>,
 }
 
-/// Per document: how many relayed connections watch it, and its owner as last read (`None`
-/// until read once; `Some(None)`: no unexpired lease).
-type Watched = (usize, Option<Option<String>>);
+/// One watched document.
+#[derive(Default)]
+struct Watched {
+    /// Relayed connections watching it.
+    count: usize,
+    /// Its owner as last read: `None` until read (again), `Some(None)`: no unexpired lease.
+    owner: Option<Option<String>>,
+    /// Bumped when a new connection found another owner than the one last read: a read
+    /// begun before that is not taken.
+    resets: u64,
+}
 
 impl LeaseWatch {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<DocId, Watched>> {
@@ -51,22 +59,23 @@ impl LeaseWatch {
     /// before this connection is judged by it.
     fn watch(&self, doc: DocId, owner: &str) {
         let mut docs = self.lock();
-        let entry = docs.entry(doc).or_insert((0, None));
-        entry.0 += 1;
+        let entry = docs.entry(doc).or_default();
+        entry.count += 1;
         if entry
-            .1
+            .owner
             .as_ref()
             .is_some_and(|read| read.as_deref() != Some(owner))
         {
-            entry.1 = None;
+            entry.owner = None;
+            entry.resets += 1;
         }
     }
 
     fn unwatch(&self, doc: DocId) {
         let mut docs = self.lock();
         if let Some(entry) = docs.get_mut(&doc) {
-            entry.0 -= 1;
-            if entry.0 == 0 {
+            entry.count -= 1;
+            if entry.count == 0 {
                 docs.remove(&doc);
             }
         }
@@ -74,7 +83,25 @@ impl LeaseWatch {
 
     /// The document's owner as last read (`None`: not read yet).
     fn owner(&self, doc: DocId) -> Option<Option<String>> {
-        self.lock().get(&doc).and_then(|entry| entry.1.clone())
+        self.lock().get(&doc).and_then(|entry| entry.owner.clone())
+    }
+
+    /// The documents to read the owners of, each with its reset count as the read begins.
+    fn begin_read(&self) -> HashMap<DocId, u64> {
+        self.lock()
+            .iter()
+            .map(|(doc, entry)| (*doc, entry.resets))
+            .collect()
+    }
+
+    /// Takes what a read begun with `asked` found: for each document still watched and not
+    /// reset since, its owner (`owners` lists the unexpired leases).
+    fn finish_read(&self, asked: &HashMap<DocId, u64>, owners: &HashMap<DocId, String>) {
+        for (doc, entry) in self.lock().iter_mut() {
+            if asked.get(doc) == Some(&entry.resets) {
+                entry.owner = Some(owners.get(doc).cloned());
+            }
+        }
     }
 
     /// Reads the owners of every watched document every [`ALIVE_EVERY`] until `shutdown`.
@@ -91,22 +118,14 @@ impl LeaseWatch {
                 _ = tick.tick() => {}
                 _ = shutdown.cancelled() => return,
             }
-            let docs: Vec<DocId> = self.lock().keys().copied().collect();
-            let asked: std::collections::HashSet<DocId> = docs.iter().copied().collect();
-            if docs.is_empty() {
+            let asked = self.begin_read();
+            if asked.is_empty() {
                 continue;
             }
+            let docs: Vec<DocId> = asked.keys().copied().collect();
             metrics.relay_lease_checks.inc();
             match store.lease_owners(&docs).await {
-                Ok(owners) => {
-                    let owners: HashMap<DocId, String> = owners.into_iter().collect();
-                    for (doc, entry) in self.lock().iter_mut() {
-                        // (A document watched since the read is left unread until the next.)
-                        if asked.contains(doc) {
-                            entry.1 = Some(owners.get(doc).cloned());
-                        }
-                    }
-                }
+                Ok(owners) => self.finish_read(&asked, &owners.into_iter().collect()),
                 Err(e) => debug!(error = %e, "lease check failed; still relaying"),
             }
         }
@@ -416,4 +435,38 @@ async fn hand_on(
     room.send(peer, msgs, data.len())
         .await
         .map_err(|_| queue::closed_reason())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_begun_before_a_connection_found_a_new_owner_is_not_taken() {
+        let watch = LeaseWatch::default();
+        let owners = |o: &str| HashMap::from([(7, o.to_owned())]);
+        watch.watch(7, "a");
+        let asked = watch.begin_read();
+        watch.finish_read(&asked, &owners("a"));
+        assert_eq!(watch.owner(7), Some(Some("a".into())));
+        // A read begins; meanwhile the lease moved and a new connection found owner b.
+        let asked = watch.begin_read();
+        watch.watch(7, "b");
+        assert_eq!(watch.owner(7), None, "unknown until read again");
+        watch.finish_read(&asked, &owners("a"));
+        assert_eq!(watch.owner(7), None, "the older read is not taken");
+        let asked = watch.begin_read();
+        watch.finish_read(&asked, &owners("b"));
+        assert_eq!(watch.owner(7), Some(Some("b".into())));
+        // No lease at all: known to be nobody's.
+        let asked = watch.begin_read();
+        watch.finish_read(&asked, &HashMap::new());
+        assert_eq!(watch.owner(7), Some(None));
+        watch.unwatch(7);
+        watch.unwatch(7);
+        assert!(
+            watch.begin_read().is_empty(),
+            "forgotten with its last connection"
+        );
+    }
 }

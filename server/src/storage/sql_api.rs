@@ -800,11 +800,18 @@ where
     }
 
     async fn release_claims(&self, ids: &[i64]) -> Result<(), StorageError> {
-        for id in ids {
-            sqlx::query("UPDATE outbox SET claimed_until = 0 WHERE id = $1")
-                .bind(*id)
-                .execute(&self.pool)
-                .await?;
+        // (A round holds at most a few dozen events.)
+        for chunk in ids.chunks(500) {
+            let list = (1..=chunk.len())
+                .map(|i| format!("${i}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let sql = format!("UPDATE outbox SET claimed_until = 0 WHERE id IN ({list})");
+            let mut query = sqlx::query(&sql);
+            for id in chunk {
+                query = query.bind(*id);
+            }
+            query.execute(&self.pool).await?;
         }
         Ok(())
     }
