@@ -28,13 +28,6 @@ fn token(user: &str, doc: &str, permission: Permission) -> String {
         .0
 }
 
-fn in_postgres_pass() -> bool {
-    if !on_postgres() {
-        eprintln!("several nodes need PostgreSQL: this test runs in the PostgreSQL pass");
-    }
-    on_postgres()
-}
-
 /// Node A (the owner of every document its client opens first) and node B (which relays
 /// its clients to A), each with its own fault plan.
 struct Pair {

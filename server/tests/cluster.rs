@@ -10,14 +10,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// False (and says so) in the SQLite pass: these tests belong to the PostgreSQL pass.
-fn in_postgres_pass() -> bool {
-    if !on_postgres() {
-        eprintln!("several nodes need PostgreSQL: this test runs in the PostgreSQL pass");
-    }
-    on_postgres()
-}
-
 /// The owner and epoch of a document's lease.
 async fn lease_of(pool: &sqlx::PgPool, doc: &str) -> (String, i64) {
     sqlx::query_as(

@@ -27,13 +27,6 @@ use yrs::updates::decoder::Decode;
 use yrs::updates::encoder::Encode;
 use yrs::{GetString, ReadTxn, Text, Transact};
 
-fn in_postgres_pass() -> bool {
-    if !on_postgres() {
-        eprintln!("several nodes need PostgreSQL: this test runs in the PostgreSQL pass");
-    }
-    on_postgres()
-}
-
 /// Three nodes on one database and bus, configured by `tune`.
 async fn three_nodes(
     dir: &std::path::Path,
@@ -608,13 +601,7 @@ async fn a_forwarded_write_keeps_the_callers_permission_and_idempotency_key() {
         .expect("id");
     // A owns it: a client of A holds the room.
     let owner_client = Client::connect(&format!("{}?token={writer_token}", a.url("sec")), 1).await;
-    let update = {
-        let doc = yrs::Doc::with_client_id(9);
-        let text = doc.get_or_insert_text("text");
-        let mut txn = doc.transact_mut();
-        text.insert(&mut txn, 0, "x");
-        txn.encode_update_v1()
-    };
+    let update = one_edit(9, "x");
     let post = |bearer: &str, key: Option<&str>| {
         let mut req = http
             .post(b.http(&format!("/api/v1/docs/{id}/update")))
@@ -678,13 +665,7 @@ async fn a_write_the_owner_does_not_answer_in_time_gets_503_with_retry_after() {
         .as_i64()
         .expect("id");
     let owner_client = Client::connect(&a.url("paused"), 1).await;
-    let update = {
-        let doc = yrs::Doc::with_client_id(9);
-        let text = doc.get_or_insert_text("text");
-        let mut txn = doc.transact_mut();
-        text.insert(&mut txn, 0, "x");
-        txn.encode_update_v1()
-    };
+    let update = one_edit(9, "x");
     let post = || {
         http.post(format!("http://{}/api/v1/docs/{id}/update", b.addr))
             .header("content-type", "application/octet-stream")

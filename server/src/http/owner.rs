@@ -67,14 +67,23 @@ async fn owner_elsewhere(
     else {
         return Ok(None);
     };
-    let doc = super::api::live(super::api::doc_for(app, principal, id, Permission::Write).await?)?;
+    let Some(doc) = app.api.get_doc(id).await? else {
+        return Ok(None); // the handler answers 404
+    };
     if let Ok(name) = DocName::parse(&doc.name) {
         if app.registry.get(&name).is_some() {
-            return Ok(None); // served here
+            return Ok(None); // served here: the handler checks the caller
         }
     }
-    let owner = app.store.lease_owner(id).await?;
-    Ok(owner.filter(|owner| **owner != *bus.node))
+    let Some(owner) = app.store.lease_owner(id).await? else {
+        return Ok(None);
+    };
+    if *owner == *bus.node {
+        return Ok(None);
+    }
+    // About to forward: the caller is checked here first, as the owner would check it.
+    super::api::live(super::api::doc_for(app, principal, id, Permission::Write).await?)?;
+    Ok(Some(owner))
 }
 
 /// A layer for the routes of `/docs/{id}/...` that must run on the document's owner.
