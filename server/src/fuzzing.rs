@@ -464,12 +464,12 @@ const SIGNING_KEY: &str = "fuzz:0123456789abcdef0123456789abcdef";
 /// ROUTES.len()`). Every route that takes a request body is here.
 pub const ROUTES: [&str; 7] = [
     "POST /api/v1/docs",
-    "PATCH /api/v1/docs/{id}",
-    "PUT /api/v1/docs/{id}/access/{user}",
+    "PATCH /api/v1/docs/{name}",
+    "PUT /api/v1/docs/{name}/access/{user}",
     "PATCH /api/v1/users/{id}",
     "POST /api/v1/tokens",
     "POST /api/v1/tokens/revoke",
-    "POST /api/v1/docs/{id}/update",
+    "POST /api/v1/docs/{name}/update",
 ];
 
 /// Set once a 503 was reported, so a run prints it once.
@@ -487,7 +487,8 @@ struct ApiState {
     registry: Arc<Registry>,
     shutdown: CancellationToken,
     /// A document created at the start, the target of the `{id}` routes.
-    doc_id: i64,
+    /// The name of the document the routes with a `{name}` address.
+    doc_name: String,
     /// Bearer credentials: the admin key, a writer token and a viewer token for `fuzz*`.
     credentials: [String; 3],
     requests: u32,
@@ -592,7 +593,7 @@ impl ApiState {
             router: crate::http::router(app),
             registry,
             shutdown,
-            doc_id: 0,
+            doc_name: String::new(),
             credentials,
             requests: 0,
         };
@@ -610,9 +611,10 @@ impl ApiState {
         assert_eq!(created.status, StatusCode::CREATED, "creating the document");
         let meta: serde_json::Value = serde_json::from_slice(&created.body)
             .unwrap_or_else(|e| panic!("the created document is not JSON: {e}"));
-        api.doc_id = meta["id"]
-            .as_i64()
-            .unwrap_or_else(|| panic!("the created document has no id: {meta}"));
+        api.doc_name = meta["name"]
+            .as_str()
+            .unwrap_or_else(|| panic!("the created document has no name: {meta}"))
+            .to_owned();
         // The admin's profile, the target of `PATCH /users/{id}`.
         let me = api
             .send(
@@ -706,7 +708,7 @@ impl ApiState {
         let credential = variant % 3;
         let idempotency_key = (variant / 3 % 2 == 1).then(|| format!("fuzz-key-{route}"));
         let if_match_mode = variant / 6 % 3;
-        let id = self.doc_id;
+        let id = crate::http::doc_path(&self.doc_name);
         let (method, uri, content_type) = match route {
             0 => (Method::POST, "/api/v1/docs".to_owned(), "application/json"),
             1 => (
@@ -774,9 +776,10 @@ impl ApiState {
     async fn check_created(&self, answer: &Answer, request: &[u8]) {
         let meta: serde_json::Value = serde_json::from_slice(&answer.body)
             .unwrap_or_else(|e| panic!("201 without a JSON body: {e}"));
-        let id = meta["id"]
-            .as_i64()
-            .unwrap_or_else(|| panic!("201 without an id: {meta}"));
+        let id = meta["name"]
+            .as_str()
+            .map(crate::http::doc_path)
+            .unwrap_or_else(|| panic!("201 without a name: {meta}"));
         let read = self
             .send(
                 Method::GET,

@@ -14,13 +14,64 @@ use tokio::sync::Barrier;
 use yrs::updates::decoder::Decode;
 use yrs::{GetString, ReadTxn, Text, Transact};
 
+/// Every `/docs/{name}` route takes the document's name, the one in its WebSocket URL,
+/// percent-encoded: `/` and spaces in a name are one path segment, and the `Location` of a
+/// created document is its address. The name is what a new user tries first.
+#[tokio::test]
+async fn documents_are_addressed_by_their_websocket_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(api(&server, "/docs"))
+        .json(&json!({ "name": "team/plan b", "title": "t" }))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    assert_eq!(resp.headers()["location"], "/api/v1/docs/team%2Fplan%20b");
+    let created: Value = resp.json().await.expect("json");
+    assert!(created["id"].is_i64(), "the id stays a field: {created}");
+
+    let mut c = Client::connect(&server.url("team%2Fplan%20b"), 1).await;
+    c.insert(0, "hello").await;
+    c.durable_ack(1).await;
+    let got: Value = http
+        .get(api(&server, "/docs/team%2Fplan%20b/json"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(got["text"], "hello");
+    let meta: Value = http
+        .get(api(&server, "/docs/team%2Fplan%20b"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(meta["name"], "team/plan b");
+    // A numeric id is a name like any other: no document has it.
+    let by_id = http
+        .get(api(&server, &format!("/docs/{}", created["id"])))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(by_id.status(), StatusCode::NOT_FOUND);
+    c.close().await;
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn documents_carry_versions_in_etags_and_patch_requires_if_match() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start(test_config(dir.path())).await;
     let http = reqwest::Client::new();
     let doc = create(&http, &server, "meta").await;
-    let id = doc["id"].as_i64().expect("id");
+    let id = doc["name"].as_str().expect("name").to_owned();
     assert_eq!(doc["version"], 1);
 
     let got = http
@@ -131,9 +182,10 @@ async fn two_patches_with_one_version_forced_to_interleave_give_one_200_and_one_
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start(test_config(dir.path())).await;
     let http = reqwest::Client::new();
-    let id = create(&http, &server, "race").await["id"]
-        .as_i64()
-        .expect("id");
+    let id = create(&http, &server, "race").await["name"]
+        .as_str()
+        .expect("name")
+        .to_owned();
     let url = api(&server, &format!("/docs/{id}"));
     for round in 0..5 {
         let version = http
@@ -252,9 +304,10 @@ async fn content_goes_through_the_room_and_reaches_live_clients() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start(test_config(dir.path())).await;
     let http = reqwest::Client::new();
-    let id = create(&http, &server, "content").await["id"]
-        .as_i64()
-        .expect("id");
+    let id = create(&http, &server, "content").await["name"]
+        .as_str()
+        .expect("name")
+        .to_owned();
     let mut live = Client::connect(&server.url("content"), 1).await;
 
     let author = yrs::Doc::with_client_id(77);
@@ -333,9 +386,10 @@ async fn deleting_a_document_closes_its_sockets_with_4404_until_restored() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start(test_config(dir.path())).await;
     let http = reqwest::Client::new();
-    let id = create(&http, &server, "doomed").await["id"]
-        .as_i64()
-        .expect("id");
+    let id = create(&http, &server, "doomed").await["name"]
+        .as_str()
+        .expect("name")
+        .to_owned();
     let url = server.url("doomed");
     let mut a = Client::connect(&url, 1).await;
     let mut b = Client::connect(&url, 2).await;

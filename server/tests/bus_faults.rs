@@ -357,7 +357,7 @@ async fn role_change_and_delete_reach_every_node(lose_announcements: bool) {
     on_b.insert(0, "bye").await;
     on_b.durable_ack(1).await;
     let http = reqwest::Client::new();
-    let id = doc_id(nodes[2].addr, "doomed", Some(ADMIN)).await;
+    let id = "doomed";
 
     let started = tokio::time::Instant::now();
     let resp = http

@@ -213,7 +213,7 @@ async fn a_database_that_stops_answering_stalls_the_room_and_it_resumes_by_itsel
     let mut a = Client::connect(&url, 1).await;
     a.insert(0, "before ").await;
     a.durable_ack(1).await;
-    let id = doc_id(server.addr, "hung", None).await;
+    let id = "hung".to_owned();
     let json_path = format!("/api/v1/docs/{id}/json");
 
     let pool = open_db(dir.path()).await;
@@ -395,7 +395,7 @@ async fn an_http_update_repeating_an_uncommitted_one_is_answered_after_its_commi
         .json(&serde_json::json!({ "name": "twice" }))
         .json_body()
         .await;
-    let id = created["id"].as_i64().expect("document id");
+    let id = created["name"].as_str().expect("name").to_owned();
     let mut a = Client::connect(&format!("ws://{addr}/twice"), 1).await;
     store.hold_appends.store(true, Ordering::SeqCst);
     type_char(&mut a, "x").await;
@@ -525,7 +525,7 @@ async fn a_delete_reaches_a_stalled_room_with_updates_queued() {
     store.release.add_permits(1);
     wait_metric_at(addr, "quire_rooms_storage_stalled", |v| v == 1.0).await;
     let http = reqwest::Client::new();
-    let id = doc_id(addr, "clogged", None).await;
+    let id = "clogged".to_owned();
     let deleted = http
         .delete(format!("http://{addr}/api/v1/docs/{id}"))
         .send()

@@ -111,7 +111,7 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
-    let id = created["id"].as_i64().expect("id");
+    let id = created["name"].as_str().expect("name").to_owned();
     let mut writer = Client::connect(&a.url("svc"), 1).await;
     writer.insert(0, "hello").await;
     writer.durable_ack(1).await;
@@ -142,8 +142,8 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
         assert_eq!(full.status(), StatusCode::OK);
         assert_eq!(text_of(&full.bytes().await.expect("bytes")), "hello");
     }
-    check("GET", "/api/v1/docs/{id}/json");
-    check("GET", "/api/v1/docs/{id}/update");
+    check("GET", "/api/v1/docs/{name}/json");
+    check("GET", "/api/v1/docs/{name}/update");
     // With a state vector: only what it lacks, the same on the owner and elsewhere.
     let sv = base64::engine::general_purpose::STANDARD.encode(writer.state_vector().encode_v1());
     for node in [a, b] {
@@ -194,7 +194,7 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
     let (_, doc) = call(&http, c, "GET", &format!("/docs/{id}/json"), None, None).await;
     assert_eq!(doc, json!({"text": "hello world"}));
     assert_eq!(b.metric("quire_forwarded_requests_total").await, 1.0);
-    check("POST", "/api/v1/docs/{id}/update");
+    check("POST", "/api/v1/docs/{name}/update");
 
     // Metadata and access: the database answers, whichever node asks. Reads give the same
     // body on the owner and on B; writes made on B or C are what A reads back.
@@ -207,9 +207,9 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
         let on_b = call(&http, b, "GET", &path, None, None).await;
         assert_eq!(on_a, on_b, "{path}");
     }
-    check("GET", "/api/v1/docs/{id}");
+    check("GET", "/api/v1/docs/{name}");
     check("GET", "/api/v1/docs");
-    check("GET", "/api/v1/docs/{id}/access");
+    check("GET", "/api/v1/docs/{name}/access");
     let (_, meta) = call(&http, a, "GET", &format!("/docs/{id}"), None, None).await;
     let tag = format!("\"{}\"", meta["version"]);
     let (status, _) = call(
@@ -224,7 +224,7 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
     assert_eq!(status, StatusCode::OK);
     let (_, meta) = call(&http, a, "GET", &format!("/docs/{id}"), None, None).await;
     assert_eq!(meta["title"], "T");
-    check("PATCH", "/api/v1/docs/{id}");
+    check("PATCH", "/api/v1/docs/{name}");
     let (status, _) = call(
         &http,
         c,
@@ -247,8 +247,8 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
     )
     .await;
     assert!(status.is_success(), "{status}");
-    check("PUT", "/api/v1/docs/{id}/access/{user}");
-    check("DELETE", "/api/v1/docs/{id}/access/{user}");
+    check("PUT", "/api/v1/docs/{name}/access/{user}");
+    check("DELETE", "/api/v1/docs/{name}/access/{user}");
     let (status, other) = call(
         &http,
         b,
@@ -260,12 +260,12 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
     .await;
     assert_eq!(status, StatusCode::CREATED);
     check("POST", "/api/v1/docs");
-    let other = other["id"].as_i64().expect("id");
+    let other = other["name"].as_str().expect("name").to_owned();
     let (status, _) = call(&http, c, "DELETE", &format!("/docs/{other}"), None, None).await;
     assert_eq!(status, StatusCode::OK);
     let (status, _) = call(&http, a, "GET", &format!("/docs/{other}/json"), None, None).await;
     assert_eq!(status, StatusCode::GONE, "deleted through C, seen by A");
-    check("DELETE", "/api/v1/docs/{id}");
+    check("DELETE", "/api/v1/docs/{name}");
     let (status, _) = call(
         &http,
         b,
@@ -276,7 +276,7 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
     )
     .await;
     assert_eq!(status, StatusCode::OK);
-    check("POST", "/api/v1/docs/{id}/restore");
+    check("POST", "/api/v1/docs/{name}/restore");
 
     // Users, tokens, the outbox view: the same answer on every node.
     for (method, path, body) in [
@@ -596,9 +596,10 @@ async fn a_forwarded_write_keeps_the_callers_permission_and_idempotency_key() {
         .await
         .expect("create");
     assert_eq!(created.status(), StatusCode::CREATED);
-    let id = created.json::<Value>().await.expect("json")["id"]
-        .as_i64()
-        .expect("id");
+    let id = created.json::<Value>().await.expect("json")["name"]
+        .as_str()
+        .expect("name")
+        .to_owned();
     // A owns it: a client of A holds the room.
     let owner_client = Client::connect(&format!("{}?token={writer_token}", a.url("sec")), 1).await;
     let update = one_edit(9, "x");
@@ -661,9 +662,10 @@ async fn a_write_the_owner_does_not_answer_in_time_gets_503_with_retry_after() {
         .send()
         .await
         .expect("create");
-    let id = created.json::<Value>().await.expect("json")["id"]
-        .as_i64()
-        .expect("id");
+    let id = created.json::<Value>().await.expect("json")["name"]
+        .as_str()
+        .expect("name")
+        .to_owned();
     let owner_client = Client::connect(&a.url("paused"), 1).await;
     let update = one_edit(9, "x");
     let post = || {

@@ -17,7 +17,7 @@ async fn real_responses_conform_to_the_openapi_document() {
     assert_eq!(status, 200);
     let doc: serde_json::Value = serde_json::from_str(&body).expect("json");
     assert_eq!(doc["openapi"], "3.1.0");
-    assert!(doc["paths"]["/api/v1/docs/{id}"]["patch"].is_object());
+    assert!(doc["paths"]["/api/v1/docs/{name}"]["patch"].is_object());
 
     let seed = seed();
     let out = tokio::time::timeout(

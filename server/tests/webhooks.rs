@@ -136,7 +136,7 @@ async fn every_event_arrives_despite_failures_with_one_id_per_event() {
         .json(&json!({"name": "hooked"}))
         .json_body()
         .await;
-    let id = doc["id"].as_i64().expect("id");
+    let id = doc["name"].as_str().expect("name").to_owned();
     // Thirty edits well inside one debounce interval: one document.updated, with the last seq.
     let mut c = Client::connect(&server.url("hooked"), 1).await;
     for i in 0..30 {

@@ -41,18 +41,18 @@ pub fn routes(app: &AppState) -> Router<AppState> {
     Router::new()
         .route("/docs", post(create_doc).get(list_docs))
         .route(
-            "/docs/{id}",
+            "/docs/{name}",
             get(get_doc).patch(patch_doc).delete(delete_doc),
         )
-        .route("/docs/{id}/restore", post(restore_doc))
+        .route("/docs/{name}/restore", post(restore_doc))
         .route(
-            "/docs/{id}/update",
+            "/docs/{name}/update",
             get(get_update).merge(post(post_update).route_layer(on_owner())),
         )
-        .route("/docs/{id}/json", get(get_json))
-        .route("/docs/{id}/access", get(list_access))
+        .route("/docs/{name}/json", get(get_json))
+        .route("/docs/{name}/access", get(list_access))
         .route(
-            "/docs/{id}/access/{user}",
+            "/docs/{name}/access/{user}",
             put(put_access).delete(delete_access),
         )
         .route("/users/{id}", get(get_user).patch(patch_user))
@@ -140,16 +140,22 @@ fn if_match(headers: &HeaderMap) -> ApiResult<i64> {
     })
 }
 
+/// A document's name as it appears in a `/api/v1/docs/{name}` path: percent-encoded, so
+/// any name (with `/`, spaces or `?` in it) is one path segment.
+pub fn doc_path(name: &str) -> String {
+    percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
 /// The document, checked for existence and the caller's permission on it.
 pub(super) async fn doc_for(
     app: &AppState,
     principal: &Principal,
-    id: i64,
+    name: &str,
     need: Permission,
 ) -> ApiResult<DocMeta> {
     let doc = app
         .api
-        .get_doc(id)
+        .get_doc_by_name(name)
         .await?
         .ok_or_else(|| ApiError::not_found("document"))?;
     let role = app.api.get_role(doc.id, &principal.user).await?;
@@ -317,7 +323,7 @@ async fn create_doc(
             )
         })?;
     let mut resp = with_etag(StatusCode::CREATED, &doc, doc.version);
-    if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/docs/{}", doc.id)) {
+    if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/docs/{}", doc_path(&doc.name))) {
         resp.headers_mut().insert(header::LOCATION, loc);
     }
     Ok(resp)
@@ -398,26 +404,26 @@ fn decode_cursor(c: &str) -> Option<i64> {
 }
 
 /// A document's metadata; the `ETag` carries its version.
-#[utoipa::path(get, path = "/api/v1/docs/{id}", params(("id" = i64, Path)),
+#[utoipa::path(get, path = "/api/v1/docs/{name}", params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded")),
     responses((status = 200, body = DocMeta, headers(("ETag" = String))), BadRequest, Unauthorized, Forbidden, NotFound))]
 async fn get_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    ApiPath(id): ApiPath<i64>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Response> {
-    let doc = doc_for(&app, &principal, id, Permission::Read).await?;
+    let doc = doc_for(&app, &principal, &name, Permission::Read).await?;
     Ok(with_etag(StatusCode::OK, &doc, doc.version))
 }
 
 /// Change a document's title (write) or owner (admin). Requires `If-Match`.
-#[utoipa::path(patch, path = "/api/v1/docs/{id}", request_body = DocPatch,
-    params(("id" = i64, Path), ("If-Match" = String, Header, description = "ETag of the version read"),
+#[utoipa::path(patch, path = "/api/v1/docs/{name}", request_body = DocPatch,
+    params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded"), ("If-Match" = String, Header, description = "ETag of the version read"),
         ("Idempotency-Key" = Option<String>, Header)),
     responses((status = 200, body = DocMeta, headers(("ETag" = String))), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, Stale, NotJson, Unprocessable, NeedsIfMatch))]
 async fn patch_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    ApiPath(id): ApiPath<i64>,
+    ApiPath(name): ApiPath<String>,
     headers: HeaderMap,
     ApiJson(patch): ApiJson<DocPatch>,
 ) -> ApiResult<Response> {
@@ -428,9 +434,9 @@ async fn patch_doc(
     } else {
         Permission::Write
     };
-    live(doc_for(&app, &principal, id, need).await?)?;
+    let doc = live(doc_for(&app, &principal, &name, need).await?)?;
     let expected = if_match(&headers)?;
-    match app.api.update_doc(id, expected, &patch).await? {
+    match app.api.update_doc(doc.id, expected, &patch).await? {
         Versioned::Updated(doc) => Ok(with_etag(StatusCode::OK, &doc, doc.version)),
         Versioned::Stale(doc) if doc.deleted_at.is_some() => Err(live_err()),
         Versioned::Stale(doc) => Err(ApiError::stale(&doc, doc.version)),
@@ -440,16 +446,16 @@ async fn patch_doc(
 
 /// Soft-delete a document: its live sockets close with 4404 and it cannot be opened until
 /// restored.
-#[utoipa::path(delete, path = "/api/v1/docs/{id}",
-    params(("id" = i64, Path), ("Idempotency-Key" = Option<String>, Header)),
+#[utoipa::path(delete, path = "/api/v1/docs/{name}",
+    params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded"), ("Idempotency-Key" = Option<String>, Header)),
     responses((status = 200, body = DocMeta), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, Unprocessable))]
 async fn delete_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    ApiPath(id): ApiPath<i64>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Response> {
-    live(doc_for(&app, &principal, id, Permission::Admin).await?)?;
-    match app.api.delete_doc(id).await? {
+    let doc = live(doc_for(&app, &principal, &name, Permission::Admin).await?)?;
+    match app.api.delete_doc(doc.id).await? {
         Versioned::Updated(doc) => {
             if let Ok(name) = DocName::parse(&doc.name) {
                 doc_changed(&app, &name, Change::Deleted).await;
@@ -470,16 +476,16 @@ fn live_err() -> ApiError {
 }
 
 /// Undo a soft delete.
-#[utoipa::path(post, path = "/api/v1/docs/{id}/restore",
-    params(("id" = i64, Path), ("Idempotency-Key" = Option<String>, Header)),
+#[utoipa::path(post, path = "/api/v1/docs/{name}/restore",
+    params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded"), ("Idempotency-Key" = Option<String>, Header)),
     responses((status = 200, body = DocMeta), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Unprocessable))]
 async fn restore_doc(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    ApiPath(id): ApiPath<i64>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Response> {
-    doc_for(&app, &principal, id, Permission::Admin).await?;
-    match app.api.restore_doc(id).await? {
+    let doc = doc_for(&app, &principal, &name, Permission::Admin).await?;
+    match app.api.restore_doc(doc.id).await? {
         Versioned::Updated(doc) => Ok(with_etag(StatusCode::OK, &doc, doc.version)),
         Versioned::Stale(_) => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -498,15 +504,15 @@ pub struct SvParams {
 }
 
 /// The document's committed state as a Yjs v1 update (binary).
-#[utoipa::path(get, path = "/api/v1/docs/{id}/update", params(("id" = i64, Path), SvParams),
+#[utoipa::path(get, path = "/api/v1/docs/{name}/update", params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded"), SvParams),
     responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), BadRequest, Unauthorized, Forbidden, NotFound, Gone, Unavailable))]
 async fn get_update(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    ApiPath(id): ApiPath<i64>,
+    ApiPath(name): ApiPath<String>,
     ApiQuery(p): ApiQuery<SvParams>,
 ) -> ApiResult<Response> {
-    let doc = live(doc_for(&app, &principal, id, Permission::Read).await?)?;
+    let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
     let since = match p.sv {
         None => StateVector::default(),
         Some(b64) => {
@@ -544,17 +550,17 @@ pub struct UpdateApplied {
 
 /// Apply a binary Yjs v1 update, like a client's: committed, then broadcast. Answers after
 /// the commit.
-#[utoipa::path(post, path = "/api/v1/docs/{id}/update",
-    params(("id" = i64, Path), ("Idempotency-Key" = Option<String>, Header)),
+#[utoipa::path(post, path = "/api/v1/docs/{name}/update",
+    params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded"), ("Idempotency-Key" = Option<String>, Header)),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 200, body = UpdateApplied), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, TooLarge, Unprocessable, Unavailable))]
 async fn post_update(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    ApiPath(id): ApiPath<i64>,
+    ApiPath(name): ApiPath<String>,
     ApiBytes(body): ApiBytes,
 ) -> ApiResult<Json<UpdateApplied>> {
-    let doc = live(doc_for(&app, &principal, id, Permission::Write).await?)?;
+    let doc = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
     crate::counts::check_update(&body).map_err(|e| {
         ApiError::bad_request("invalid-update", format!("not a Yjs v1 update: {e}"))
     })?;
@@ -590,14 +596,14 @@ async fn post_update(
 }
 
 /// The document's root types as JSON (text as strings, maps as objects, arrays as arrays).
-#[utoipa::path(get, path = "/api/v1/docs/{id}/json", params(("id" = i64, Path)),
+#[utoipa::path(get, path = "/api/v1/docs/{name}/json", params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded")),
     responses((status = 200, body = Object), BadRequest, Unauthorized, Forbidden, NotFound, Gone, Unavailable))]
 async fn get_json(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    ApiPath(id): ApiPath<i64>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let doc = live(doc_for(&app, &principal, id, Permission::Read).await?)?;
+    let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
     let json = read_committed(
         &app,
         &doc.name,
@@ -615,15 +621,15 @@ pub struct AccessEntry {
 }
 
 /// Who has which role on a document.
-#[utoipa::path(get, path = "/api/v1/docs/{id}/access", params(("id" = i64, Path)),
+#[utoipa::path(get, path = "/api/v1/docs/{name}/access", params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded")),
     responses((status = 200, body = Vec<AccessEntry>), BadRequest, Unauthorized, Forbidden, NotFound))]
 async fn list_access(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    ApiPath(id): ApiPath<i64>,
+    ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<Vec<AccessEntry>>> {
-    doc_for(&app, &principal, id, Permission::Read).await?;
-    let rows = app.api.list_access(id).await?;
+    let doc = doc_for(&app, &principal, &name, Permission::Read).await?;
+    let rows = app.api.list_access(doc.id).await?;
     Ok(Json(
         rows.into_iter()
             .map(|(user, role)| AccessEntry { user, role })
@@ -639,18 +645,18 @@ pub struct SetRole {
 
 /// Give a user a role on a document. Their open sockets on it close with 4403 and reconnect
 /// with the new permissions.
-#[utoipa::path(put, path = "/api/v1/docs/{id}/access/{user}", request_body = SetRole,
-    params(("id" = i64, Path), ("user" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
+#[utoipa::path(put, path = "/api/v1/docs/{name}/access/{user}", request_body = SetRole,
+    params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded"), ("user" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
     responses((status = 200, body = AccessEntry), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, NotJson, Unprocessable))]
 async fn put_access(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    ApiPath((id, user)): ApiPath<(i64, String)>,
+    ApiPath((name, user)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<SetRole>,
 ) -> ApiResult<Json<AccessEntry>> {
     check_len("user", Some(&user), field_limits::USER_ID)?;
-    let doc = doc_for(&app, &principal, id, Permission::Admin).await?;
-    let change = app.api.set_role(id, &user, Some(body.role)).await?;
+    let doc = doc_for(&app, &principal, &name, Permission::Admin).await?;
+    let change = app.api.set_role(doc.id, &user, Some(body.role)).await?;
     role_changed(&app, &doc.name, &user, change).await;
     Ok(Json(AccessEntry {
         user,
@@ -659,16 +665,16 @@ async fn put_access(
 }
 
 /// Remove a user's role on a document (their token alone then decides).
-#[utoipa::path(delete, path = "/api/v1/docs/{id}/access/{user}",
-    params(("id" = i64, Path), ("user" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
+#[utoipa::path(delete, path = "/api/v1/docs/{name}/access/{user}",
+    params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded"), ("user" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
     responses((status = 204), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Unprocessable))]
 async fn delete_access(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
-    ApiPath((id, user)): ApiPath<(i64, String)>,
+    ApiPath((name, user)): ApiPath<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    let doc = doc_for(&app, &principal, id, Permission::Admin).await?;
-    let change = app.api.set_role(id, &user, None).await?;
+    let doc = doc_for(&app, &principal, &name, Permission::Admin).await?;
+    let change = app.api.set_role(doc.id, &user, None).await?;
     role_changed(&app, &doc.name, &user, change).await;
     Ok(StatusCode::NO_CONTENT)
 }

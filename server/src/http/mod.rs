@@ -17,6 +17,7 @@ use axum::Router;
 use tower::ServiceExt;
 use tower_http::services::ServeDir;
 
+pub use api::doc_path;
 pub use error::{problem, too_many, ApiError};
 
 use crate::auth::{AuthError, Permission, Principal};

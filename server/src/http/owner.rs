@@ -56,18 +56,18 @@ fn carried(headers: &axum::http::HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The owner to forward a request for document `id` to, if another node holds its lease. A
+/// The owner to forward a request for document `name` to, if another node holds its lease. A
 /// caller without write access, or a deleted document, is refused here as the owner would.
 async fn owner_elsewhere(
     app: &AppState,
     principal: Option<&Principal>,
-    id: i64,
+    name: &str,
 ) -> Result<Option<String>, ApiError> {
     let (Some(bus), Some(_), Some(principal)) = (&app.bus, &app.registry.config.lease, principal)
     else {
         return Ok(None);
     };
-    let Some(doc) = app.api.get_doc(id).await? else {
+    let Some(doc) = app.api.get_doc_by_name(name).await? else {
         return Ok(None); // the handler answers 404
     };
     if let Ok(name) = DocName::parse(&doc.name) {
@@ -75,32 +75,38 @@ async fn owner_elsewhere(
             return Ok(None); // served here: the handler checks the caller
         }
     }
-    let Some(owner) = app.store.lease_owner(id).await? else {
+    let Some(owner) = app.store.lease_owner(doc.id).await? else {
         return Ok(None);
     };
     if *owner == *bus.node {
         return Ok(None);
     }
     // About to forward: the caller is checked here first, as the owner would check it.
-    super::api::live(super::api::doc_for(app, principal, id, Permission::Write).await?)?;
+    super::api::live(super::api::doc_for(app, principal, name, Permission::Write).await?)?;
     Ok(Some(owner))
 }
 
-/// A layer for the routes of `/docs/{id}/...` that must run on the document's owner.
+/// A layer for the routes of `/docs/{name}/...` that must run on the document's owner.
 pub async fn on_owner(State(app): State<AppState>, req: Request, next: Next) -> Response {
     if req.extensions().get::<ForwardedBy>().is_some() {
         return next.run(req).await;
     }
-    // `/docs/{id}/...` as the nested router sees it.
-    let id = req
+    // `/docs/{name}/...` as the nested router sees it, the name percent-decoded as the
+    // handler's `Path` decodes it.
+    let name = req
         .uri()
         .path()
         .strip_prefix("/docs/")
         .and_then(|rest| rest.split('/').next())
-        .and_then(|id| id.parse::<i64>().ok());
+        .and_then(|segment| {
+            percent_encoding::percent_decode_str(segment)
+                .decode_utf8()
+                .ok()
+                .map(|n| n.into_owned())
+        });
     let principal = req.extensions().get::<Principal>().cloned();
-    let owner = match id {
-        Some(id) => owner_elsewhere(&app, principal.as_ref(), id).await,
+    let owner = match name {
+        Some(name) => owner_elsewhere(&app, principal.as_ref(), &name).await,
         None => Ok(None),
     };
     let owner = match owner {

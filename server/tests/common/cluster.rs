@@ -253,17 +253,6 @@ pub async fn fresh_text_via(urls: &[String]) -> String {
     text
 }
 
-/// The id of document `name` (the first whose name starts with it), through the HTTP API
-/// of the server at `addr`, with `bearer` if given.
-pub async fn doc_id(addr: SocketAddr, name: &str, bearer: Option<&str>) -> i64 {
-    let mut req = reqwest::Client::new().get(format!("http://{addr}/api/v1/docs?prefix={name}"));
-    if let Some(key) = bearer {
-        req = req.bearer_auth(key);
-    }
-    let docs: serde_json::Value = req.send().await.expect("list").json().await.expect("json");
-    docs["items"][0]["id"].as_i64().expect("id")
-}
-
 /// `quire serve` arguments of cluster node `id` on the bus at `bus` (signed with
 /// [`CLUSTER_KEY`]), with a lease of `lease_ttl`.
 pub fn node_args<'a>(id: &'a str, bus: &'a str, lease_ttl: &'a str) -> [&'a str; 8] {
