@@ -93,6 +93,17 @@ impl Principal {
         }
     }
 
+    /// The caller in open mode (no keys configured): everything is allowed, and what they
+    /// write is attributed to `anonymous@ADDRESS` (the history's author), a stable id for a
+    /// client that does not say who it is.
+    pub fn open(ip: Option<std::net::IpAddr>) -> Principal {
+        let user = match ip {
+            Some(ip) => format!("anonymous@{ip}"),
+            None => "anonymous".to_owned(),
+        };
+        Principal::admin(&user)
+    }
+
     /// Who owns an idempotency key: token holders by user, the admin key and open mode apart
     /// from any token whose subject happens to share their name.
     pub fn scope(&self) -> String {

@@ -242,6 +242,21 @@ pub struct Settings {
     /// `snapshot_updates` small updates [default: 50]
     #[arg(long, env = "QUIRE_SNAPSHOT_LOG_PERCENT")]
     pub snapshot_log_percent: Option<u64>,
+    /// How long log rows are kept after a snapshot covers them, for the version history
+    /// (docs/history.md); `0` keeps no history (snapshots delete the rows they cover)
+    /// [default: 30days]
+    #[arg(long, env = "QUIRE_HISTORY_RETENTION")]
+    pub history_retention: Option<HumanDuration>,
+    /// An editing session ends after this long without an edit: an automatic version is
+    /// taken then [default: 5m]
+    #[arg(long, env = "QUIRE_VERSION_IDLE")]
+    pub version_idle: Option<HumanDuration>,
+    /// During a long editing session, an automatic version at least this often [default: 1h]
+    #[arg(long, env = "QUIRE_VERSION_EVERY")]
+    pub version_every: Option<HumanDuration>,
+    /// How often the history prune job runs [default: 1h]
+    #[arg(long, env = "QUIRE_HISTORY_PRUNE_INTERVAL")]
+    pub history_prune_interval: Option<HumanDuration>,
     /// Time allowed for a graceful shutdown [default: 10s]
     #[arg(long, env = "QUIRE_SHUTDOWN_GRACE")]
     pub shutdown_grace: Option<HumanDuration>,
@@ -382,6 +397,28 @@ pub struct RoomConfig {
     /// How often the room asks its connections to ping their clients (the connection-level
     /// `ping_interval`; the room drives it so idle connections need no timer of their own).
     pub ping_interval: Duration,
+    /// The version history: retention and automatic versions.
+    pub history: HistoryConfig,
+}
+
+/// How much history is kept, and when automatic versions are taken (docs/history.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryConfig {
+    /// Log rows are kept this long after a snapshot covers them; zero keeps no history.
+    pub retention: Duration,
+    /// An automatic version after this long without an edit.
+    pub version_idle: Duration,
+    /// And at least this often during a long session.
+    pub version_every: Duration,
+    /// How often the prune job runs.
+    pub prune_interval: Duration,
+}
+
+impl HistoryConfig {
+    /// Whether history is kept at all.
+    pub fn enabled(&self) -> bool {
+        !self.retention.is_zero()
+    }
 }
 
 /// `web/dist` under the working directory, else the one in the source tree this binary was
@@ -457,6 +494,10 @@ impl Settings {
             snapshot_updates,
             snapshot_bytes,
             snapshot_log_percent,
+            history_retention,
+            version_idle,
+            version_every,
+            history_prune_interval,
             shutdown_grace,
             auth_keys,
             admin_key,
@@ -534,6 +575,15 @@ impl Settings {
                 snapshot_updates: self.snapshot_updates.unwrap_or(1000).max(1),
                 snapshot_bytes: self.snapshot_bytes.unwrap_or(4 << 20).max(1),
                 snapshot_log_percent: self.snapshot_log_percent.unwrap_or(50),
+                history: HistoryConfig {
+                    retention: d(self.history_retention, Duration::from_secs(30 * 24 * 3600)),
+                    version_idle: d(self.version_idle, Duration::from_secs(300))
+                        .max(Duration::from_millis(10)),
+                    version_every: d(self.version_every, Duration::from_secs(3600))
+                        .max(Duration::from_millis(10)),
+                    prune_interval: d(self.history_prune_interval, Duration::from_secs(3600))
+                        .max(Duration::from_millis(10)),
+                },
             },
             auth_keys: self.auth_keys.unwrap_or_default(),
             admin_key: self.admin_key,

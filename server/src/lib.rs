@@ -22,6 +22,7 @@ pub mod close;
 pub mod config;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod history;
 pub mod http;
 pub mod limits;
 pub mod metrics;
@@ -142,6 +143,10 @@ pub async fn run_with_stores(
         );
     }
     // Revocations are loaded before the first request, so no revoked token slips through.
+    // Snapshots keep the log rows they cover for the history (or delete them: retention 0).
+    stores
+        .api
+        .set_history_retention(config.room.history.retention);
     for r in stores.api.revocations_after(0).await? {
         auth.apply_revocation(&r);
     }
@@ -207,6 +212,14 @@ pub async fn run_with_stores(
         idempotency_ttl,
         shutdown.clone(),
     ));
+    if app.config.room.history.enabled() {
+        background.spawn(prune_history(
+            stores.api.clone(),
+            app.config.room.history,
+            app.metrics.clone(),
+            shutdown.clone(),
+        ));
+    }
     background.close();
     let connections = app.connections.clone();
     let header_timeout = app.config.limits.header_timeout;
@@ -234,6 +247,48 @@ pub async fn run_with_stores(
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), background.wait()).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The history prune job: every `prune_interval`, deletes log rows and automatic versions
+/// older than `retention` (`HistoryStore::prune_history`, which records each run in `jobs`).
+/// Every node runs it; the deletes are idempotent.
+async fn prune_history(
+    api: Arc<dyn ApiStore>,
+    history: config::HistoryConfig,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(history.prune_interval) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let now = storage::now_ms();
+        let cutoff =
+            now.saturating_sub(i64::try_from(history.retention.as_millis()).unwrap_or(i64::MAX));
+        metrics.history_prune_runs.inc();
+        match api.prune_history(cutoff, now).await {
+            Ok(report) => {
+                metrics.history_rows_pruned.inc_by(report.rows);
+                metrics.history_versions_pruned.inc_by(report.versions);
+                metrics
+                    .history_prune_last_success
+                    .set(storage::now_ms() / 1000);
+                if report.rows + report.versions > 0 {
+                    tracing::info!(
+                        docs = report.docs,
+                        rows = report.rows,
+                        versions = report.versions,
+                        "history pruned"
+                    );
+                }
+            }
+            Err(e) => {
+                metrics.history_prune_failures.inc();
+                tracing::warn!(error = %e, "history prune failed");
+            }
+        }
+    }
 }
 
 /// Deletes expired idempotency keys every few minutes.

@@ -40,6 +40,12 @@ pub struct Metrics {
     pub forward_failures: IntCounter,
     pub stored_reads: IntCounter,
     pub relay_lease_checks: IntCounter,
+    pub history_prune_runs: IntCounter,
+    pub history_prune_failures: IntCounter,
+    pub history_rows_pruned: IntCounter,
+    pub history_versions_pruned: IntCounter,
+    pub history_prune_last_success: IntGauge,
+    pub versions_created: IntCounter,
 }
 
 impl Metrics {
@@ -190,6 +196,30 @@ impl Metrics {
                 "stored_reads_total",
                 "Content reads answered from storage because another node (or none) serves \
                  the document",
+            ),
+            history_prune_runs: counter(
+                "history_prune_runs_total",
+                "Runs of the history prune job (its status is also in the jobs table)",
+            ),
+            history_prune_failures: counter(
+                "history_prune_failures_total",
+                "Runs of the history prune job that failed",
+            ),
+            history_rows_pruned: counter(
+                "history_rows_pruned_total",
+                "Log rows the prune job deleted (older than history_retention)",
+            ),
+            history_versions_pruned: counter(
+                "history_versions_pruned_total",
+                "Automatic versions the prune job deleted",
+            ),
+            history_prune_last_success: gauge(
+                "history_prune_last_success_seconds",
+                "When the history prune job last finished without error (Unix seconds)",
+            ),
+            versions_created: counter(
+                "versions_created_total",
+                "Versions recorded: automatic, named and restores",
             ),
             registry,
         }

@@ -576,6 +576,7 @@ async fn post_update(
             .or_else(|| Update::decode_v1(&body).ok())
             .unwrap_or_else(Update::new),
         reply,
+        author: Some(principal.user.as_str().into()),
         budget: None,
     })
     .await?;

@@ -259,7 +259,7 @@ fn verify_from(
 /// Checks the bearer credential of an API request and stores the [`Principal`] in the request.
 async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
     let principal = if app.auth.is_open() {
-        Principal::admin("dev")
+        Principal::open(client_ip(&req))
     } else {
         let token = bearer(req.headers());
         match verify_from(&app, client_ip(&req), token.as_deref()) {
@@ -336,7 +336,7 @@ async fn document_socket(
         }
     };
     let (principal, via_protocol) = if app.auth.is_open() {
-        (Principal::admin("dev"), false)
+        (Principal::open(ip), false)
     } else {
         let (token, via_protocol) = socket_token(&uri, &headers).unzip();
         match verify_from(&app, ip, token.as_deref()) {

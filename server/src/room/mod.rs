@@ -216,6 +216,8 @@ pub enum RoomCmd {
         raw: Bytes,
         update: Update,
         reply: oneshot::Sender<Result<i64, ApplyError>>,
+        /// Who sent it (the history's author).
+        author: Option<Arc<str>>,
         /// The update's share of the room's inbound byte budget, as for a socket's frame:
         /// [`RoomHandle::command`] takes it; leave `None`.
         budget: Option<OwnedSemaphorePermit>,

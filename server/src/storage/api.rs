@@ -174,7 +174,11 @@ pub struct DocQuery {
 }
 
 #[async_trait]
-pub trait ApiStore: Send + Sync + 'static {
+pub trait ApiStore: super::history::HistoryStore + Send + Sync + 'static {
+    /// Keeps log rows for `retention` after a snapshot covers them (zero: snapshots delete
+    /// them); shared with the document store of the same database.
+    fn set_history_retention(&self, retention: std::time::Duration);
+
     /// Creates a document owned by `owner` (also given the owner role), with a
     /// `document.created` event. `Ok(None)` if the name is taken.
     async fn create_doc(

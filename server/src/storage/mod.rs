@@ -6,13 +6,15 @@
 //! - `append` writes a batch of log rows in one transaction; a sequence number that already
 //!   exists is a [`StorageError::Conflict`] (another writer holds that log position) and nothing
 //!   of the batch is written.
-//! - `write_snapshot` replaces the snapshot and deletes the log rows it covers in one
-//!   transaction, only if the document's `version` still equals the caller's; otherwise it
-//!   returns [`SnapshotOutcome::Conflict`] and changes nothing.
+//! - `write_snapshot` replaces the snapshot and (when no history is kept) deletes the log rows
+//!   it covers in one transaction, only if the document's `version` still equals the caller's;
+//!   otherwise it returns [`SnapshotOutcome::Conflict`] and changes nothing. With
+//!   `history_retention` the covered rows stay for the history (`history.rs` prunes them).
 //! - `load` reads the snapshot and the log after it from one consistent read snapshot.
 
 pub mod api;
 mod dialect;
+pub mod history;
 pub mod postgres;
 mod renewals;
 pub mod sql_api;
@@ -24,6 +26,50 @@ use bytes::Bytes;
 
 /// Database identifier of a document.
 pub type DocId = i64;
+
+/// One update to append to a document's log, with what the history records of it.
+#[derive(Debug, Clone, Default)]
+pub struct LogEntry {
+    /// The update as received (Yjs v1).
+    pub data: Bytes,
+    /// Who sent it: the token subject, or `anonymous@ADDRESS` in open mode; `None` for rows
+    /// written without one (tools, tests).
+    pub author: Option<std::sync::Arc<str>>,
+    /// Content units (characters, elements, entries) it inserted and deleted.
+    pub inserted: i64,
+    pub deleted: i64,
+    /// The yrs client ids it introduced (their first item), attributed to `author`.
+    pub clients: Vec<u64>,
+}
+
+impl From<Bytes> for LogEntry {
+    fn from(data: Bytes) -> LogEntry {
+        LogEntry {
+            data,
+            ..LogEntry::default()
+        }
+    }
+}
+
+/// The `(doc_id, client_id, author, first_seq)` rows of `doc_clients` a batch of entries
+/// appended at `first_seq..` introduces.
+pub(crate) fn client_rows(
+    doc: DocId,
+    first_seq: i64,
+    entries: &[LogEntry],
+) -> Vec<(DocId, i64, String, i64)> {
+    entries
+        .iter()
+        .enumerate()
+        .flat_map(|(i, e)| {
+            let author = e.author.as_deref().unwrap_or("").to_owned();
+            e.clients
+                .iter()
+                .map(move |c| (doc, *c as i64, author.clone(), first_seq + i as i64))
+        })
+        .filter(|(_, _, author, _)| !author.is_empty())
+        .collect()
+}
 
 /// What `load` returns: the latest snapshot and every log row after it, in order.
 #[derive(Debug, Clone, Default)]
@@ -144,6 +190,7 @@ pub trait SharedStatements: Send + Sync {
     async fn lease_owners(&self, docs: &[DocId]) -> Result<Vec<(DocId, String)>, StorageError>;
     async fn doc_id(&self, name: &str) -> Result<DocId, StorageError>;
     async fn ping(&self) -> Result<(), StorageError>;
+    async fn add_version(&self, version: history::NewVersion) -> Result<i64, StorageError>;
 }
 
 #[async_trait]
@@ -157,17 +204,35 @@ pub trait DocStore: Send + Sync + 'static {
         self.shared().load(name).await
     }
 
-    /// Appends `updates` with sequence numbers `first_seq..`, all or nothing. With a
-    /// `fence`, the rows are written only if the document's lease epoch still equals it,
-    /// checked in the statement that writes them; otherwise [`StorageError::Fenced`]. A
-    /// deleted document takes no rows: [`StorageError::Deleted`].
+    /// Appends `entries` with sequence numbers `first_seq..`, all or nothing, with the
+    /// `doc_clients` rows of the client ids they introduce. With a `fence`, the rows are
+    /// written only if the document's lease epoch still equals it, checked in the statement
+    /// that writes them; otherwise [`StorageError::Fenced`]. A deleted document takes no rows:
+    /// [`StorageError::Deleted`].
+    async fn append_log(
+        &self,
+        doc: DocId,
+        fence: Option<Epoch>,
+        first_seq: i64,
+        entries: Vec<LogEntry>,
+    ) -> Result<(), StorageError>;
+
+    /// [`DocStore::append_log`] of updates without an author.
     async fn append(
         &self,
         doc: DocId,
         fence: Option<Epoch>,
         first_seq: i64,
         updates: Vec<Bytes>,
-    ) -> Result<(), StorageError>;
+    ) -> Result<(), StorageError> {
+        let entries = updates.into_iter().map(LogEntry::from).collect();
+        self.append_log(doc, fence, first_seq, entries).await
+    }
+
+    /// Records a version: the document's full state (`state`, Yjs v2) at log position `seq`.
+    async fn add_version(&self, version: history::NewVersion) -> Result<i64, StorageError> {
+        self.shared().add_version(version).await
+    }
 
     /// Writes a snapshot covering the log up to `upto_seq` if the version still matches (and,
     /// with a `fence`, the lease epoch too: otherwise [`StorageError::Fenced`]).

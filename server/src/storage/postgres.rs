@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use sqlx::migrate::MigrateDatabase;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection, Postgres};
@@ -35,7 +34,8 @@ use tokio::sync::{mpsc, oneshot, Mutex, Notify};
 use super::sql_api::SqlApi;
 use super::sqlite::EventSettings;
 use super::{
-    clone_err, now_ms, DocId, DocStore, Epoch, SharedStatements, SnapshotOutcome, StorageError,
+    client_rows, clone_err, now_ms, DocId, DocStore, Epoch, LogEntry, SharedStatements,
+    SnapshotOutcome, StorageError,
 };
 
 /// Most append requests folded into one transaction.
@@ -67,7 +67,7 @@ struct AppendRequest {
     doc: DocId,
     fence: Option<Epoch>,
     first_seq: i64,
-    updates: Vec<Bytes>,
+    updates: Vec<LogEntry>,
     /// Fold a `document.updated` event into the outbox, available after this many ms.
     event_debounce_ms: Option<i64>,
     reply: oneshot::Sender<Result<(), StorageError>>,
@@ -129,6 +129,7 @@ impl PgStore {
                 events,
                 events_written,
                 renewals: Arc::default(),
+                retention_ms: Arc::default(),
             },
             writer: tx,
         })
@@ -180,12 +181,12 @@ impl DocStore for PgStore {
         &self.api
     }
 
-    async fn append(
+    async fn append_log(
         &self,
         doc: DocId,
         fence: Option<Epoch>,
         first_seq: i64,
-        updates: Vec<Bytes>,
+        updates: Vec<LogEntry>,
     ) -> Result<(), StorageError> {
         let event_debounce_ms = self.api.events.debounce_ms();
         let (reply, rx) = oneshot::channel();
@@ -240,11 +241,13 @@ impl DocStore for PgStore {
                 e => Err(e),
             };
         };
-        sqlx::query("DELETE FROM doc_updates WHERE doc_id = $1 AND seq <= $2")
-            .bind(doc)
-            .bind(upto_seq)
-            .execute(&mut *tx)
-            .await?;
+        if !self.api.keeps_history() {
+            sqlx::query("DELETE FROM doc_updates WHERE doc_id = $1 AND seq <= $2")
+                .bind(doc)
+                .bind(upto_seq)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         Ok(SnapshotOutcome::Written { new_version })
     }
@@ -363,7 +366,7 @@ async fn fast_path(
             r.updates
                 .iter()
                 .enumerate()
-                .map(move |(i, data)| (r.doc, r.fence, r.first_seq + i as i64, data.as_ref()))
+                .map(move |(i, entry)| (r.doc, r.fence, r.first_seq + i as i64, entry))
         })
         .collect();
     // A fixed order (the key's) for every writer's inserts.
@@ -371,6 +374,9 @@ async fn fast_path(
     if !insert_rows(conn, &rows, now).await? {
         // The batch is re-run request by request, which tells a fence from a conflict.
         return Err(StorageError::Conflict);
+    }
+    for r in batch {
+        insert_clients(conn, &client_rows(r.doc, r.first_seq, &r.updates)).await?;
     }
     let events: Vec<(DocId, i64, i64)> = batch
         .iter()
@@ -393,7 +399,7 @@ async fn append_one(
         .updates
         .iter()
         .enumerate()
-        .map(|(i, data)| (req.doc, req.fence, req.first_seq + i as i64, data.as_ref()))
+        .map(|(i, entry)| (req.doc, req.fence, req.first_seq + i as i64, entry))
         .collect();
     if !insert_rows(conn, &rows, now).await? {
         // Some row was not inserted and the transaction is intact (a taken position, which
@@ -407,14 +413,41 @@ async fn append_one(
         )
         .await);
     }
+    insert_clients(conn, &client_rows(req.doc, req.first_seq, &req.updates)).await?;
     if let Some(debounce) = req.event_debounce_ms {
         fold_updated_events(conn, &[(req.doc, req.last_seq(), now + debounce)], now).await?;
     }
     Ok(())
 }
 
-/// One log row to insert: document, fence, sequence number, update.
-type LogRow<'a> = (DocId, Option<Epoch>, i64, &'a [u8]);
+/// Maps client ids to their authors; a client id already mapped keeps its first author.
+async fn insert_clients(
+    conn: &mut PgConnection,
+    rows: &[(DocId, i64, String, i64)],
+) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let docs: Vec<DocId> = rows.iter().map(|r| r.0).collect();
+    let clients: Vec<i64> = rows.iter().map(|r| r.1).collect();
+    let authors: Vec<&str> = rows.iter().map(|r| r.2.as_str()).collect();
+    let seqs: Vec<i64> = rows.iter().map(|r| r.3).collect();
+    sqlx::query(
+        "INSERT INTO doc_clients (doc_id, client_id, author, first_seq) \
+         SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[]) \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(&docs)
+    .bind(&clients)
+    .bind(&authors)
+    .bind(&seqs)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// One log row to insert: document, fence, sequence number, the entry.
+type LogRow<'a> = (DocId, Option<Epoch>, i64, &'a LogEntry);
 
 /// Inserts log rows, all or none (the caller rolls back on error). One statement per chunk
 /// locks the chunk's document rows and inserts only rows above their document's
@@ -435,10 +468,10 @@ async fn insert_rows(
         let mut end = start;
         let mut bytes = 0;
         while end < rows.len() && end - start < ROWS_PER_INSERT {
-            if end > start && bytes + rows[end].3.len() > BYTES_PER_INSERT {
+            if end > start && bytes + rows[end].3.data.len() > BYTES_PER_INSERT {
                 break;
             }
-            bytes += rows[end].3.len();
+            bytes += rows[end].3.data.len();
             end += 1;
         }
         let chunk = &rows[start..end];
@@ -448,7 +481,10 @@ async fn insert_rows(
         let doc_ids: Vec<DocId> = chunk.iter().map(|(d, _, _, _)| *d).collect();
         let fences: Vec<Option<Epoch>> = chunk.iter().map(|(_, f, _, _)| *f).collect();
         let seqs: Vec<i64> = chunk.iter().map(|(_, _, s, _)| *s).collect();
-        let data: Vec<&[u8]> = chunk.iter().map(|(_, _, _, d)| *d).collect();
+        let data: Vec<&[u8]> = chunk.iter().map(|(_, _, _, e)| e.data.as_ref()).collect();
+        let authors: Vec<Option<&str>> = chunk.iter().map(|r| r.3.author.as_deref()).collect();
+        let inserted: Vec<i64> = chunk.iter().map(|r| r.3.inserted).collect();
+        let deleted: Vec<i64> = chunk.iter().map(|r| r.3.deleted).collect();
         // The lease rows are locked too: a grant to another node (which updates the row) waits
         // for this transaction, or this statement sees the new epoch and writes nothing.
         let done = sqlx::query(
@@ -459,10 +495,12 @@ async fn insert_rows(
                SELECT doc_id, epoch FROM room_leases \
                WHERE doc_id = ANY($1::bigint[]) ORDER BY doc_id FOR SHARE \
              ) \
-             INSERT INTO doc_updates (doc_id, seq, data, created_at) \
-             SELECT v.doc_id, v.seq, v.data, $5 \
-             FROM unnest($2::bigint[], $3::bigint[], $4::bytea[], $6::bigint[]) \
-               AS v(doc_id, seq, data, fence) \
+             INSERT INTO doc_updates \
+               (doc_id, seq, data, created_at, author, inserted, deleted) \
+             SELECT v.doc_id, v.seq, v.data, $5, v.author, v.inserted, v.deleted \
+             FROM unnest($2::bigint[], $3::bigint[], $4::bytea[], $6::bigint[], \
+                         $7::text[], $8::bigint[], $9::bigint[]) \
+               AS v(doc_id, seq, data, fence, author, inserted, deleted) \
              JOIN locked d ON d.id = v.doc_id \
              LEFT JOIN leases l ON l.doc_id = v.doc_id \
              WHERE d.snapshot_seq < v.seq AND d.deleted_at IS NULL \
@@ -474,6 +512,9 @@ async fn insert_rows(
         .bind(&data)
         .bind(now)
         .bind(&fences)
+        .bind(&authors)
+        .bind(&inserted)
+        .bind(&deleted)
         .execute(&mut *conn)
         .await;
         match done {
@@ -540,6 +581,7 @@ mod tests {
     use super::*;
     use crate::storage::api::{ApiStore, DocPatch, DocQuery, Versioned};
     use crate::storage::StoredDoc;
+    use bytes::Bytes;
 
     struct TestDb {
         store: PgStore,
@@ -589,7 +631,7 @@ mod tests {
             fence: None,
             first_seq,
             updates: (0..n)
-                .map(|i| Bytes::from(vec![doc as u8, (first_seq as usize + i) as u8]))
+                .map(|i| Bytes::from(vec![doc as u8, (first_seq as usize + i) as u8]).into())
                 .collect(),
             event_debounce_ms: events.then_some(1000),
             reply: oneshot::channel().0,

@@ -22,12 +22,27 @@ pub struct SqlApi<DB: Dialect> {
     pub(super) events_written: Arc<Notify>,
     /// The node's lease renewals, batched (`renewals.rs`).
     pub(super) renewals: Arc<super::renewals::Renewals>,
+    /// `history_retention` in milliseconds; 0: snapshots delete the rows they cover.
+    pub(super) retention_ms: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl<DB: Dialect> SqlApi<DB> {
     /// The connection pool, for tests and tools that inspect the database.
     pub fn pool(&self) -> &Pool<DB> {
         &self.pool
+    }
+
+    /// Keeps log rows for `retention` after a snapshot covers them (the history); zero
+    /// restores the default, where a snapshot deletes the rows it covers.
+    pub fn set_history_retention(&self, retention: std::time::Duration) {
+        let ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        self.retention_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether log rows are kept after a snapshot covers them.
+    pub fn keeps_history(&self) -> bool {
+        self.retention_ms.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 
     /// Notified whenever outbox events were committed (the delivery worker waits on it).
@@ -43,6 +58,7 @@ impl<DB: Dialect> Clone for SqlApi<DB> {
             events: self.events,
             events_written: self.events_written.clone(),
             renewals: self.renewals.clone(),
+            retention_ms: self.retention_ms.clone(),
         }
     }
 }
@@ -258,6 +274,10 @@ where
     for<'a> Option<i64>: Encode<'a, DB> + Decode<'a, DB>,
     for<'a> Option<Vec<u8>>: Decode<'a, DB>,
 {
+    fn set_history_retention(&self, retention: std::time::Duration) {
+        SqlApi::set_history_retention(self, retention)
+    }
+
     async fn create_doc(
         &self,
         name: &str,

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 use super::dialect::Dialect;
+use super::history::NewVersion;
 use super::sql_api::SqlApi;
 use super::{DocId, Epoch, LeaseGrant, SharedStatements, StorageError, StoredDoc};
 
@@ -121,6 +122,22 @@ where
         Ok(())
     }
 
+    async fn add_version(&self, v: NewVersion) -> Result<i64, StorageError> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO doc_versions (doc_id, seq, kind, label, author, state, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+        )
+        .bind(v.doc)
+        .bind(v.seq)
+        .bind(v.kind.as_str())
+        .bind(v.label.as_deref())
+        .bind(v.author.as_deref())
+        .bind(v.state.as_slice())
+        .bind(v.created_at)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// Times come from the database's clock, the one every node shares.
     async fn acquire_lease(
         &self,
@@ -174,6 +191,7 @@ where
                 events: self.events,
                 events_written: self.events_written.clone(),
                 renewals: Arc::default(),
+                retention_ms: self.retention_ms.clone(),
             }) as Arc<dyn SharedStatements>
         };
         self.renewals

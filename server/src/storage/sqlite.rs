@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
@@ -24,7 +23,8 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::sql_api::SqlApi;
 use super::{
-    clone_err, now_ms, DocId, DocStore, Epoch, SharedStatements, SnapshotOutcome, StorageError,
+    client_rows, clone_err, now_ms, DocId, DocStore, Epoch, LogEntry, SharedStatements,
+    SnapshotOutcome, StorageError,
 };
 use crate::config::{CommitWindowSettings, SqliteSync};
 
@@ -43,7 +43,7 @@ enum WriteOp {
         doc: DocId,
         fence: Option<Epoch>,
         first_seq: i64,
-        updates: Vec<Bytes>,
+        updates: Vec<LogEntry>,
         /// Fold a `document.updated` event into the outbox, available after this many ms.
         event_debounce_ms: Option<i64>,
     },
@@ -53,6 +53,8 @@ enum WriteOp {
         expected_version: i64,
         snapshot: Vec<u8>,
         upto_seq: i64,
+        /// Delete the log rows the snapshot covers (no history is kept).
+        delete_covered: bool,
     },
 }
 
@@ -231,6 +233,7 @@ impl SqliteStore {
                 events,
                 events_written,
                 renewals: Arc::default(),
+                retention_ms: Arc::default(),
             },
             writer: tx,
             transactions,
@@ -270,12 +273,12 @@ impl DocStore for SqliteStore {
         &self.api
     }
 
-    async fn append(
+    async fn append_log(
         &self,
         doc: DocId,
         fence: Option<Epoch>,
         first_seq: i64,
-        updates: Vec<Bytes>,
+        updates: Vec<LogEntry>,
     ) -> Result<(), StorageError> {
         let event_debounce_ms = self.api.events.debounce_ms();
         self.write(WriteOp::Append {
@@ -304,6 +307,7 @@ impl DocStore for SqliteStore {
                 expected_version,
                 snapshot,
                 upto_seq,
+                delete_covered: !self.api.keeps_history(),
             })
             .await?
         {
@@ -410,25 +414,24 @@ async fn commit_batch(
     Ok(results)
 }
 
-/// Most rows in one multi-row INSERT (5 bound values each, well under SQLite's limit).
+/// Most rows in one multi-row INSERT (8 bound values each, well under SQLite's limit).
 const ROWS_PER_INSERT: usize = 500;
 
-/// One appended row: document, fence, log position, update.
-type LogRow<'a> = (DocId, Option<Epoch>, i64, &'a Bytes);
+/// One appended row: document, fence, log position, the entry.
+type LogRow<'a> = (DocId, Option<Epoch>, i64, &'a LogEntry);
 
 /// The rows of a batch made only of appends that write no outbox event, when they fit in one
 /// INSERT: such a batch needs no transaction of its own.
 fn plain_appends(batch: &[WriteRequest]) -> Option<Vec<LogRow<'_>>> {
     let mut rows = Vec::new();
     for req in batch {
-        if !matches!(
-            req.op,
+        match &req.op {
             WriteOp::Append {
                 event_debounce_ms: None,
+                updates,
                 ..
-            }
-        ) {
-            return None;
+            } if updates.iter().all(|u| u.clients.is_empty()) => {}
+            _ => return None,
         }
         rows.extend(log_rows(&req.op));
         if rows.len() > ROWS_PER_INSERT {
@@ -471,7 +474,7 @@ async fn insert_rows(
 ) -> Result<(), StorageError> {
     let fenced = rows.iter().any(|(_, fence, _, _)| fence.is_some());
     let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-        "INSERT INTO doc_updates (doc_id, seq, data, created_at) \
+        "INSERT INTO doc_updates (doc_id, seq, data, created_at, author, inserted, deleted) \
          SELECT v.column1, v.column2, ",
     );
     // The lease join only when a row carries a fence (never on a single node).
@@ -481,13 +484,16 @@ async fn insert_rows(
     } else {
         "CASE WHEN d.snapshot_seq < v.column2 AND d.deleted_at IS NULL THEN v.column3 END, "
     });
-    q.push("v.column4 FROM (");
-    q.push_values(rows, |mut b, (doc, fence, seq, data)| {
+    q.push("v.column4, v.column6, v.column7, v.column8 FROM (");
+    q.push_values(rows, |mut b, (doc, fence, seq, entry)| {
         b.push_bind(*doc)
             .push_bind(*seq)
-            .push_bind(data.as_ref())
+            .push_bind(entry.data.as_ref())
             .push_bind(now)
-            .push_bind(*fence);
+            .push_bind(*fence)
+            .push_bind(entry.author.as_deref())
+            .push_bind(entry.inserted)
+            .push_bind(entry.deleted);
     });
     q.push(") AS v LEFT JOIN documents d ON d.id = v.column1");
     if fenced {
@@ -526,6 +532,15 @@ async fn fast_path(
     }
     let mut results = Vec::with_capacity(batch.len());
     for req in batch {
+        if let WriteOp::Append {
+            doc,
+            first_seq,
+            updates,
+            ..
+        } = &req.op
+        {
+            insert_clients(conn, &client_rows(*doc, *first_seq, updates)).await?;
+        }
         let outcome = match &req.op {
             WriteOp::Append {
                 doc,
@@ -582,6 +597,26 @@ async fn fold_updated_event(
     Ok(())
 }
 
+/// Maps client ids to their authors; a client id already mapped keeps its first author.
+async fn insert_clients(
+    conn: &mut SqliteConnection,
+    rows: &[(DocId, i64, String, i64)],
+) -> Result<(), sqlx::Error> {
+    for (doc, client, author, seq) in rows {
+        sqlx::query(
+            "INSERT INTO doc_clients (doc_id, client_id, author, first_seq) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+        )
+        .bind(doc)
+        .bind(client)
+        .bind(author)
+        .bind(seq)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
 async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome, StorageError> {
     let now = now_ms();
     match op {
@@ -596,10 +631,11 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
             // key alone would not notice, so the first row checks `snapshot_seq` too. With a
             // fence, the first row also checks the lease epoch (the rest follow in the same
             // transaction, which holds SQLite's write lock).
-            for (i, data) in updates.iter().enumerate() {
+            for (i, entry) in updates.iter().enumerate() {
                 let r = sqlx::query(
-                    "INSERT INTO doc_updates (doc_id, seq, data, created_at) \
-                     SELECT ?1, ?2, ?3, ?4 \
+                    "INSERT INTO doc_updates \
+                       (doc_id, seq, data, created_at, author, inserted, deleted) \
+                     SELECT ?1, ?2, ?3, ?4, ?7, ?8, ?9 \
                      WHERE ?5 <> 0 OR ( \
                        (SELECT snapshot_seq FROM documents WHERE id = ?1 AND deleted_at IS NULL) \
                          < ?2 \
@@ -607,10 +643,13 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
                 )
                 .bind(doc)
                 .bind(first_seq + i as i64)
-                .bind(data.as_ref())
+                .bind(entry.data.as_ref())
                 .bind(now)
                 .bind(i as i64)
                 .bind(fence)
+                .bind(entry.author.as_deref())
+                .bind(entry.inserted)
+                .bind(entry.deleted)
                 .execute(&mut *conn)
                 .await;
                 match r {
@@ -630,6 +669,7 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
                     Err(e) => return Err(e.into()),
                 }
             }
+            insert_clients(conn, &client_rows(*doc, *first_seq, updates)).await?;
             if let Some(debounce) = event_debounce_ms {
                 let last_seq = first_seq + updates.len() as i64 - 1;
                 fold_updated_event(conn, *doc, last_seq, now, *debounce).await?;
@@ -642,6 +682,7 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
             expected_version,
             snapshot,
             upto_seq,
+            delete_covered,
         } => {
             let done = sqlx::query(
                 "UPDATE documents SET snapshot = ?1, snapshot_seq = ?2, \
@@ -669,11 +710,13 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
                     e => Err(e),
                 };
             }
-            sqlx::query("DELETE FROM doc_updates WHERE doc_id = ? AND seq <= ?")
-                .bind(doc)
-                .bind(upto_seq)
-                .execute(&mut *conn)
-                .await?;
+            if *delete_covered {
+                sqlx::query("DELETE FROM doc_updates WHERE doc_id = ? AND seq <= ?")
+                    .bind(doc)
+                    .bind(upto_seq)
+                    .execute(&mut *conn)
+                    .await?;
+            }
             Ok(WriteOutcome::Snapshot(SnapshotOutcome::Written {
                 new_version: expected_version + 1,
             }))
@@ -686,10 +729,11 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
 mod tests {
     use super::*;
     use crate::storage::LeaseGrant;
+    use bytes::Bytes;
 
     fn append(doc: DocId, fence: Option<Epoch>, first_seq: i64, n: usize) -> WriteRequest {
         let updates = (0..n)
-            .map(|i| Bytes::from(format!("u{doc}-{}", first_seq + i as i64)))
+            .map(|i| Bytes::from(format!("u{doc}-{}", first_seq + i as i64)).into())
             .collect();
         WriteRequest {
             op: WriteOp::Append {

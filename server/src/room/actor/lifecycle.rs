@@ -292,7 +292,10 @@ impl Room {
             Exit::Unloaded | Exit::Deleted => {
                 // Commit what is queued (an HTTP update, say) before leaving.
                 match self.drain_pipeline().await {
-                    Ok(()) => self.final_snapshot().await,
+                    Ok(()) => {
+                        self.final_version().await;
+                        self.final_snapshot().await
+                    }
                     Err(reason) => error!(%reason, "could not commit everything before unloading"),
                 }
                 self.release_lease().await;
@@ -301,7 +304,10 @@ impl Room {
             }
             Exit::Shutdown => {
                 match self.drain_pipeline().await {
-                    Ok(()) => self.final_snapshot().await,
+                    Ok(()) => {
+                        self.final_version().await;
+                        self.final_snapshot().await
+                    }
                     // The Doc may hold updates that are not committed: no snapshot of it.
                     Err(reason) => error!(%reason, "could not commit everything before shutdown"),
                 }

@@ -22,6 +22,7 @@ mod peers;
 mod pipeline;
 mod reads;
 mod snapshots;
+mod versions;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -43,7 +44,7 @@ use super::{
 };
 use crate::close;
 use crate::protocol;
-use crate::storage::{Epoch, LeaseGrant, SnapshotOutcome, StorageError, StoredDoc};
+use crate::storage::{Epoch, LeaseGrant, LogEntry, SnapshotOutcome, StorageError, StoredDoc};
 
 pub(super) use lifecycle::run;
 pub(crate) use reads::doc_json;
@@ -89,6 +90,8 @@ struct Queued {
     origin: Origin,
     raw: Bytes,
     update: Option<Update>,
+    /// Who sent it, for the history.
+    author: Option<Arc<str>>,
 }
 
 /// An update applied to the `Doc` and being committed.
@@ -96,6 +99,40 @@ struct Applied {
     idx: u64,
     origin: Origin,
     raw: Bytes,
+    author: Option<Arc<str>>,
+    /// What applying it changed, for the history.
+    changes: Changes,
+}
+
+/// What one update changed in the `Doc`: content units inserted and deleted, and the client
+/// ids it introduced (whose first item it carries).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Changes {
+    pub inserted: i64,
+    pub deleted: i64,
+    pub clients: Vec<u64>,
+}
+
+impl Changes {
+    /// From a transaction that applied one update.
+    pub(crate) fn of(txn: &yrs::TransactionMut) -> Changes {
+        let units = |set: &yrs::IdSet| -> i64 {
+            set.iter()
+                .flat_map(|(_, ranges)| ranges.into_iter().map(|r| i64::from(r.end - r.start)))
+                .sum()
+        };
+        let clients = txn
+            .insert_set()
+            .iter()
+            .filter(|(_, ranges)| ranges.iter().next().is_some_and(|r| r.start == 0))
+            .map(|(client, _)| client.get())
+            .collect();
+        Changes {
+            inserted: units(txn.insert_set()),
+            deleted: units(txn.delete_set()),
+            clients,
+        }
+    }
 }
 
 /// Updates applied to the `Doc` together, to be committed in one append; held in `staged`
@@ -268,6 +305,8 @@ struct Room {
     applied_bytes: u64,
     since_snapshot_updates: u64,
     since_snapshot_bytes: u64,
+    /// Commits since the last automatic version (`versions.rs`).
+    versions: versions::VersionClock,
     /// A snapshot write failed: wait for the next successful append before trying again, so
     /// a failing snapshot never holds up commits.
     snapshot_failed: bool,
@@ -348,6 +387,7 @@ impl Room {
             applied_bytes: 0,
             since_snapshot_updates: stored.updates.len() as u64,
             since_snapshot_bytes: stored.updates.iter().map(|(_, u)| u.len() as u64).sum(),
+            versions: versions::VersionClock::default(),
             snapshot_failed: false,
             unencodable: false,
             queued: VecDeque::new(),
@@ -415,6 +455,7 @@ impl Room {
             || self.stalled.is_on();
         let unload_at = self.unload_at.unwrap_or_else(Instant::now);
         let next_expiry = self.expiries.first().map_or_else(Instant::now, |e| e.0);
+        let version_due = self.version_due_at();
         tokio::select! {
             res = wait_inflight(&mut self.inflight), if self.inflight.is_some() => {
                 let reason = self.on_op_done(res).await.err()?;
@@ -439,6 +480,10 @@ impl Room {
                 None => Some(Exit::Shutdown),
             },
             _ = sleep_until(unload_at), if self.unload_at.is_some() => self.on_unload_due(),
+            _ = sleep_until(version_due.unwrap_or_else(Instant::now)), if version_due.is_some() => {
+                self.on_version_due();
+                None
+            }
             _ = timers.sweep.tick(), if !self.awareness.is_empty() => {
                 let timeout = self.registry.config.awareness_timeout;
                 if let Some(gone) = self.awareness.expire(Instant::now(), timeout) {
@@ -510,8 +555,12 @@ impl Room {
             RoomCmd::ReadUpdate { since, reply } => self.read_update(since, reply),
             RoomCmd::ReadJson { reply } => self.read_json(reply),
             RoomCmd::Apply {
-                raw, update, reply, ..
-            } => self.apply_from_http(raw, update, reply),
+                raw,
+                update,
+                reply,
+                author,
+                ..
+            } => self.apply_from_http(raw, update, reply, author),
         }
         None
     }

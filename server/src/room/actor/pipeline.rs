@@ -58,7 +58,11 @@ impl Room {
             self.close_peer(peer, CloseReason::new(close::TRY_AGAIN_LATER, why));
             return;
         }
-        if self.enqueue(Origin::Peer(peer), raw, update).is_err() {
+        let author = self.peers.get(&peer).and_then(|p| p.auth.user.clone());
+        if self
+            .enqueue(Origin::Peer(peer), raw, update, author)
+            .is_err()
+        {
             self.close_peer(
                 peer,
                 CloseReason::new(close::DOC_TOO_LARGE, "document size limit reached"),
@@ -93,12 +97,13 @@ impl Room {
         raw: Bytes,
         update: Update,
         reply: oneshot::Sender<Result<i64, ApplyError>>,
+        author: Option<Arc<str>>,
     ) {
         if self.stalled.is_on() {
             let _ = reply.send(Err(ApplyError::Unavailable));
             return;
         }
-        match self.enqueue(Origin::Http(reply), raw, update) {
+        match self.enqueue(Origin::Http(reply), raw, update, author) {
             Ok(()) => self.maybe_start_commit(),
             Err(Origin::Http(reply)) => {
                 let _ = reply.send(Err(ApplyError::TooLarge));
@@ -139,6 +144,7 @@ impl Room {
         origin: Origin,
         raw: Bytes,
         update: Update,
+        author: Option<Arc<str>>,
     ) -> Result<(), Origin> {
         let limit = self.registry.config.max_doc_size;
         if self.stored_bytes + self.applied_bytes + self.queued_bytes + raw.len() as u64 > limit {
@@ -152,6 +158,7 @@ impl Room {
             origin,
             raw,
             update: Some(update),
+            author,
         });
         Ok(())
     }
@@ -235,7 +242,7 @@ impl Room {
             // they are what yrs left pending.
             let starts = update.as_ref().map(Update::state_vector_lower).ok();
             match update.and_then(|u| self.apply(u).map_err(|e| e.to_string())) {
-                Ok(true) => {
+                Ok(Some(changes)) => {
                     if let (Origin::Peer(peer), Some(starts)) = (&q.origin, &starts) {
                         if left_pending(&self.doc, starts) {
                             self.dangling.insert(*peer);
@@ -245,9 +252,11 @@ impl Room {
                         idx: q.idx,
                         origin: q.origin,
                         raw: q.raw,
+                        author: q.author,
+                        changes,
                     })
                 }
-                Ok(false) => {
+                Ok(None) => {
                     self.registry.metrics.updates_duplicate.inc();
                     if let Origin::Http(reply) = q.origin {
                         // Waiters stay in index order (durable acks wait for later indexes).
@@ -310,6 +319,7 @@ impl Room {
                 origin: a.origin,
                 raw: a.raw,
                 update: None,
+                author: a.author,
             });
         }
     }
@@ -320,17 +330,21 @@ impl Room {
         self.requeue_unapplied(batch);
     }
 
-    /// Applies one update; true if it changed the document.
-    pub(super) fn apply(&mut self, update: Update) -> Result<bool, yrs::error::UpdateError> {
+    /// Applies one update; what it changed, `None` if nothing.
+    pub(super) fn apply(
+        &mut self,
+        update: Update,
+    ) -> Result<Option<Changes>, yrs::error::UpdateError> {
         // Whatever happens, the Doc may change: answers encoded before are stale.
         self.answers.invalidate();
         let mut txn = self.doc.transact_mut();
         txn.apply_update(update)?;
         // An update whose dependencies are missing is stashed by yrs, not integrated; it is new
         // information all the same and must be logged.
-        Ok(!txn.insert_set().is_empty()
+        let changed = !txn.insert_set().is_empty()
             || !txn.delete_set().is_empty()
-            || txn.has_missing_updates())
+            || txn.has_missing_updates();
+        Ok(changed.then(|| Changes::of(&txn)))
     }
 
     pub(super) fn spawn_append(
@@ -344,7 +358,16 @@ impl Room {
         let doc = self.doc_id;
         let fence = self.fence;
         let first_seq = self.last_seq + 1;
-        let rows: Vec<Bytes> = batch.iter().map(|a| a.raw.clone()).collect();
+        let rows: Vec<LogEntry> = batch
+            .iter()
+            .map(|a| LogEntry {
+                data: a.raw.clone(),
+                author: a.author.clone(),
+                inserted: a.changes.inserted,
+                deleted: a.changes.deleted,
+                clients: a.changes.clients.clone(),
+            })
+            .collect();
         let (limit, metrics) = (
             self.registry.config.storage_timeout,
             self.registry.metrics.clone(),
@@ -353,7 +376,7 @@ impl Room {
             if attempt > 0 {
                 sleep(commit_backoff(attempt)).await;
             }
-            let append = store.append(doc, fence, first_seq, rows);
+            let append = store.append_log(doc, fence, first_seq, rows);
             within(limit, &metrics, "append", append).await
         });
         Inflight::Append {
@@ -436,6 +459,8 @@ impl Room {
         self.snapshot_failed = false;
         self.committed_idx = upto_idx;
         let last_seq = self.last_seq;
+        let author = batch.iter().rev().find_map(|a| a.author.clone());
+        self.versions.edited(Instant::now(), author);
         for applied in batch {
             let frame = protocol::encode_update(&applied.raw);
             self.broadcast(&frame, applied.origin.peer());

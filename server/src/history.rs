@@ -1,0 +1,452 @@
+//! The version history's computations, shared by the HTTP routes and the CLI (docs/history.md):
+//! rebuilding content at a log position, grouping the log into editing sessions, the diff of
+//! two versions' texts with authors, and a restore as a forward update.
+//!
+//! Everything here works on bytes read from storage and returns bytes or values: no I/O.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use yrs::types::text::{ChangeKind, YChange};
+use yrs::types::AsPrelim;
+use yrs::undo::{Options as UndoOptions, UndoManager};
+use yrs::updates::decoder::Decode;
+use yrs::{
+    ClientID, Doc, GetString, In, Options, Out, ReadTxn, StateVector, Text, Transact, Update,
+};
+
+use crate::storage::history::{LogRowMeta, StateAt};
+
+/// What kind of shared type a root is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootKind {
+    Text,
+    Array,
+    Map,
+    Xml,
+}
+
+/// A document that keeps deleted content (no garbage collection), so deletions stay visible
+/// to a diff and can be undone.
+fn history_doc(client_id: Option<u64>) -> Doc {
+    let mut options = Options {
+        skip_gc: true,
+        ..Options::default()
+    };
+    if let Some(id) = client_id {
+        options.client_id = ClientID::new(id);
+    }
+    Doc::with_options(options)
+}
+
+fn apply_v2(doc: &Doc, state: &[u8]) -> Result<(), String> {
+    let update = Update::decode_v2(state).map_err(|e| format!("stored state: {e}"))?;
+    doc.transact_mut()
+        .apply_update(update)
+        .map_err(|e| format!("stored state: {e}"))
+}
+
+fn apply_v1(doc: &Doc, data: &[u8]) -> Result<(), String> {
+    let update = Update::decode_v1(data).map_err(|e| format!("stored update: {e}"))?;
+    doc.transact_mut()
+        .apply_update(update)
+        .map_err(|e| format!("stored update: {e}"))
+}
+
+/// The document at a log position, from its base and the rows after it.
+pub fn rebuild(at: &StateAt) -> Result<Doc, String> {
+    let doc = history_doc(None);
+    if let Some(base) = &at.base {
+        apply_v2(&doc, base)?;
+    }
+    for row in &at.updates {
+        apply_v1(&doc, row)?;
+    }
+    Ok(doc)
+}
+
+/// A document from a full state (Yjs v2).
+pub fn from_state(state: &[u8]) -> Result<Doc, String> {
+    let doc = history_doc(None);
+    apply_v2(&doc, state)?;
+    Ok(doc)
+}
+
+/// Each root's name and kind (a root only ever filled by remote updates has no declared
+/// type: its content says which).
+pub fn root_kinds(doc: &Doc) -> Vec<(String, RootKind)> {
+    let txn = doc.transact();
+    let mut roots: Vec<(String, RootKind)> = txn
+        .root_refs()
+        .map(|(name, root)| {
+            let kind = match &root {
+                Out::YText(_) => RootKind::Text,
+                Out::YArray(_) => RootKind::Array,
+                Out::YMap(_) => RootKind::Map,
+                Out::YXmlFragment(_) | Out::YXmlElement(_) | Out::YXmlText(_) => RootKind::Xml,
+                _ => match root.as_prelim(&txn) {
+                    In::Text(_) => RootKind::Text,
+                    In::Array(_) => RootKind::Array,
+                    In::Map(_) => RootKind::Map,
+                    _ => RootKind::Xml,
+                },
+            };
+            (name.to_owned(), kind)
+        })
+        .collect();
+    roots.sort_by(|a, b| a.0.cmp(&b.0));
+    roots
+}
+
+/// Log rows grouped into editing sessions: a session ends where no edit came for `gap_ms`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct Session {
+    /// Log positions of the session's first and last update.
+    pub first_seq: i64,
+    pub last_seq: i64,
+    /// Milliseconds since the Unix epoch.
+    pub first_at: i64,
+    pub last_at: i64,
+    pub updates: i64,
+    /// Content units (characters, elements, entries) inserted and deleted.
+    pub inserted: i64,
+    pub deleted: i64,
+    /// Who edited in the session, most updates first.
+    pub authors: Vec<AuthorShare>,
+}
+
+/// One author's part of a session.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct AuthorShare {
+    /// `null` for updates written without an author (tools).
+    pub author: Option<String>,
+    pub first_at: i64,
+    pub last_at: i64,
+    pub updates: i64,
+    pub inserted: i64,
+    pub deleted: i64,
+}
+
+/// Groups rows given newest first into sessions, newest first. `complete` says whether the
+/// rows reach the start of the oldest session (a later page may continue it otherwise).
+pub fn sessions(rows: &[LogRowMeta], gap_ms: i64) -> Vec<Session> {
+    let mut out: Vec<Session> = Vec::new();
+    let mut shares: Vec<Vec<AuthorShare>> = Vec::new();
+    for row in rows {
+        let starts_new = match out.last() {
+            None => true,
+            Some(s) => s.first_at - row.created_at >= gap_ms,
+        };
+        if starts_new {
+            out.push(Session {
+                first_seq: row.seq,
+                last_seq: row.seq,
+                first_at: row.created_at,
+                last_at: row.created_at,
+                updates: 0,
+                inserted: 0,
+                deleted: 0,
+                authors: Vec::new(),
+            });
+            shares.push(Vec::new());
+        }
+        let (Some(s), Some(by)) = (out.last_mut(), shares.last_mut()) else {
+            continue;
+        };
+        s.first_seq = row.seq;
+        s.first_at = row.created_at;
+        s.updates += 1;
+        s.inserted += row.inserted;
+        s.deleted += row.deleted;
+        match by.iter_mut().find(|a| a.author == row.author) {
+            Some(a) => {
+                a.first_at = row.created_at;
+                a.updates += 1;
+                a.inserted += row.inserted;
+                a.deleted += row.deleted;
+            }
+            None => by.push(AuthorShare {
+                author: row.author.clone(),
+                first_at: row.created_at,
+                last_at: row.created_at,
+                updates: 1,
+                inserted: row.inserted,
+                deleted: row.deleted,
+            }),
+        }
+    }
+    for (s, mut by) in out.iter_mut().zip(shares) {
+        by.sort_by(|a, b| b.updates.cmp(&a.updates).then(a.author.cmp(&b.author)));
+        s.authors = by;
+    }
+    out
+}
+
+/// One run of a text diff.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct Run {
+    /// `kept`, `inserted` or `deleted`.
+    pub kind: &'static str,
+    pub text: String,
+    /// Who wrote the run (inserted, kept) or the text deleted; `null` if unknown.
+    pub author: Option<String>,
+}
+
+/// The diff of one text root.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct TextDiff {
+    pub root: String,
+    pub runs: Vec<Run>,
+}
+
+/// For each text root, the runs of the `to` state against the `from` state (both Yjs v2):
+/// kept, inserted and deleted, each with its author (`authors`: client id → author).
+///
+/// Both states go into one document that keeps deleted content, `from` first: the items
+/// `to` deletes stay there as deleted items, so yrs' snapshot diff can show them.
+pub fn diff(
+    from: &[u8],
+    to: &[u8],
+    authors: &HashMap<u64, String>,
+) -> Result<Vec<TextDiff>, String> {
+    let doc = history_doc(None);
+    apply_v2(&doc, from)?;
+    let lo = doc.transact().snapshot();
+    apply_v2(&doc, to)?;
+    let hi = doc.transact().snapshot();
+    let author_of = |id: &yrs::ID| authors.get(&id.client.get()).cloned();
+    let mut out = Vec::new();
+    for (name, kind) in root_kinds(&doc) {
+        if kind != RootKind::Text {
+            continue;
+        }
+        let text = doc.get_or_insert_text(name.as_str());
+        let mut txn = doc.transact_mut();
+        let chunks = text.diff_range(&mut txn, Some(&hi), Some(&lo), YChange::identity);
+        let mut runs: Vec<Run> = Vec::new();
+        for chunk in chunks {
+            let Out::Any(yrs::Any::String(s)) = &chunk.insert else {
+                continue; // an embed: not text
+            };
+            let (kind, author) = match &chunk.ychange {
+                Some(c) if c.kind == ChangeKind::Added => ("inserted", author_of(&c.id)),
+                Some(c) => ("deleted", author_of(&c.id)),
+                None => ("kept", None),
+            };
+            match runs.last_mut() {
+                Some(last) if last.kind == kind && last.author == author => last.text.push_str(s),
+                _ => runs.push(Run {
+                    kind,
+                    text: s.to_string(),
+                    author,
+                }),
+            }
+        }
+        out.push(TextDiff { root: name, runs });
+    }
+    Ok(out)
+}
+
+/// The update that makes a document whose state is `current` (Yjs v1) hold `version`'s
+/// content again (Yjs v2), as a change made now by `client_id`: it deletes what was inserted
+/// since the version and inserts again what was deleted since (texts, array elements, map
+/// keys, XML children), nothing else. Applied to a document that moved on meanwhile, it
+/// leaves the concurrent edits in place.
+///
+/// How: the version's document, the changes since applied under a tracked origin, undone
+/// with yrs' `UndoManager` over every root; the update is what the undo wrote.
+pub fn restore_update(version: &[u8], current: &[u8], client_id: u64) -> Result<Vec<u8>, String> {
+    let current_doc = history_doc(None);
+    apply_v1(&current_doc, current)?;
+    let roots = root_kinds(&current_doc);
+
+    let doc = history_doc(Some(client_id));
+    apply_v2(&doc, version)?;
+    let mut undo: UndoManager<()> = UndoManager::with_options(UndoOptions::default());
+    for (name, kind) in &roots {
+        let name = name.as_str();
+        match kind {
+            RootKind::Text => undo.expand_scope(&doc, &doc.get_or_insert_text(name)),
+            RootKind::Array => undo.expand_scope(&doc, &doc.get_or_insert_array(name)),
+            RootKind::Map => undo.expand_scope(&doc, &doc.get_or_insert_map(name)),
+            RootKind::Xml => undo.expand_scope(&doc, &doc.get_or_insert_xml_fragment(name)),
+        }
+    }
+    let origin = "quire-restore";
+    undo.include_origin(origin);
+    {
+        let update = Update::decode_v1(current).map_err(|e| format!("current state: {e}"))?;
+        let mut txn = doc.transact_mut_with(origin);
+        txn.apply_update(update)
+            .map_err(|e| format!("current state: {e}"))?;
+    }
+    let since = doc.transact().state_vector();
+    if undo.can_undo() {
+        undo.undo_blocking();
+    }
+    let update = doc.transact().encode_diff_v1(&since);
+    Ok(update)
+}
+
+/// A fresh client id for a change the server makes (a restore): random within Yjs' 53 bits.
+pub fn server_client_id() -> u64 {
+    rand::random::<u64>() & ((1 << 53) - 1)
+}
+
+/// The texts of a document, by root (for tests and tools).
+pub fn texts(doc: &Doc) -> HashMap<String, String> {
+    root_kinds(doc)
+        .into_iter()
+        .filter(|(_, k)| *k == RootKind::Text)
+        .map(|(name, _)| {
+            let text = doc.get_or_insert_text(name.as_str());
+            let s = text.get_string(&doc.transact());
+            (name, s)
+        })
+        .collect()
+}
+
+/// The state of `doc` as a Yjs v2 update (what versions store).
+pub fn encode_state(doc: &Doc) -> Vec<u8> {
+    doc.transact()
+        .encode_state_as_update_v2(&StateVector::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use yrs::{Array, Map};
+
+    fn edit(doc: &Doc, f: impl FnOnce(&mut yrs::TransactionMut)) -> Vec<u8> {
+        let mut txn = doc.transact_mut();
+        f(&mut txn);
+        txn.encode_update_v1()
+    }
+
+    fn text_of(state_v1: &[&[u8]]) -> String {
+        let doc = Doc::new();
+        for u in state_v1 {
+            doc.transact_mut()
+                .apply_update(Update::decode_v1(u).expect("update"))
+                .expect("apply");
+        }
+        let t = doc.get_or_insert_text("text");
+        let s = t.get_string(&doc.transact());
+        s
+    }
+
+    #[test]
+    fn a_restore_undoes_what_came_since_and_keeps_concurrent_edits() {
+        let ann = Doc::with_client_id(1);
+        let text = ann.get_or_insert_text("text");
+        let map = ann.get_or_insert_map("meta");
+        let list = ann.get_or_insert_array("list");
+        edit(&ann, |t| {
+            text.insert(t, 0, "hello world");
+            map.insert(t, "title", "first");
+            list.insert(t, 0, 1);
+        });
+        let version = encode_state(&ann);
+        edit(&ann, |t| {
+            text.remove_range(t, 0, 6); // "world"
+            text.insert(t, 5, "!!!"); // "world!!!"
+            map.insert(t, "title", "second");
+            map.insert(t, "extra", 7);
+            list.push_back(t, 2);
+        });
+        let current = ann
+            .transact()
+            .encode_state_as_update_v1(&StateVector::default());
+        let restore = restore_update(&version, &current, 99).expect("restore");
+
+        // Meanwhile, another client typed at the end (concurrent with the restore).
+        let bob = Doc::with_client_id(2);
+        bob.transact_mut()
+            .apply_update(Update::decode_v1(&current).expect("u"))
+            .expect("apply");
+        let bob_text = bob.get_or_insert_text("text");
+        let concurrent = edit(&bob, |t| bob_text.push(t, " (bob)"));
+
+        // Everyone converges on the version's content plus Bob's concurrent typing.
+        for order in [[&restore, &concurrent], [&concurrent, &restore]] {
+            let s = text_of(&[&current, order[0], order[1]]);
+            assert_eq!(s, "hello world (bob)");
+        }
+        let doc = Doc::new();
+        for u in [&current, &restore] {
+            doc.transact_mut()
+                .apply_update(Update::decode_v1(u).expect("u"))
+                .expect("apply");
+        }
+        let json = crate::room::doc_json(&doc);
+        assert_eq!(json["meta"], serde_json::json!({"title": "first"}));
+        assert_eq!(json["list"], serde_json::json!([1]));
+        // The restore's new items carry the client id it was given.
+        let update = Update::decode_v1(&restore).expect("u");
+        let clients: Vec<u64> = update.state_vector().iter().map(|(c, _)| c.get()).collect();
+        assert_eq!(clients, vec![99]);
+    }
+
+    #[test]
+    fn a_diff_shows_inserted_and_deleted_runs_with_their_authors() {
+        let ann = Doc::with_client_id(1);
+        let text = ann.get_or_insert_text("text");
+        edit(&ann, |t| text.insert(t, 0, "the quick fox"));
+        let from = encode_state(&ann);
+        let bob = Doc::with_client_id(2);
+        bob.transact_mut()
+            .apply_update(Update::decode_v2(&from).expect("u"))
+            .expect("apply");
+        let bob_text = bob.get_or_insert_text("text");
+        edit(&bob, |t| {
+            bob_text.remove_range(t, 4, 6); // "quick "
+            bob_text.insert(t, 4, "brown ");
+        });
+        let to = encode_state(&bob);
+        let authors = HashMap::from([(1, "ann".to_owned()), (2, "bob".to_owned())]);
+        let diff = diff(&from, &to, &authors).expect("diff");
+        assert_eq!(diff.len(), 1);
+        let runs: Vec<(&str, &str, Option<&str>)> = diff[0]
+            .runs
+            .iter()
+            .map(|r| (r.kind, r.text.as_str(), r.author.as_deref()))
+            .collect();
+        assert_eq!(
+            runs,
+            vec![
+                ("kept", "the ", None),
+                ("deleted", "quick ", Some("ann")),
+                ("inserted", "brown ", Some("bob")),
+                ("kept", "fox", None),
+            ]
+        );
+    }
+
+    #[test]
+    fn sessions_split_where_editing_paused() {
+        let row = |seq, author: &str, at| LogRowMeta {
+            seq,
+            author: Some(author.to_owned()),
+            created_at: at,
+            inserted: 2,
+            deleted: 1,
+        };
+        // Newest first: a session of ann and bob at 10,000..10,400, one of ann at 0..100.
+        let rows = vec![
+            row(5, "bob", 10_400),
+            row(4, "ann", 10_200),
+            row(3, "ann", 10_000),
+            row(2, "ann", 100),
+            row(1, "ann", 0),
+        ];
+        let s = sessions(&rows, 5_000);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].first_seq, s[0].last_seq, s[0].updates), (3, 5, 3));
+        assert_eq!((s[0].first_at, s[0].last_at), (10_000, 10_400));
+        assert_eq!((s[0].inserted, s[0].deleted), (6, 3));
+        assert_eq!(s[0].authors[0].author.as_deref(), Some("ann"));
+        assert_eq!(s[0].authors[0].updates, 2);
+        assert_eq!(s[0].authors[1].author.as_deref(), Some("bob"));
+        assert_eq!((s[1].first_seq, s[1].last_seq), (1, 2));
+    }
+}

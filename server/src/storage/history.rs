@@ -1,0 +1,478 @@
+//! The rows of a document's history (docs/history.md), on both databases: the attributed
+//! log (`doc_updates.author`, `inserted`, `deleted`), the client ids mapped to their authors
+//! (`doc_clients`), versions (`doc_versions`: the full state at a log position) and the prune
+//! job with its persisted status (`jobs`).
+//!
+//! Content at log position N is rebuilt from a base, the newest of the snapshot and the
+//! versions at or before N, plus the log rows after it up to N; a position whose rows are gone
+//! (pruned, or deleted by a snapshot when no history is kept) is not retained.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Row, Type};
+
+use super::dialect::Dialect;
+use super::sql_api::SqlApi;
+use super::{DocId, StorageError};
+
+/// Why a version was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum VersionKind {
+    /// At the end of an editing session, or hourly during a long one; pruned with the log.
+    Auto,
+    /// Asked for (`POST /versions`), with a label; kept until deleted.
+    Named,
+    /// The content a restore made; kept until deleted.
+    Restore,
+}
+
+impl VersionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VersionKind::Auto => "auto",
+            VersionKind::Named => "named",
+            VersionKind::Restore => "restore",
+        }
+    }
+
+    fn parse(s: &str) -> VersionKind {
+        match s {
+            "named" => VersionKind::Named,
+            "restore" => VersionKind::Restore,
+            _ => VersionKind::Auto,
+        }
+    }
+}
+
+/// A version to record.
+#[derive(Debug, Clone)]
+pub struct NewVersion {
+    pub doc: DocId,
+    /// The log position whose content `state` is.
+    pub seq: i64,
+    pub kind: VersionKind,
+    pub label: Option<String>,
+    pub author: Option<String>,
+    /// The document's state at `seq`, Yjs v2.
+    pub state: Vec<u8>,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+}
+
+/// A version as listed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct Version {
+    pub id: i64,
+    /// The log position the version's content is at.
+    pub seq: i64,
+    pub kind: VersionKind,
+    pub label: Option<String>,
+    pub author: Option<String>,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+}
+
+/// What the history records of one log row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRowMeta {
+    pub seq: i64,
+    pub author: Option<String>,
+    pub created_at: i64,
+    pub inserted: i64,
+    pub deleted: i64,
+}
+
+/// What rebuilds the content at a log position: a base state and the log rows after it.
+#[derive(Debug, Clone, Default)]
+pub struct StateAt {
+    /// The position.
+    pub seq: i64,
+    /// The snapshot's or a version's state (Yjs v2), `None` for the empty document.
+    pub base: Option<Vec<u8>>,
+    /// The log rows after the base up to `seq`, in order (Yjs v1).
+    pub updates: Vec<Vec<u8>>,
+}
+
+/// What one run of the prune job did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    pub docs: u64,
+    pub rows: u64,
+    pub versions: u64,
+}
+
+/// A background job's persisted status.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct JobStatus {
+    pub name: String,
+    /// `running`, `idle` (the last run finished) or `failed`.
+    pub state: String,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    pub runs: i64,
+    /// Items the job has handled over all its runs (log rows and versions pruned).
+    pub items: i64,
+    pub last_error: Option<String>,
+}
+
+/// The prune job's name in `jobs`.
+pub const PRUNE_JOB: &str = "history-prune";
+
+#[async_trait]
+pub trait HistoryStore: Send + Sync {
+    /// The document's versions, oldest first.
+    async fn versions(&self, doc: DocId) -> Result<Vec<Version>, StorageError>;
+    /// One version with its state (Yjs v2).
+    async fn version_state(
+        &self,
+        doc: DocId,
+        id: i64,
+    ) -> Result<Option<(Version, Vec<u8>)>, StorageError>;
+    /// Deletes a version; false if the document has no such version.
+    async fn delete_version(&self, doc: DocId, id: i64) -> Result<bool, StorageError>;
+    /// Up to `limit` log rows below `before_seq`, newest first.
+    async fn log_rows(
+        &self,
+        doc: DocId,
+        before_seq: i64,
+        limit: u32,
+    ) -> Result<Vec<LogRowMeta>, StorageError>;
+    /// The document's last log position (snapshot or log).
+    async fn last_seq(&self, doc: DocId) -> Result<i64, StorageError>;
+    /// What rebuilds the content at `seq` (at most the last position); `None` if the rows
+    /// it needs are no longer retained.
+    async fn state_at(&self, doc: DocId, seq: i64) -> Result<Option<StateAt>, StorageError>;
+    /// The last log position committed at or before `at_ms` (0 before the first, if the
+    /// history reaches back to it); `None` if that time is no longer retained.
+    async fn position_at(&self, doc: DocId, at_ms: i64) -> Result<Option<i64>, StorageError>;
+    /// The document's client ids and their authors.
+    async fn authors(&self, doc: DocId) -> Result<HashMap<u64, String>, StorageError>;
+    /// Deletes, in every document, the log rows and automatic versions older than `cutoff`
+    /// that a newer base (a version older than `cutoff`, within the snapshot) makes
+    /// unnecessary, and records the run in `jobs`.
+    async fn prune_history(&self, cutoff: i64, now: i64) -> Result<PruneReport, StorageError>;
+    /// A job's persisted status.
+    async fn job(&self, name: &str) -> Result<Option<JobStatus>, StorageError>;
+}
+
+#[async_trait]
+impl<DB: Dialect> HistoryStore for SqlApi<DB>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'a> &'a str: ColumnIndex<DB::Row> + Encode<'a, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> String: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> Vec<u8>: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> Option<String>: Encode<'a, DB> + Decode<'a, DB>,
+    for<'a> Option<i64>: Encode<'a, DB> + Decode<'a, DB>,
+    for<'a> Option<Vec<u8>>: Decode<'a, DB>,
+{
+    async fn versions(&self, doc: DocId) -> Result<Vec<Version>, StorageError> {
+        let rows = sqlx::query(
+            "SELECT id, seq, kind, label, author, created_at FROM doc_versions \
+             WHERE doc_id = $1 ORDER BY seq, id",
+        )
+        .bind(doc)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(version_row::<DB>).collect()
+    }
+
+    async fn version_state(
+        &self,
+        doc: DocId,
+        id: i64,
+    ) -> Result<Option<(Version, Vec<u8>)>, StorageError> {
+        let row = sqlx::query(
+            "SELECT id, seq, kind, label, author, created_at, state FROM doc_versions \
+             WHERE doc_id = $1 AND id = $2",
+        )
+        .bind(doc)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            None => Ok(None),
+            Some(row) => Ok(Some((version_row::<DB>(&row)?, row.try_get("state")?))),
+        }
+    }
+
+    async fn delete_version(&self, doc: DocId, id: i64) -> Result<bool, StorageError> {
+        let done = sqlx::query("DELETE FROM doc_versions WHERE doc_id = $1 AND id = $2")
+            .bind(doc)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(DB::rows_affected(&done) > 0)
+    }
+
+    async fn log_rows(
+        &self,
+        doc: DocId,
+        before_seq: i64,
+        limit: u32,
+    ) -> Result<Vec<LogRowMeta>, StorageError> {
+        let rows = sqlx::query(
+            "SELECT seq, author, created_at, inserted, deleted FROM doc_updates \
+             WHERE doc_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",
+        )
+        .bind(doc)
+        .bind(before_seq)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(LogRowMeta {
+                    seq: r.try_get("seq")?,
+                    author: r.try_get("author")?,
+                    created_at: r.try_get("created_at")?,
+                    inserted: r.try_get("inserted")?,
+                    deleted: r.try_get("deleted")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn last_seq(&self, doc: DocId) -> Result<i64, StorageError> {
+        let (snapshot_seq, last_row): (i64, Option<i64>) = sqlx::query_as(
+            "SELECT snapshot_seq, (SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1) \
+             FROM documents WHERE id = $1",
+        )
+        .bind(doc)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(snapshot_seq.max(last_row.unwrap_or(0)))
+    }
+
+    async fn state_at(&self, doc: DocId, seq: i64) -> Result<Option<StateAt>, StorageError> {
+        // One read snapshot: a snapshot or a prune committing between the statements would
+        // otherwise take rows the base chosen first still needs.
+        let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
+        let snapshot_seq: i64 =
+            sqlx::query_scalar("SELECT snapshot_seq FROM documents WHERE id = $1")
+                .bind(doc)
+                .fetch_one(&mut *tx)
+                .await?;
+        let version: Option<(i64, i64)> = sqlx::query_as(
+            "SELECT id, seq FROM doc_versions WHERE doc_id = $1 AND seq <= $2 \
+             ORDER BY seq DESC, id DESC LIMIT 1",
+        )
+        .bind(doc)
+        .bind(seq)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let version_seq = version.map_or(-1, |(_, s)| s);
+        let (base_seq, base) =
+            if snapshot_seq <= seq && snapshot_seq > 0 && snapshot_seq >= version_seq {
+                let state: Option<Vec<u8>> =
+                    sqlx::query_scalar("SELECT snapshot FROM documents WHERE id = $1")
+                        .bind(doc)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                (snapshot_seq, state)
+            } else if let Some((id, vseq)) = version {
+                let state: Vec<u8> =
+                    sqlx::query_scalar("SELECT state FROM doc_versions WHERE id = $1")
+                        .bind(id)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                (vseq, Some(state))
+            } else {
+                (0, None)
+            };
+        let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as(
+            "SELECT seq, data FROM doc_updates WHERE doc_id = $1 AND seq > $2 AND seq <= $3 \
+             ORDER BY seq",
+        )
+        .bind(doc)
+        .bind(base_seq)
+        .bind(seq)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        // Positions are consecutive: a missing row is a pruned one.
+        if rows.len() as i64 != seq - base_seq {
+            return Ok(None);
+        }
+        Ok(Some(StateAt {
+            seq,
+            base,
+            updates: rows.into_iter().map(|(_, data)| data).collect(),
+        }))
+    }
+
+    async fn position_at(&self, doc: DocId, at_ms: i64) -> Result<Option<i64>, StorageError> {
+        let (at, first): (Option<i64>, Option<i64>) = sqlx::query_as(
+            "SELECT (SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1 AND created_at <= $2), \
+                    (SELECT MIN(seq) FROM doc_updates WHERE doc_id = $1)",
+        )
+        .bind(doc)
+        .bind(at_ms)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(match (at, first) {
+            (Some(seq), _) => Some(seq),
+            // Before the first edit, and the log reaches back to it: the empty document.
+            (None, Some(1)) => Some(0),
+            (None, _) => None,
+        })
+    }
+
+    async fn authors(&self, doc: DocId) -> Result<HashMap<u64, String>, StorageError> {
+        let rows: Vec<(i64, String)> =
+            sqlx::query_as("SELECT client_id, author FROM doc_clients WHERE doc_id = $1")
+                .bind(doc)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.into_iter().map(|(c, a)| (c as u64, a)).collect())
+    }
+
+    async fn prune_history(&self, cutoff: i64, now: i64) -> Result<PruneReport, StorageError> {
+        self.job_started(PRUNE_JOB, now).await?;
+        let result = self.prune(cutoff).await;
+        let finished = super::now_ms();
+        match &result {
+            Ok(report) => {
+                sqlx::query(
+                    "UPDATE jobs SET state = 'idle', finished_at = $2, runs = runs + 1, \
+                     items = items + $3, last_error = NULL WHERE name = $1",
+                )
+                .bind(PRUNE_JOB)
+                .bind(finished)
+                .bind((report.rows + report.versions) as i64)
+                .execute(&self.pool)
+                .await?;
+            }
+            Err(e) => {
+                sqlx::query(
+                    "UPDATE jobs SET state = 'failed', finished_at = $2, runs = runs + 1, \
+                     last_error = $3 WHERE name = $1",
+                )
+                .bind(PRUNE_JOB)
+                .bind(finished)
+                .bind(e.to_string())
+                .execute(&self.pool)
+                .await?;
+            }
+        }
+        result
+    }
+
+    async fn job(&self, name: &str) -> Result<Option<JobStatus>, StorageError> {
+        let row = sqlx::query(
+            "SELECT name, state, started_at, finished_at, runs, items, last_error FROM jobs \
+             WHERE name = $1",
+        )
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(r) = row else {
+            return Ok(None);
+        };
+        Ok(Some(JobStatus {
+            name: r.try_get("name")?,
+            state: r.try_get("state")?,
+            started_at: r.try_get("started_at")?,
+            finished_at: r.try_get("finished_at")?,
+            runs: r.try_get("runs")?,
+            items: r.try_get("items")?,
+            last_error: r.try_get("last_error")?,
+        }))
+    }
+}
+
+impl<DB: Dialect> SqlApi<DB>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'a> &'a str: ColumnIndex<DB::Row> + Encode<'a, DB> + Type<DB>,
+    usize: ColumnIndex<DB::Row>,
+    for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> String: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> Option<i64>: Encode<'a, DB> + Decode<'a, DB>,
+{
+    async fn job_started(&self, name: &str, now: i64) -> Result<(), StorageError> {
+        sqlx::query(
+            "INSERT INTO jobs (name, state, started_at) VALUES ($1, 'running', $2) \
+             ON CONFLICT (name) DO UPDATE SET state = 'running', started_at = $2",
+        )
+        .bind(name)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// For each document, the newest version older than `cutoff` and within the snapshot
+    /// becomes the history's first base: the log rows up to it and the automatic versions
+    /// before it go. Each document in its own short transaction.
+    async fn prune(&self, cutoff: i64) -> Result<PruneReport, StorageError> {
+        let mut report = PruneReport::default();
+        let mut after: i64 = 0;
+        loop {
+            let bases: Vec<(i64, Option<i64>)> = sqlx::query_as(
+                "SELECT d.id, (SELECT MAX(v.seq) FROM doc_versions v \
+                   WHERE v.doc_id = d.id AND v.created_at < $2 AND v.seq <= d.snapshot_seq) \
+                 FROM documents d WHERE d.id > $1 ORDER BY d.id LIMIT 500",
+            )
+            .bind(after)
+            .bind(cutoff)
+            .fetch_all(&self.pool)
+            .await?;
+            let Some((last, _)) = bases.last() else {
+                break;
+            };
+            after = *last;
+            for (doc, base) in bases {
+                let Some(base) = base else { continue };
+                let mut tx = self.pool.begin().await?;
+                let rows = sqlx::query("DELETE FROM doc_updates WHERE doc_id = $1 AND seq <= $2")
+                    .bind(doc)
+                    .bind(base)
+                    .execute(&mut *tx)
+                    .await?;
+                let versions = sqlx::query(
+                    "DELETE FROM doc_versions WHERE doc_id = $1 AND kind = 'auto' \
+                     AND seq < $2 AND created_at < $3",
+                )
+                .bind(doc)
+                .bind(base)
+                .bind(cutoff)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                let (rows, versions) = (DB::rows_affected(&rows), DB::rows_affected(&versions));
+                if rows + versions > 0 {
+                    report.docs += 1;
+                    report.rows += rows;
+                    report.versions += versions;
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+fn version_row<DB: Dialect>(row: &DB::Row) -> Result<Version, StorageError>
+where
+    for<'a> &'a str: ColumnIndex<DB::Row>,
+    for<'a> i64: Decode<'a, DB> + Type<DB>,
+    for<'a> String: Decode<'a, DB> + Type<DB>,
+    for<'a> Option<String>: Decode<'a, DB>,
+{
+    let kind: String = row.try_get("kind")?;
+    Ok(Version {
+        id: row.try_get("id")?,
+        seq: row.try_get("seq")?,
+        kind: VersionKind::parse(&kind),
+        label: row.try_get("label")?,
+        author: row.try_get("author")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
