@@ -11,10 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use common::*;
 use quire_server::storage::{
-    DocId, DocStore, Epoch, SharedStatements, SnapshotOutcome, StorageError,
+    DocId, DocStore, Epoch, LogEntry, SharedStatements, SnapshotOutcome, StorageError,
 };
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -53,12 +52,12 @@ impl DocStore for FaultyStore {
     fn shared(&self) -> &dyn SharedStatements {
         self.inner.shared()
     }
-    async fn append(
+    async fn append_log(
         &self,
         doc: DocId,
         fence: Option<Epoch>,
         first: i64,
-        rows: Vec<Bytes>,
+        rows: Vec<LogEntry>,
     ) -> Result<(), StorageError> {
         self.appends_tried.fetch_add(1, Ordering::SeqCst);
         if let Ok(mut a) = self.appends.lock() {
@@ -78,7 +77,7 @@ impl DocStore for FaultyStore {
                 "injected: disk I/O error".into(),
             )));
         }
-        self.inner.append(doc, fence, first, rows).await
+        self.inner.append_log(doc, fence, first, rows).await
     }
     async fn write_snapshot(
         &self,

@@ -19,6 +19,7 @@ use yrs::updates::decoder::Decode;
 use yrs::{ReadTxn, StateVector, Transact, Update};
 
 use super::error::{etag, ApiError, Problem};
+use super::history;
 use crate::auth::{Permission, Principal};
 use crate::bus::Change;
 use crate::room::{ApplyError, DocName, RoomCmd};
@@ -28,7 +29,7 @@ use crate::storage::api::{
 };
 use crate::AppState;
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(super) type ApiResult<T> = Result<T, ApiError>;
 
 /// Most documents per page of `GET /docs`.
 const MAX_PAGE: u32 = 200;
@@ -50,6 +51,25 @@ pub fn routes(app: &AppState) -> Router<AppState> {
             get(get_update).merge(post(post_update).route_layer(on_owner())),
         )
         .route("/docs/{name}/json", get(get_json))
+        .route("/docs/{name}/history", get(history::get_history))
+        .route(
+            "/docs/{name}/versions",
+            get(history::list_versions).post(history::create_version),
+        )
+        .route(
+            "/docs/{name}/versions/{id}",
+            axum::routing::delete(history::delete_version),
+        )
+        .route(
+            "/docs/{name}/versions/{id}/json",
+            get(history::version_json),
+        )
+        .route(
+            "/docs/{name}/versions/{id}/restore",
+            post(history::restore_version).route_layer(on_owner()),
+        )
+        .route("/docs/{name}/diff", get(history::get_diff))
+        .route("/docs/{name}/fork", post(history::fork))
         .route("/docs/{name}/access", get(list_access))
         .route(
             "/docs/{name}/access/{user}",
@@ -69,12 +89,17 @@ pub fn routes(app: &AppState) -> Router<AppState> {
     paths(
         create_doc, list_docs, get_doc, patch_doc, delete_doc, restore_doc, get_update,
         post_update, get_json, list_access, put_access, delete_access, get_user, patch_user,
-        get_me, issue_token, revoke, admin_outbox
+        get_me, issue_token, revoke, admin_outbox, history::get_history, history::list_versions,
+        history::create_version, history::delete_version, history::version_json,
+        history::get_diff, history::restore_version, history::fork
     ),
     components(schemas(
         DocMeta, DocPatch, UserProfile, UserPatch, Role, Permission, Problem, CreateDoc, DocPage,
         UpdateApplied, AccessEntry, SetRole, IssueToken, IssuedToken, RevokeRequest, Revocation,
-        OutboxView, OutboxEvent, DeadEvent
+        OutboxView, OutboxEvent, DeadEvent, history::HistoryPage, crate::history::Session,
+        crate::history::AuthorShare, crate::storage::history::Version,
+        crate::storage::history::VersionKind, history::CreateVersion, history::DiffView,
+        crate::history::TextDiff, crate::history::Run, history::Restored, history::Fork
     )),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -225,7 +250,7 @@ async fn read_committed<T>(
 }
 
 /// Sends a command to the document's room (loading it if needed) and waits for the answer.
-async fn ask_room<T>(
+pub(super) async fn ask_room<T>(
     app: &AppState,
     name: &str,
     mut make: impl FnMut(oneshot::Sender<T>) -> RoomCmd,
@@ -596,15 +621,31 @@ async fn post_update(
     }
 }
 
-/// The document's root types as JSON (text as strings, maps as objects, arrays as arrays).
-#[utoipa::path(get, path = "/api/v1/docs/{name}/json", params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded")),
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AtParams {
+    /// The content at this time (RFC 3339), within the retained history.
+    at: Option<String>,
+    /// The content at this log position, within the retained history.
+    at_position: Option<i64>,
+}
+
+/// The document's root types as JSON (text as strings, maps as objects, arrays as arrays):
+/// now, or at a time or log position of its history.
+#[utoipa::path(get, path = "/api/v1/docs/{name}/json", params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded"), AtParams),
     responses((status = 200, body = Object), BadRequest, Unauthorized, Forbidden, NotFound, Gone, Unavailable))]
 async fn get_json(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
     ApiPath(name): ApiPath<String>,
+    ApiQuery(p): ApiQuery<AtParams>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    if p.at.is_some() || p.at_position.is_some() {
+        return Ok(Json(
+            history::json_at(&app, &doc, p.at.as_deref(), p.at_position).await?,
+        ));
+    }
     let json = read_committed(
         &app,
         &doc.name,

@@ -4,6 +4,7 @@
 pub mod api;
 mod error;
 mod extract;
+mod history;
 mod idempotency;
 pub mod owner;
 

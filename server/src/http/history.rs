@@ -1,0 +1,572 @@
+//! The version history routes under `/api/v1/docs/{name}/` (docs/history.md): sessions,
+//! versions, content at a time or position, diffs, restore and fork.
+//!
+//! Reads come from storage on any node (the log, the versions and the snapshot are the
+//! committed truth); a restore goes through the document's room, on its owner (`on_owner`).
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use yrs::updates::decoder::Decode;
+use yrs::{ReadTxn, StateVector, Transact, Update};
+
+use super::api::{ask_room, doc_for, doc_path, field_limits, live, ApiResult};
+use super::error::responses::*;
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::auth::{Permission, Principal};
+use crate::history::{self, Session, TextDiff};
+use crate::room::{ApplyError, DocName, RoomCmd};
+use crate::storage::api::DocMeta;
+use crate::storage::history::{NewVersion, StateAt, Version, VersionKind};
+use crate::AppState;
+
+/// Most sessions per page of `GET /history`.
+const MAX_SESSIONS: u32 = 100;
+/// Log rows read per statement while grouping sessions.
+const ROWS_PER_READ: u32 = 5000;
+/// Longest version label, in bytes.
+pub const MAX_LABEL: usize = 256;
+
+fn not_retained(what: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::GONE,
+        "not-retained",
+        format!("{what} is older than the retained history (history_retention)"),
+    )
+}
+
+/// The content at log position `seq`, rebuilt from storage.
+async fn doc_at(app: &AppState, doc: &DocMeta, seq: i64) -> ApiResult<yrs::Doc> {
+    let last = app.api.last_seq(doc.id).await?;
+    if seq < 0 || seq > last {
+        return Err(ApiError::bad_request(
+            "position-out-of-range",
+            format!("the document's positions are 0 to {last}"),
+        ));
+    }
+    let at: StateAt = app
+        .api
+        .state_at(doc.id, seq)
+        .await?
+        .ok_or_else(|| not_retained(&format!("position {seq}")))?;
+    rebuild(&at)
+}
+
+fn rebuild(at: &StateAt) -> ApiResult<yrs::Doc> {
+    history::rebuild(at).map_err(stored_invalid)
+}
+
+fn stored_invalid(e: String) -> ApiError {
+    tracing::error!(error = %e, "stored history does not decode");
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "the stored history could not be read",
+    )
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time (`2026-12-01T09:30:00Z`, with a
+/// fraction or an offset such as `+02:00`).
+pub fn parse_time(text: &str) -> Option<i64> {
+    let text = text.trim();
+    // humantime reads UTC (`Z`) times; an offset is applied here.
+    let (base, offset_secs) = match text.len().checked_sub(6).map(|i| text.split_at(i)) {
+        Some((base, off))
+            if (off.starts_with('+') || off.starts_with('-')) && off.as_bytes()[3] == b':' =>
+        {
+            let hours: i64 = off[1..3].parse().ok()?;
+            let minutes: i64 = off[4..6].parse().ok()?;
+            let sign = if off.starts_with('-') { -1 } else { 1 };
+            (format!("{base}Z"), sign * (hours * 3600 + minutes * 60))
+        }
+        _ => (text.to_owned(), 0),
+    };
+    let time = humantime::parse_rfc3339_weak(&base).ok()?;
+    let ms = time.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
+    Some(i64::try_from(ms).ok()? - offset_secs * 1000)
+}
+
+/// Where `at` (RFC 3339) or `at_position` points in the log.
+async fn position(
+    app: &AppState,
+    doc: &DocMeta,
+    at: Option<&str>,
+    at_position: Option<i64>,
+) -> ApiResult<i64> {
+    match (at, at_position) {
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "invalid-query",
+            "give at or at_position, not both",
+        )),
+        (None, Some(seq)) => Ok(seq),
+        (Some(t), None) => {
+            let ms = parse_time(t).ok_or_else(|| {
+                ApiError::bad_request("invalid-time", "at is not an RFC 3339 time")
+            })?;
+            if ms >= crate::storage::now_ms() {
+                return Ok(app.api.last_seq(doc.id).await?);
+            }
+            app.api
+                .position_at(doc.id, ms)
+                .await?
+                .ok_or_else(|| not_retained(&format!("the time {t}")))
+        }
+        (None, None) => app.api.last_seq(doc.id).await.map_err(Into::into),
+    }
+}
+
+/// The content of `GET /json?at=...` or `?at_position=...`.
+pub(super) async fn json_at(
+    app: &AppState,
+    doc: &DocMeta,
+    at: Option<&str>,
+    at_position: Option<i64>,
+) -> ApiResult<serde_json::Value> {
+    let seq = position(app, doc, at, at_position).await?;
+    let content = doc_at(app, doc, seq).await?;
+    Ok(crate::room::doc_json(&content))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct HistoryParams {
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+    /// Sessions per page, 1 to 100 (default 20).
+    limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HistoryPage {
+    /// Editing sessions, newest first: a session ends where no edit came for `version_idle`.
+    pub items: Vec<Session>,
+    /// Pass as `cursor` for the next (older) page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+fn encode_cursor(seq: i64) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("h:{seq}"))
+}
+
+fn decode_cursor(c: &str) -> Option<i64> {
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(c)
+        .ok()?;
+    String::from_utf8(raw)
+        .ok()?
+        .strip_prefix("h:")?
+        .parse()
+        .ok()
+}
+
+/// Who changed the document and when: the retained log grouped into editing sessions.
+#[utoipa::path(get, path = "/api/v1/docs/{name}/history",
+    params(("name" = String, Path, description = "The document's name, percent-encoded"), HistoryParams),
+    responses((status = 200, body = HistoryPage), BadRequest, Unauthorized, Forbidden, NotFound, Gone))]
+pub async fn get_history(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(p): ApiQuery<HistoryParams>,
+) -> ApiResult<Json<HistoryPage>> {
+    let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    let limit = p.limit.unwrap_or(20).clamp(1, MAX_SESSIONS) as usize;
+    let mut before = match &p.cursor {
+        None => i64::MAX,
+        Some(c) => decode_cursor(c).ok_or_else(|| {
+            ApiError::bad_request("invalid-cursor", "the cursor is not one this server issued")
+        })?,
+    };
+    let gap = app.config.room.history.version_idle.as_millis() as i64;
+    // Rows until one more session than the page has started (so the page's last one is
+    // complete), or the log's start.
+    let mut rows = Vec::new();
+    loop {
+        let chunk = app.api.log_rows(doc.id, before, ROWS_PER_READ).await?;
+        let done = (chunk.len() as u32) < ROWS_PER_READ;
+        if let Some(last) = chunk.last() {
+            before = last.seq;
+        }
+        rows.extend(chunk);
+        if done || history::sessions(&rows, gap).len() > limit {
+            break;
+        }
+    }
+    let mut items = history::sessions(&rows, gap);
+    let next_cursor = if items.len() > limit {
+        items.truncate(limit);
+        items.last().map(|s| encode_cursor(s.first_seq))
+    } else {
+        None
+    };
+    Ok(Json(HistoryPage { items, next_cursor }))
+}
+
+/// The document's versions, oldest first.
+#[utoipa::path(get, path = "/api/v1/docs/{name}/versions",
+    params(("name" = String, Path, description = "The document's name, percent-encoded")),
+    responses((status = 200, body = Vec<Version>), BadRequest, Unauthorized, Forbidden, NotFound, Gone))]
+pub async fn list_versions(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+) -> ApiResult<Json<Vec<Version>>> {
+    let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    Ok(Json(app.api.versions(doc.id).await?))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVersion {
+    /// 1 to 256 bytes.
+    pub label: String,
+}
+
+/// Records the current content as a named version, kept until deleted.
+#[utoipa::path(post, path = "/api/v1/docs/{name}/versions", request_body = CreateVersion,
+    params(("name" = String, Path, description = "The document's name, percent-encoded"),
+        ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 201, body = Version), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, NotJson, Unprocessable))]
+pub async fn create_version(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(body): ApiJson<CreateVersion>,
+) -> ApiResult<Response> {
+    let doc = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
+    if body.label.is_empty() || body.label.len() > MAX_LABEL {
+        return Err(ApiError::bad_request(
+            "invalid-label",
+            format!("a label is 1 to {MAX_LABEL} bytes"),
+        ));
+    }
+    let seq = app.api.last_seq(doc.id).await?;
+    let content = doc_at(&app, &doc, seq).await?;
+    let version = record(
+        &app,
+        &doc,
+        seq,
+        &content,
+        VersionKind::Named,
+        Some(body.label),
+        &principal,
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(version)).into_response())
+}
+
+/// Records `content` (the document at `seq`) as a version.
+async fn record(
+    app: &AppState,
+    doc: &DocMeta,
+    seq: i64,
+    content: &yrs::Doc,
+    kind: VersionKind,
+    label: Option<String>,
+    principal: &Principal,
+) -> ApiResult<Version> {
+    let created_at = crate::storage::now_ms();
+    let new = NewVersion {
+        doc: doc.id,
+        seq,
+        kind,
+        label: label.clone(),
+        author: Some(principal.user.clone()),
+        state: history::encode_state(content),
+        created_at,
+    };
+    let id = app.store.add_version(new).await?;
+    app.metrics.versions_created.inc();
+    Ok(Version {
+        id,
+        seq,
+        kind,
+        label,
+        author: Some(principal.user.clone()),
+        created_at,
+    })
+}
+
+/// The version, or 404.
+async fn version_of(app: &AppState, doc: &DocMeta, id: i64) -> ApiResult<(Version, Vec<u8>)> {
+    app.api
+        .version_state(doc.id, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("version"))
+}
+
+/// Deletes a version (named versions are kept until then).
+#[utoipa::path(delete, path = "/api/v1/docs/{name}/versions/{id}",
+    params(("name" = String, Path, description = "The document's name, percent-encoded"), ("id" = i64, Path),
+        ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 204), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, Unprocessable))]
+pub async fn delete_version(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath((name, id)): ApiPath<(String, i64)>,
+) -> ApiResult<StatusCode> {
+    let doc = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
+    if app.api.delete_version(doc.id, id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found("version"))
+    }
+}
+
+/// The content at a version, in the shape of `GET /docs/{name}/json`.
+#[utoipa::path(get, path = "/api/v1/docs/{name}/versions/{id}/json",
+    params(("name" = String, Path, description = "The document's name, percent-encoded"), ("id" = i64, Path)),
+    responses((status = 200, body = Object), BadRequest, Unauthorized, Forbidden, NotFound, Gone))]
+pub async fn version_json(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath((name, id)): ApiPath<(String, i64)>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    let (_, state) = version_of(&app, &doc, id).await?;
+    let content = history::from_state(&state).map_err(stored_invalid)?;
+    Ok(Json(crate::room::doc_json(&content)))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DiffParams {
+    /// The version to compare from.
+    from: i64,
+    /// The version to compare to (default: the current content).
+    to: Option<i64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DiffView {
+    pub from: Version,
+    /// `null`: the current content.
+    pub to: Option<Version>,
+    /// Per text root: kept, inserted and deleted runs, each with the author of its text.
+    pub texts: Vec<TextDiff>,
+}
+
+/// What changed in each text between two versions, with authors.
+#[utoipa::path(get, path = "/api/v1/docs/{name}/diff",
+    params(("name" = String, Path, description = "The document's name, percent-encoded"), DiffParams),
+    responses((status = 200, body = DiffView), BadRequest, Unauthorized, Forbidden, NotFound, Gone))]
+pub async fn get_diff(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(p): ApiQuery<DiffParams>,
+) -> ApiResult<Json<DiffView>> {
+    let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    let (from, from_state) = version_of(&app, &doc, p.from).await?;
+    let (to, to_state) = match p.to {
+        Some(id) => {
+            let (v, s) = version_of(&app, &doc, id).await?;
+            (Some(v), s)
+        }
+        None => {
+            let seq = app.api.last_seq(doc.id).await?;
+            (None, history::encode_state(&doc_at(&app, &doc, seq).await?))
+        }
+    };
+    let authors = app.api.authors(doc.id).await?;
+    let texts =
+        tokio::task::spawn_blocking(move || history::diff(&from_state, &to_state, &authors))
+            .await
+            .map_err(|e| stored_invalid(e.to_string()))?
+            .map_err(stored_invalid)?;
+    Ok(Json(DiffView { from, to, texts }))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Restored {
+    /// The log position the restore was committed at.
+    pub seq: i64,
+    /// The version recording the restored content.
+    pub version: Version,
+}
+
+/// Makes a version's content current again, as a new change: committed, broadcast to every
+/// client, attributed to the caller, recorded as a version. Concurrent edits outside the
+/// restored ranges are kept.
+#[utoipa::path(post, path = "/api/v1/docs/{name}/versions/{id}/restore",
+    params(("name" = String, Path, description = "The document's name, percent-encoded"), ("id" = i64, Path),
+        ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, body = Restored), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, TooLarge, Unprocessable, Unavailable))]
+pub async fn restore_version(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath((name, id)): ApiPath<(String, i64)>,
+) -> ApiResult<Json<Restored>> {
+    let doc = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
+    let (restored, state) = version_of(&app, &doc, id).await?;
+    // The current content, committed, from the room (this node owns it: `on_owner`).
+    let current = ask_room(&app, &doc.name, |reply| RoomCmd::ReadUpdate {
+        since: StateVector::default(),
+        reply,
+    })
+    .await?;
+    let client = history::server_client_id();
+    let update =
+        tokio::task::spawn_blocking(move || history::restore_update(&state, &current, client))
+            .await
+            .map_err(|e| stored_invalid(e.to_string()))?
+            .map_err(stored_invalid)?;
+    let seq = apply(&app, &doc, &principal, update).await?;
+    let content = doc_at(&app, &doc, seq).await?;
+    let version = record(
+        &app,
+        &doc,
+        seq,
+        &content,
+        VersionKind::Restore,
+        Some(format!("restored version {}", restored.id)),
+        &principal,
+    )
+    .await?;
+    Ok(Json(Restored { seq, version }))
+}
+
+/// Applies `update` (Yjs v1) through the document's room as `principal`'s change; the log
+/// position it was committed at.
+async fn apply(
+    app: &AppState,
+    doc: &DocMeta,
+    principal: &Principal,
+    update: Vec<u8>,
+) -> ApiResult<i64> {
+    let raw = bytes::Bytes::from(update);
+    let author: std::sync::Arc<str> = principal.user.as_str().into();
+    let result = ask_room(app, &doc.name, |reply| RoomCmd::Apply {
+        raw: raw.clone(),
+        update: Update::decode_v1(&raw).unwrap_or_else(|_| Update::new()),
+        reply,
+        author: Some(author.clone()),
+        budget: None,
+    })
+    .await?;
+    match result {
+        Ok(seq) => Ok(seq),
+        Err(ApplyError::Invalid(e)) => Err(stored_invalid(e)),
+        Err(ApplyError::Unavailable) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "document-unavailable",
+            "the document's storage is not answering; retry later",
+        )),
+        Err(ApplyError::TooLarge) => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "document-too-large",
+            "the document would exceed max_doc_size",
+        )),
+    }
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Fork {
+    /// The new document's name.
+    pub name: String,
+    #[serde(default)]
+    pub title: String,
+    /// A version of the document to start from.
+    pub version: Option<i64>,
+    /// Or a time (RFC 3339) within the retained history.
+    pub at: Option<String>,
+    /// Or a log position. None of the three: the current content.
+    pub at_position: Option<i64>,
+}
+
+/// A new document with this one's content at a version, a time or now.
+#[utoipa::path(post, path = "/api/v1/docs/{name}/fork", request_body = Fork,
+    params(("name" = String, Path, description = "The document's name, percent-encoded"),
+        ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 201, body = DocMeta, headers(("ETag" = String))), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, NotJson, Unprocessable, Unavailable))]
+pub async fn fork(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(body): ApiJson<Fork>,
+) -> ApiResult<Response> {
+    let source = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    let new_name = DocName::parse(&body.name)
+        .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
+    if body.title.len() > field_limits::TITLE {
+        return Err(ApiError::bad_request(
+            "field-too-long",
+            format!("title is longer than {} bytes", field_limits::TITLE),
+        ));
+    }
+    if principal.permission_on(new_name.as_str(), None) < Some(Permission::Write) {
+        return Err(ApiError::forbidden(
+            "write permission on the new name is required",
+        ));
+    }
+    let content = match (body.version, &body.at, body.at_position) {
+        (Some(id), None, None) => {
+            let (_, state) = version_of(&app, &source, id).await?;
+            history::from_state(&state).map_err(stored_invalid)?
+        }
+        (None, at, at_position) => {
+            let seq = position(&app, &source, at.as_deref(), at_position).await?;
+            doc_at(&app, &source, seq).await?
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "invalid-fork",
+                "give at most one of version, at and at_position",
+            ))
+        }
+    };
+    // Without the deleted content the history document keeps.
+    let update = {
+        let gc = yrs::Doc::new();
+        let state = history::encode_state(&content);
+        let decoded = Update::decode_v2(&state).map_err(|e| stored_invalid(e.to_string()))?;
+        gc.transact_mut()
+            .apply_update(decoded)
+            .map_err(|e| stored_invalid(e.to_string()))?;
+        let v1 = gc
+            .transact()
+            .encode_state_as_update_v1(&StateVector::default());
+        v1
+    };
+    let created = app
+        .api
+        .create_doc(new_name.as_str(), &body.title, Some(&principal.user))
+        .await?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "document-exists",
+                "a document with this name exists",
+            )
+        })?;
+    apply(&app, &created, &principal, update).await?;
+    let mut resp = (StatusCode::CREATED, Json(&created)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&super::error::etag(created.version)) {
+        resp.headers_mut().insert(header::ETAG, v);
+    }
+    if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/docs/{}", doc_path(&created.name))) {
+        resp.headers_mut().insert(header::LOCATION, loc);
+    }
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_time;
+
+    #[test]
+    fn times_are_rfc_3339_with_any_offset() {
+        assert_eq!(parse_time("1970-01-01T00:00:01Z"), Some(1000));
+        assert_eq!(parse_time("1970-01-01T00:00:01.250Z"), Some(1250));
+        assert_eq!(parse_time("1970-01-01T02:00:01+02:00"), Some(1000));
+        assert_eq!(parse_time("1969-12-31T23:00:01-01:00"), Some(1000));
+        assert_eq!(parse_time("yesterday"), None);
+        assert_eq!(parse_time("2026-13-01T00:00:00Z"), None);
+    }
+}

@@ -1,0 +1,570 @@
+//! Version history (docs/history.md), on whichever database the suite runs (SQLite, or
+//! PostgreSQL with `QUIRE_TEST_DATABASE=postgres`): attributed sessions, automatic and named
+//! versions, content at a position or a time, diffs with authors, restore as a forward change
+//! that concurrent and offline clients merge, fork, retention and its prune job.
+//! Content is checked with fresh clients or the API, never with the clients that wrote it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use quire_server::auth::Permission;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+/// A secured server whose editing sessions end after `idle` without an edit.
+async fn start(dir: &std::path::Path, idle: Duration) -> TestServer {
+    let mut cfg = secured(dir);
+    cfg.room.history.version_idle = idle;
+    TestServer::start(cfg).await
+}
+
+fn ws(server: &TestServer, doc: &str, user: &str, perm: Permission) -> String {
+    format!("{}?token={}", server.url(doc), token(user, doc, perm))
+}
+
+async fn get(http: &reqwest::Client, server: &TestServer, path: &str) -> (StatusCode, Value) {
+    let resp = http
+        .get(api(server, path))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("get");
+    let status = resp.status();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn post(
+    http: &reqwest::Client,
+    server: &TestServer,
+    path: &str,
+    bearer: &str,
+    body: Value,
+) -> (StatusCode, Value) {
+    let resp = http
+        .post(api(server, path))
+        .bearer_auth(bearer)
+        .json(&body)
+        .send()
+        .await
+        .expect("post");
+    let status = resp.status();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Polls the versions list until `done` holds (automatic versions are written by the room).
+async fn versions_until(
+    http: &reqwest::Client,
+    server: &TestServer,
+    doc: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    for _ in 0..200 {
+        let (status, list) = get(http, server, &format!("/docs/{doc}/versions")).await;
+        assert_eq!(status, StatusCode::OK, "{list}");
+        let list = list.as_array().cloned().unwrap_or_default();
+        if done(&list) {
+            return list;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("versions never matched");
+}
+
+/// What a fresh client reads of the document's text.
+async fn fresh_text(server: &TestServer, doc: &str) -> String {
+    let url = format!(
+        "{}?token={}",
+        server.url(doc),
+        token("reader", "*", Permission::Read)
+    );
+    let c = Client::connect(&url, 900).await;
+    let text = c.text();
+    c.close().await;
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_edit_is_attributed_and_the_history_groups_editing_sessions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), Duration::from_millis(400)).await;
+    let http = reqwest::Client::new();
+
+    let mut ann = Client::connect(&ws(&server, "notes", "ann", Permission::Write), 1).await;
+    ann.insert(0, "hello").await;
+    ann.insert(5, " world").await;
+    ann.durable_ack(1).await;
+    // A pause longer than version_idle: the next edits are another session.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut bob = Client::connect(&ws(&server, "notes", "bob", Permission::Write), 2).await;
+    bob.insert(11, "!").await;
+    bob.durable_ack(1).await;
+
+    let (status, page) = get(&http, &server, "/docs/notes/history").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let items = page["items"].as_array().expect("items");
+    assert_eq!(items.len(), 2, "two sessions: {page}");
+    // Newest first: bob's, then ann's.
+    assert_eq!(items[0]["authors"][0]["author"], "bob");
+    assert_eq!(items[0]["updates"], 1);
+    assert_eq!(items[0]["inserted"], 1);
+    assert_eq!(items[1]["authors"][0]["author"], "ann");
+    assert_eq!(items[1]["updates"], 2);
+    assert_eq!(items[1]["inserted"], 11);
+    assert_eq!(
+        (
+            items[1]["first_seq"].as_i64(),
+            items[1]["last_seq"].as_i64()
+        ),
+        (Some(1), Some(2))
+    );
+    assert!(page["next_cursor"].is_null());
+
+    // One session per page: the cursor leads to the older one.
+    let (_, first) = get(&http, &server, "/docs/notes/history?limit=1").await;
+    assert_eq!(first["items"][0]["authors"][0]["author"], "bob");
+    let cursor = first["next_cursor"].as_str().expect("cursor");
+    let (_, second) = get(
+        &http,
+        &server,
+        &format!("/docs/notes/history?limit=1&cursor={cursor}"),
+    )
+    .await;
+    assert_eq!(second["items"][0]["authors"][0]["author"], "ann");
+    assert!(second["next_cursor"].is_null());
+
+    // The session's end made an automatic version, attributed to its last author.
+    let versions = versions_until(&http, &server, "notes", |v| !v.is_empty()).await;
+    assert_eq!(versions[0]["kind"], "auto");
+    assert_eq!(versions[0]["author"], "ann");
+    assert_eq!(versions[0]["seq"], 2);
+
+    // Every item is attributed: the diff from ann's version to now names bob's "!" and
+    // ann's text (through the client ids each introduced).
+    let v = versions[0]["id"].as_i64().expect("id");
+    let (status, diff) = get(&http, &server, &format!("/docs/notes/diff?from={v}")).await;
+    assert_eq!(status, StatusCode::OK, "{diff}");
+    assert_eq!(
+        diff["texts"][0]["runs"],
+        json!([
+            {"kind": "kept", "text": "hello world", "author": null},
+            {"kind": "inserted", "text": "!", "author": "bob"},
+        ])
+    );
+    ann.close().await;
+    bob.close().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_at_any_position_or_time_and_at_each_version() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), Duration::from_millis(300)).await;
+    let http = reqwest::Client::new();
+    let mut ann = Client::connect(&ws(&server, "plan", "ann", Permission::Write), 1).await;
+    ann.insert(0, "one").await;
+    ann.durable_ack(1).await;
+    let auto = versions_until(&http, &server, "plan", |v| !v.is_empty()).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let between = std::time::SystemTime::now();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    ann.insert(3, " two").await;
+    ann.insert(7, " three").await;
+    ann.durable_ack(2).await;
+
+    let at_position = |n: i64| format!("/docs/plan/json?at_position={n}");
+    assert_eq!(
+        get(&http, &server, &at_position(0)).await.1["text"],
+        Value::Null
+    );
+    assert_eq!(get(&http, &server, &at_position(1)).await.1["text"], "one");
+    assert_eq!(
+        get(&http, &server, &at_position(2)).await.1["text"],
+        "one two"
+    );
+    assert_eq!(
+        get(&http, &server, &at_position(3)).await.1["text"],
+        "one two three"
+    );
+    let (status, body) = get(&http, &server, &at_position(4)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["type"]
+        .as_str()
+        .unwrap_or("")
+        .ends_with("/position-out-of-range"));
+
+    let time = humantime::format_rfc3339_millis(between).to_string();
+    let (status, then) = get(&http, &server, &format!("/docs/plan/json?at={time}")).await;
+    assert_eq!(status, StatusCode::OK, "{then}");
+    assert_eq!(then["text"], "one");
+    let (status, bad) = get(&http, &server, "/docs/plan/json?at=yesterday").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+
+    let id = auto[0]["id"].as_i64().expect("id");
+    let (status, content) = get(&http, &server, &format!("/docs/plan/versions/{id}/json")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(content, json!({"text": "one"}));
+    let (status, _) = get(&http, &server, "/docs/plan/versions/999999/json").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    ann.close().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_versions_are_created_listed_and_deleted_with_permissions_and_idempotency() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), Duration::from_secs(600)).await;
+    let http = reqwest::Client::new();
+    let mut ann = Client::connect(&ws(&server, "spec", "ann", Permission::Write), 1).await;
+    ann.insert(0, "draft").await;
+    ann.durable_ack(1).await;
+
+    let writer = token("ann", "spec", Permission::Write);
+    let body = json!({"label": "first draft"});
+    let send = |key: &'static str| {
+        http.post(api(&server, "/docs/spec/versions"))
+            .bearer_auth(&writer)
+            .header("idempotency-key", key)
+            .json(&body)
+            .send()
+    };
+    let first = send("v-1").await.expect("post");
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first: Value = first.json().await.expect("json");
+    assert_eq!(first["label"], "first draft");
+    assert_eq!(first["kind"], "named");
+    assert_eq!(first["author"], "ann");
+    // The same key: the same version, not a second one.
+    let again: Value = send("v-1").await.expect("post").json().await.expect("json");
+    assert_eq!(again["id"], first["id"]);
+    let (_, list) = get(&http, &server, "/docs/spec/versions").await;
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+
+    let reader = token("rita", "spec", Permission::Read);
+    let (status, _) = post(&http, &server, "/docs/spec/versions", &reader, body.clone()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let outsider = token("olga", "other", Permission::Write);
+    let (status, _) = post(
+        &http,
+        &server,
+        "/docs/spec/versions",
+        &outsider,
+        body.clone(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = post(
+        &http,
+        &server,
+        "/docs/spec/versions",
+        &writer,
+        json!({"label": ""}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    let id = first["id"].as_i64().expect("id");
+    let url = api(&server, &format!("/docs/spec/versions/{id}"));
+    let deleted = http
+        .delete(&url)
+        .bearer_auth(&writer)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    let gone = http
+        .delete(&url)
+        .bearer_auth(&writer)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(gone.status(), StatusCode::NOT_FOUND);
+    let (_, list) = get(&http, &server, "/docs/spec/versions").await;
+    assert_eq!(list, json!([]));
+    ann.close().await;
+    server.stop().await;
+}
+
+/// A restore is a forward change: committed, broadcast, attributed to the caller, recorded
+/// as a version. A client typing while it happens and a client offline during it (with
+/// edits of its own) converge on the restored text plus their own edits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_is_a_new_change_that_live_and_offline_clients_merge() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), Duration::from_secs(600)).await;
+    let http = reqwest::Client::new();
+    let writer = token("ann", "essay", Permission::Write);
+    let mut ann = Client::connect(&ws(&server, "essay", "ann", Permission::Write), 1).await;
+    ann.insert(0, "The cat sat.").await;
+    ann.durable_ack(1).await;
+    let (status, v1) = post(
+        &http,
+        &server,
+        "/docs/essay/versions",
+        &writer,
+        json!({"label": "v1"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{v1}");
+    let v1 = v1["id"].as_i64().expect("id");
+
+    // Bob goes offline with the document as it is, and edits it offline at its start.
+    let mut bob = Client::connect(&ws(&server, "essay", "bob", Permission::Write), 2).await;
+    bob.sync().await;
+    let offline_doc = bob.doc.clone();
+    bob.close().await;
+    // Meanwhile the cat's sentence is rewritten.
+    ann.insert(4, "big ").await; // "The big cat sat."
+    ann.insert(16, " It purred.").await;
+    ann.durable_ack(2).await;
+    assert_eq!(
+        fresh_text(&server, "essay").await,
+        "The big cat sat. It purred."
+    );
+
+    // Carl types at the end while the restore happens: his edit is made before he sees the
+    // restore and reaches the server after it (what the restore did not see, it keeps).
+    let mut carl = Client::connect(&ws(&server, "essay", "carl", Permission::Write), 3).await;
+    let typed = {
+        use yrs::{Text, Transact};
+        let text = carl.doc.get_or_insert_text("text");
+        let mut txn = carl.doc.transact_mut();
+        let end = text.len(&txn);
+        text.insert(&mut txn, end, " [carl]");
+        txn.encode_update_v1()
+    };
+    let restore_path = format!("/docs/essay/versions/{v1}/restore");
+    let (status, restored) = post(&http, &server, &restore_path, &writer, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{restored}");
+    carl.send_update(&typed).await;
+    carl.durable_ack(3).await;
+    assert_eq!(restored["version"]["kind"], "restore");
+    assert_eq!(restored["version"]["author"], "ann");
+
+    // Bob comes back with his offline edit.
+    let mut bob =
+        Client::connect_with_doc(&ws(&server, "essay", "bob", Permission::Write), offline_doc)
+            .await;
+    bob.insert(0, ">> ").await;
+    bob.durable_ack(4).await;
+
+    let expected = ">> The cat sat. [carl]";
+    assert_eq!(fresh_text(&server, "essay").await, expected);
+    // The live clients converged too.
+    for c in [&mut ann, &mut carl, &mut bob] {
+        let ok = c
+            .pump_until(Duration::from_secs(5), |c| c.text() == expected)
+            .await;
+        assert!(ok, "a live client has {:?}", c.text());
+    }
+    // The restore is in the history as ann's change.
+    let (_, page) = get(&http, &server, "/docs/essay/history").await;
+    let authors: Vec<&str> = page["items"][0]["authors"]
+        .as_array()
+        .expect("authors")
+        .iter()
+        .filter_map(|a| a["author"].as_str())
+        .collect();
+    assert!(
+        authors.contains(&"ann") && authors.contains(&"bob") && authors.contains(&"carl"),
+        "{page}"
+    );
+    // The restore version holds the restored content (with what was committed with it).
+    let rid = restored["version"]["id"].as_i64().expect("id");
+    let (_, content) = get(&http, &server, &format!("/docs/essay/versions/{rid}/json")).await;
+    let text = content["text"].as_str().unwrap_or("");
+    assert!(text.starts_with("The cat sat."), "{content}");
+
+    let reader = token("rita", "essay", Permission::Read);
+    let (status, _) = post(
+        &http,
+        &server,
+        &format!("/docs/essay/versions/{v1}/restore"),
+        &reader,
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    for c in [ann, bob, carl] {
+        c.close().await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_is_a_new_document_with_the_content_at_a_version_or_position() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), Duration::from_secs(600)).await;
+    let http = reqwest::Client::new();
+    let writer = token("ann", "*", Permission::Write);
+    let mut ann = Client::connect(&ws(&server, "origin", "ann", Permission::Write), 1).await;
+    ann.insert(0, "alpha").await;
+    ann.durable_ack(1).await;
+    let (_, v) = post(
+        &http,
+        &server,
+        "/docs/origin/versions",
+        &writer,
+        json!({"label": "a"}),
+    )
+    .await;
+    ann.insert(5, " beta").await;
+    ann.durable_ack(2).await;
+
+    let (status, forked) = post(
+        &http,
+        &server,
+        "/docs/origin/fork",
+        &writer,
+        json!({"name": "copy/at-version", "version": v["id"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{forked}");
+    assert_eq!(forked["owner"], "ann");
+    assert_eq!(fresh_text(&server, "copy%2Fat-version").await, "alpha");
+    let (status, _) = post(
+        &http,
+        &server,
+        "/docs/origin/fork",
+        &writer,
+        json!({"name": "at-two", "at_position": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(fresh_text(&server, "at-two").await, "alpha beta");
+    // The fork is a document of its own: the origin is untouched by its edits.
+    let mut c = Client::connect(&ws(&server, "at-two", "ann", Permission::Write), 5).await;
+    c.insert(0, "forked ").await;
+    c.durable_ack(1).await;
+    assert_eq!(fresh_text(&server, "origin").await, "alpha beta");
+    let (status, _) = post(
+        &http,
+        &server,
+        "/docs/origin/fork",
+        &writer,
+        json!({"name": "at-two"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let narrow = token("ann", "origin", Permission::Write);
+    let (status, _) = post(
+        &http,
+        &server,
+        "/docs/origin/fork",
+        &narrow,
+        json!({"name": "elsewhere"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    c.close().await;
+    ann.close().await;
+    server.stop().await;
+}
+
+/// With `history_retention`, snapshots keep the rows they cover until the prune job removes
+/// those older than the retention behind a version; named versions stay. With retention 0,
+/// a snapshot deletes the rows it covers, as before history existed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_keeps_history_past_snapshots_and_the_prune_job_removes_it_after() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = secured(dir.path());
+    cfg.room.snapshot_updates = 2;
+    cfg.room.snapshot_log_percent = 0;
+    cfg.room.history.version_idle = Duration::from_millis(100);
+    cfg.room.history.retention = Duration::from_millis(1500);
+    cfg.room.history.prune_interval = Duration::from_millis(200);
+    let server = TestServer::start(cfg).await;
+    let http = reqwest::Client::new();
+    let writer = token("ann", "kept", Permission::Write);
+    let mut ann = Client::connect(&ws(&server, "kept", "ann", Permission::Write), 1).await;
+    for (i, word) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+        ann.insert(i as u32, word).await;
+        ann.durable_ack(i as u64 + 1).await;
+    }
+    // Snapshots were written (every 2 updates), yet every position is still there.
+    assert_eq!(
+        get(&http, &server, "/docs/kept/json?at_position=1").await.1["text"],
+        "a"
+    );
+    assert_eq!(
+        get(&http, &server, "/docs/kept/json?at_position=3").await.1["text"],
+        "abc"
+    );
+    let (_, named) = post(
+        &http,
+        &server,
+        "/docs/kept/versions",
+        &writer,
+        json!({"label": "keep me"}),
+    )
+    .await;
+    versions_until(&http, &server, "kept", |v| {
+        v.iter().any(|v| v["kind"] == "auto")
+    })
+    .await;
+    // More editing after the retention has passed, so the first rows are behind a version.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    ann.insert(5, "f").await;
+    ann.insert(6, "g").await;
+    ann.durable_ack(7).await;
+    server
+        .wait_metric("quire_history_rows_pruned_total", |v| v >= 5.0)
+        .await;
+    let (status, body) = get(&http, &server, "/docs/kept/json?at_position=1").await;
+    assert_eq!(status, StatusCode::GONE, "{body}");
+    assert!(body["type"]
+        .as_str()
+        .unwrap_or("")
+        .ends_with("/not-retained"));
+    // The named version stays; the content is whole for a fresh client.
+    let id = named["id"].as_i64().expect("id");
+    let (status, content) = get(&http, &server, &format!("/docs/kept/versions/{id}/json")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(content["text"], "abcde");
+    assert_eq!(fresh_text(&server, "kept").await, "abcdefg");
+    assert!(server.metric("quire_history_prune_runs_total").await >= 1.0);
+    assert!(
+        server
+            .metric("quire_history_prune_last_success_seconds")
+            .await
+            > 0.0
+    );
+    ann.close().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_retention_a_snapshot_deletes_the_rows_it_covers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = secured(dir.path());
+    cfg.room.snapshot_updates = 2;
+    cfg.room.snapshot_log_percent = 0;
+    cfg.room.history.retention = Duration::ZERO;
+    let server = TestServer::start(cfg).await;
+    let http = reqwest::Client::new();
+    let mut ann = Client::connect(&ws(&server, "lean", "ann", Permission::Write), 1).await;
+    for (i, word) in ["a", "b", "c", "d"].iter().enumerate() {
+        ann.insert(i as u32, word).await;
+        ann.durable_ack(i as u64 + 1).await;
+    }
+    // Wait for the snapshot covering the first rows (written after a commit).
+    let mut gone = false;
+    for _ in 0..100 {
+        let (status, _) = get(&http, &server, "/docs/lean/json?at_position=1").await;
+        if status == StatusCode::GONE {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone, "a covered position is no longer retained");
+    assert_eq!(
+        get(&http, &server, "/docs/lean/json").await.1["text"],
+        "abcd"
+    );
+    let (_, versions) = get(&http, &server, "/docs/lean/versions").await;
+    assert_eq!(versions, json!([]), "no automatic versions without history");
+    ann.close().await;
+    server.stop().await;
+}
