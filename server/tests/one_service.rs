@@ -278,6 +278,105 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
     assert_eq!(status, StatusCode::OK);
     check("POST", "/api/v1/docs/{name}/restore");
 
+    // History: read from storage on any node, the same as on the owner; a version made on
+    // B; a restore made on C runs in the owner's room (forwarded) and reaches its client.
+    let (status, v) = call(
+        &http,
+        b,
+        "POST",
+        &format!("/docs/{id}/versions"),
+        Some(json!({"label": "hello world"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let vid = v["id"].as_i64().expect("version id");
+    check("POST", "/api/v1/docs/{name}/versions");
+    writer.insert(11, "!!").await;
+    writer.durable_ack(2).await;
+    for (path, route) in [
+        (
+            format!("/docs/{id}/versions"),
+            "/api/v1/docs/{name}/versions",
+        ),
+        (format!("/docs/{id}/history"), "/api/v1/docs/{name}/history"),
+        (
+            format!("/docs/{id}/versions/{vid}/json"),
+            "/api/v1/docs/{name}/versions/{id}/json",
+        ),
+        (
+            format!("/docs/{id}/diff?from={vid}"),
+            "/api/v1/docs/{name}/diff",
+        ),
+        (
+            format!("/docs/{id}/json?at_position=1"),
+            "/api/v1/docs/{name}/json",
+        ),
+    ] {
+        let on_a = call(&http, a, "GET", &path, None, None).await;
+        let on_c = call(&http, c, "GET", &path, None, None).await;
+        assert_eq!(on_a.0, StatusCode::OK, "{path}: {}", on_a.1);
+        assert_eq!(on_a, on_c, "{path}");
+        check("GET", route);
+    }
+    let (_, diff) = call(
+        &http,
+        c,
+        "GET",
+        &format!("/docs/{id}/diff?from={vid}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(diff["texts"][0]["runs"][1]["text"], "!!", "{diff}");
+    let forwarded = c.metric("quire_forwarded_requests_total").await;
+    let (status, restored) = call(
+        &http,
+        c,
+        "POST",
+        &format!("/docs/{id}/versions/{vid}/restore"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{restored}");
+    assert_eq!(
+        c.metric("quire_forwarded_requests_total").await,
+        forwarded + 1.0
+    );
+    assert!(
+        writer
+            .pump_until(PATIENCE, |c| c.text() == "hello world")
+            .await,
+        "the owner's client sees the restore: {:?}",
+        writer.text()
+    );
+    check("POST", "/api/v1/docs/{name}/versions/{id}/restore");
+    let (status, forked) = call(
+        &http,
+        b,
+        "POST",
+        &format!("/docs/{id}/fork"),
+        Some(json!({"name": "svc-fork", "version": vid})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{forked}");
+    let (_, content) = call(&http, a, "GET", "/docs/svc-fork/json", None, None).await;
+    assert_eq!(content, json!({"text": "hello world"}));
+    check("POST", "/api/v1/docs/{name}/fork");
+    let (status, _) = call(
+        &http,
+        c,
+        "DELETE",
+        &format!("/docs/{id}/versions/{vid}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    check("DELETE", "/api/v1/docs/{name}/versions/{id}");
+
     // Users, tokens, the outbox view: the same answer on every node.
     for (method, path, body) in [
         ("GET", "/users/ann", None),
