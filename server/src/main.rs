@@ -8,6 +8,8 @@ use quire_server::auth::{Auth, Permission};
 use quire_server::config::Settings;
 use tokio_util::sync::CancellationToken;
 
+mod history_cli;
+
 #[derive(Parser)]
 #[command(
     name = "quire",
@@ -28,6 +30,27 @@ enum Command {
     /// Issue or revoke access tokens
     #[command(subcommand)]
     Token(TokenCommand),
+    /// A document's editing sessions, newest first (from a running server)
+    History {
+        /// The document's name
+        name: String,
+        /// Sessions to show
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        #[command(flatten)]
+        target: history_cli::Target,
+        #[command(flatten)]
+        args: Args,
+    },
+    /// A document's versions: list, create, restore (through a running server)
+    Version {
+        #[command(subcommand)]
+        command: history_cli::VersionCommand,
+        #[command(flatten)]
+        target: history_cli::Target,
+        #[command(flatten)]
+        args: Args,
+    },
 }
 
 #[derive(Subcommand)]
@@ -127,6 +150,25 @@ async fn main() -> anyhow::Result<()> {
             )?;
             println!("{token}");
             Ok(())
+        }
+        Command::History {
+            name,
+            limit,
+            target,
+            args,
+        } => {
+            let config = args.resolve()?;
+            let api = history_cli::Api::new(target, &config);
+            history_cli::history(&api, &name, limit).await
+        }
+        Command::Version {
+            command,
+            target,
+            args,
+        } => {
+            let config = args.resolve()?;
+            let api = history_cli::Api::new(target, &config);
+            history_cli::version(&api, command).await
         }
         Command::Token(TokenCommand::Revoke {
             token_id,

@@ -203,3 +203,85 @@ fn token_issue_prints_a_token_the_server_accepts_and_revoke_records_it() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("revocation 1 recorded"));
 }
+
+/// `quire history` and `quire version list|create|restore` against a running server: what
+/// they print, and a restore that a fresh client then reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_and_version_commands_work_through_the_running_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(secured(dir.path())).await;
+    let url = format!(
+        "{}?token={}",
+        server.url("cli/doc"),
+        token("ann", "cli/doc", quire_server::auth::Permission::Write)
+    );
+    let mut ann = Client::connect(&url, 1).await;
+    ann.insert(0, "first").await;
+    ann.durable_ack(1).await;
+    let base = server.http("");
+    let run = |args: &[&str]| {
+        let out = quire()
+            .args(args)
+            .args(["--server", base.trim_end_matches('/'), "--token", ADMIN])
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "quire {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let created =
+        tokio::task::block_in_place(|| run(&["version", "create", "cli/doc", "--label", "one"]));
+    assert!(
+        created.starts_with("version 1 of cli/doc at position 1"),
+        "{created}"
+    );
+    ann.insert(5, " second").await;
+    ann.durable_ack(2).await;
+    let list = tokio::task::block_in_place(|| run(&["version", "list", "cli/doc"]));
+    assert!(
+        list.contains("1  position 1  named") && list.contains("one"),
+        "{list}"
+    );
+    let history = tokio::task::block_in_place(|| run(&["history", "cli/doc"]));
+    assert!(
+        history.contains("positions 1-2") && history.contains("ann (2 updates, +12 -0)"),
+        "{history}"
+    );
+    let restored = tokio::task::block_in_place(|| run(&["version", "restore", "cli/doc", "1"]));
+    assert!(
+        restored.starts_with("restored version 1 of cli/doc at position 3"),
+        "{restored}"
+    );
+    let fresh = format!(
+        "{}?token={}",
+        server.url("cli/doc"),
+        token("rita", "cli/doc", quire_server::auth::Permission::Read)
+    );
+    let reader = Client::connect(&fresh, 9).await;
+    assert_eq!(reader.text(), "first");
+    // A refusal is an error exit with the server's reason.
+    let out = quire()
+        .args([
+            "version",
+            "restore",
+            "cli/doc",
+            "999",
+            "--server",
+            base.trim_end_matches('/'),
+        ])
+        .args(["--token", ADMIN])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("404"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    reader.close().await;
+    ann.close().await;
+    server.stop().await;
+}
