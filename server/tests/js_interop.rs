@@ -122,3 +122,30 @@ async fn javascript_and_rust_clients_converge_on_one_document() {
     assert!(js.wait().await.expect("exit").success());
     server.stop().await;
 }
+
+/// A restore while real y-websocket clients edit (tests/js/history.mjs): a client typing
+/// throughout and one offline during the restore converge, with a fresh client, on the
+/// version's text plus the edits the restore had not seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_under_live_and_offline_yjs_clients_converges() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let seed = seed() % (1 << 31);
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        node()
+            .args(["history.mjs", "--url", &format!("ws://{}", server.addr)])
+            .args(["--http", &format!("http://{}", server.addr)])
+            .args(["--doc", "restored", "--seed", &seed.to_string()])
+            .output(),
+    )
+    .await
+    .expect("history script finishes")
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(out.status.success(), "restore interop failed (seed {seed})");
+    assert!(stdout.contains("\"ok\":true"));
+    server.stop().await;
+}
