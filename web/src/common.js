@@ -63,6 +63,11 @@ const PALETTE = [
 
 const USER_KEY = 'quire.user'
 
+/** The colour pair of an author name (the same name, the same colour, on every page). */
+export function authorColor (name) {
+  return PALETTE[hashString(name || '') % PALETTE.length]
+}
+
 function hashString (s) {
   let h = 0
   for (let i = 0; i < s.length; i++) h = (h * 31 + s.charCodeAt(i)) | 0

@@ -7,6 +7,7 @@ import { EditorView, keymap } from '@codemirror/view'
 import { history, historyKeymap } from '@codemirror/commands'
 import { quireCollab } from './cm-binding.js'
 import { editorBasics } from './setup.js'
+import { historyPanel } from './history-panel.js'
 import {
   params, docName, token, tokenUrl, fetchToken, serverUrl, pageUrl, loadUser, bindNameField, renderPeers, renderStatus, isOffline, showPicker
 } from './common.js'
@@ -147,10 +148,13 @@ async function openEditor (name) {
     if (client.unsaved > 0) e.preventDefault()
   })
 
+  const historyView = historyPanel(name, client)
+
   window.quire = {
     client,
     text,
     view,
+    history: historyView,
     get stats () { return stats }
   }
   view.focus()

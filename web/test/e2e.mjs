@@ -689,3 +689,83 @@ test('an editor on expiring tokens keeps editing: a fresh token per connection, 
     secured.child.kill('SIGKILL')
   }
 })
+
+test('the history panel saves, previews and restores a version while another tab types', { timeout: TEST_TIMEOUT }, async (t) => {
+  const ADMIN = 'admin-key-for-e2e-history'
+  const secured = await startServer('history.db', ['--auth-key', 'k1:e2e-history-secret-0123456789', '--admin-key', ADMIN])
+  const origin = `http://127.0.0.1:${secured.port}`
+  try {
+    const doc = freshDoc('history')
+    const mint = async (user) => {
+      const res = await fetch(`${origin}/api/v1/tokens`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ user, doc, permission: 'write', ttl_secs: 3600 })
+      })
+      assert.equal(res.status, 201)
+      return (await res.json()).token
+    }
+    const alice = await newPage(t)
+    const bob = await newPage(t)
+    await openWasm(alice, origin, doc, 'Alice', { token: await mint('alice') })
+    await openWasm(bob, origin, doc, 'Bob', { token: await mint('bob') })
+
+    // Alice writes and saves a version from the panel.
+    await caretAtLineEnd(alice, 1)
+    await alice.keyboard.type('The cat sat.', { delay: 5 })
+    await waitConverged([alice, bob], ['The cat sat.'])
+    await waitSaved(alice)
+    await alice.fill('#version-label', 'first draft')
+    await alice.click('#save-version button[type=submit]')
+    await alice.waitForSelector('#timeline li.version[data-kind=named]', { timeout: WAIT })
+
+    // Bob adds a sentence; both tabs' timelines show the sessions with both authors.
+    await caretAtLineEnd(bob, 1)
+    await bob.keyboard.type(' It purred.', { delay: 5 })
+    await waitConverged([alice, bob], ['The cat sat. It purred.'])
+    await waitSaved(bob)
+    await alice.evaluate(() => window.quire.history.refresh())
+    await alice.waitForFunction(() => {
+      const names = [...document.querySelectorAll('#timeline li.session .author')].map((e) => e.textContent)
+      return names.includes('alice') && names.includes('bob')
+    }, null, { timeout: WAIT })
+    await shot(alice, 'h-history-timeline')
+
+    // The preview: the version's text, and Bob's sentence highlighted as his insertion.
+    await alice.click('#timeline li.version[data-kind=named] .open-version')
+    await alice.waitForFunction(() => {
+      const ins = document.querySelector('#preview-diff ins[data-author="bob"]')
+      return ins != null && ins.textContent === ' It purred.'
+    }, null, { timeout: WAIT })
+    assert.equal(await alice.textContent('#preview-text'), 'The cat sat.')
+    const bobColor = await alice.evaluate(() => document.querySelector('#preview-diff ins').style.borderBottomColor)
+    const aliceChip = await alice.evaluate(() => [...document.querySelectorAll('#timeline .author')].find((e) => e.textContent === 'alice').style.backgroundColor)
+    assert.notEqual(bobColor, aliceChip, 'authors have their own colours')
+    await shot(alice, 'h-history-preview')
+
+    // Restore while Bob types on a new line; what he types after the restore stays.
+    await caretAtLineEnd(bob, 1)
+    const typing = bob.keyboard.type('\nbob keeps typing', { delay: 30 })
+    await alice.click('#restore-version')
+    await alice.waitForFunction(() => document.getElementById('history-note').textContent.startsWith('Restored'), null, { timeout: WAIT })
+    await typing
+    await bob.keyboard.type(' [after]', { delay: 10 })
+    const text = await waitConverged([alice, bob], ['The cat sat.', '[after]'])
+    assert.ok(text.startsWith('The cat sat.'), text)
+    assert.ok(!text.includes('purred'), `the restore removed what came after the version: ${text}`)
+    await Promise.all([waitSaved(alice), waitSaved(bob)])
+    await alice.evaluate(() => window.quire.history.refresh())
+    await alice.waitForSelector('#timeline li.version[data-kind=restore]', { timeout: WAIT })
+    await shot(alice, 'h-history-restored-alice')
+    await shot(bob, 'h-history-restored-bob')
+    // A fresh tab reads the same.
+    const fresh = await newPage(t)
+    await openWasm(fresh, origin, doc, 'Fresh', { token: await mint('fresh') })
+    assert.equal(await waitConverged([fresh], ['[after]']), text)
+    await assertBindingClean(alice)
+    await assertBindingClean(bob)
+    for (const p of [alice, bob, fresh]) await p.closeContext()
+  } finally {
+    secured.child.kill('SIGKILL')
+  }
+})
