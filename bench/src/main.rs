@@ -13,6 +13,10 @@
 //!   server RSS per connection.
 //! - `coldload`: replays the editing trace through one client (ingest rate), or (with
 //!   `--verify`) times a new client's sync to the stored document and checks its text.
+//! - `history` (Quire only): replays the editing trace as sessions of one author each (a
+//!   token per author, a pause longer than the server's `--version-idle` between them), then
+//!   times the history routes: listing the sessions, the content at random positions, the
+//!   diff of two versions far apart.
 //!
 //! The generator is cheap by design: clients never apply what they receive; they decode only
 //! the update's block ids to find which send it was.
@@ -52,6 +56,29 @@ enum Scenario {
     Idle(IdleArgs),
     /// The real editing trace through one client, or a new client's sync to it.
     Coldload(ColdArgs),
+    /// The editing trace as sessions of one author each; then the history routes, timed.
+    History(HistoryArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct HistoryArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The editing trace (gzipped JSON: edits and finalText)
+    #[arg(long, default_value = "../shared/data/editing-trace.json.gz")]
+    trace: PathBuf,
+    /// Sessions (authors) the trace is cut into
+    #[arg(long, default_value_t = 100)]
+    sessions: usize,
+    /// The server's admin key, to issue each author's token
+    #[arg(long)]
+    admin_key: String,
+    /// Pause between sessions: longer than the server's `--version-idle`
+    #[arg(long, default_value = "300ms", value_parser = humantime::parse_duration)]
+    pause: Duration,
+    /// Times each read is repeated
+    #[arg(long, default_value_t = 20)]
+    repeat: usize,
 }
 
 #[derive(clap::Args, Clone)]
@@ -168,6 +195,7 @@ async fn main() -> anyhow::Result<()> {
             r.print();
         }
         Scenario::Search(args) => search(args).await?,
+        Scenario::History(args) => history(args).await?,
         Scenario::Idle(args) => idle(args).await?,
         Scenario::Coldload(args) => coldload(args).await?,
     }
@@ -840,8 +868,8 @@ async fn coldload(args: ColdArgs) -> anyhow::Result<()> {
             }
             match tokio::time::timeout(WATCH_QUIET, watcher.next()).await {
                 Ok(None) => anyhow::bail!("watcher closed before the end of the trace"),
-                Ok(Some(frame)) => {
-                    if let WsMessage::Binary(data) = frame? {
+                Ok(Some(frame)) => match frame? {
+                    WsMessage::Binary(data) => {
                         for m in wire::parse(c.flavor, &data) {
                             if let Incoming::Update(u) = m {
                                 received.push(u);
@@ -849,7 +877,13 @@ async fn coldload(args: ColdArgs) -> anyhow::Result<()> {
                             }
                         }
                     }
-                }
+                    // Say why, for the record.
+                    WsMessage::Close(frame) => eprintln!(
+                        "the server closed the watcher after {} updates: {frame:?}",
+                        received.len()
+                    ),
+                    _ => {}
+                },
                 Err(_) if watched_text(&received) == trace.final_text => break,
                 Err(_) => {}
             }
@@ -888,6 +922,183 @@ async fn coldload(args: ColdArgs) -> anyhow::Result<()> {
             "yrs_alone_per_s": local,
             "bench_cpu_s": own_cpu_seconds() - cpu_start,
             "server_rss_kib": c.server_pid.and_then(process_rss_kib),
+        })
+    );
+    Ok(())
+}
+
+/// The trace as `--sessions` sessions, one author each, each sent over its own connection
+/// and committed (durable acknowledgement) before a pause; then the history routes timed.
+async fn history(args: HistoryArgs) -> anyhow::Result<()> {
+    let c = &args.common;
+    let trace = read_trace(&args.trace)?;
+    let doc_name = format!("{}-history", c.prefix);
+    let http_base = c
+        .url
+        .replacen("ws://", "http://", 1)
+        .replacen("wss://", "https://", 1)
+        .trim_end_matches('/')
+        .to_owned();
+    let http = reqwest::Client::new();
+    let api = |path: &str| format!("{http_base}/api/v1/docs/{doc_name}{path}");
+    let doc = Doc::with_client_id(424_242);
+    let per_session = trace.edits.len().div_ceil(args.sessions.max(1));
+    let started = Instant::now();
+    let mut ingest = Duration::ZERO;
+    for (i, chunk) in trace.edits.chunks(per_session).enumerate() {
+        let token: serde_json::Value = http
+            .post(format!("{http_base}/api/v1/tokens"))
+            .bearer_auth(&args.admin_key)
+            .json(&serde_json::json!({"user": format!("author-{i}"), "doc": doc_name, "permission": "write"}))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let token = token["token"].as_str().context("no token issued")?;
+        // A fresh client id per session, as a new editor tab would have.
+        let author_doc = Doc::with_client_id(1000 + i as u64);
+        author_doc.transact_mut().apply_update(
+            <yrs::Update as yrs::updates::decoder::Decode>::decode_v1(
+                &doc.transact()
+                    .encode_state_as_update_v1(&StateVector::default()),
+            )?,
+        )?;
+        let author_text = author_doc.get_or_insert_text("text");
+        let frames: Vec<WsMessage> = chunk
+            .iter()
+            .map(|(pos, del, ins)| {
+                let mut txn = author_doc.transact_mut();
+                if *del > 0 {
+                    author_text.remove_range(&mut txn, *pos, *del);
+                }
+                if !ins.is_empty() {
+                    author_text.insert(&mut txn, *pos, ins);
+                }
+                WsMessage::Binary(protocol::encode_update(&txn.encode_update_v1()))
+            })
+            .collect();
+        let mut ws = wire::connect(&c.url, &format!("{doc_name}?token={token}"), c.flavor).await?;
+        wire::wait_synced(&mut ws, c.flavor, &doc_name, &[0, 0]).await?;
+        let sent = Instant::now();
+        let mut msgs = futures_util::stream::iter(frames.into_iter().map(Ok));
+        ws.send_all(&mut msgs).await?;
+        ws.send(WsMessage::Binary(protocol::encode_durable_ack(
+            i as u64 + 1,
+        )))
+        .await?;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(60), ws.next()).await {
+                Ok(Some(Ok(WsMessage::Binary(data)))) => {
+                    if protocol::read_durable_ack(&data) == Some(i as u64 + 1) {
+                        break;
+                    }
+                }
+                Ok(Some(Ok(_))) => {}
+                other => anyhow::bail!("session {i}: no durable acknowledgement ({other:?})"),
+            }
+        }
+        ingest += sent.elapsed();
+        let _ = ws.close(None).await;
+        // The server's document now holds the session: the next author starts from it.
+        doc.transact_mut().apply_update(
+            <yrs::Update as yrs::updates::decoder::Decode>::decode_v1(
+                &author_doc
+                    .transact()
+                    .encode_state_as_update_v1(&StateVector::default()),
+            )?,
+        )?;
+        tokio::time::sleep(args.pause).await;
+    }
+    let replay = started.elapsed();
+    let versions: Vec<serde_json::Value> = http
+        .get(api("/versions"))
+        .bearer_auth(&args.admin_key)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let timed = |ms: &mut Vec<f64>| {
+        ms.sort_by(f64::total_cmp);
+        (ms[ms.len() / 2], ms[ms.len() - 1])
+    };
+    let mut list = Vec::new();
+    let mut sessions_listed = 0;
+    for _ in 0..args.repeat {
+        let t = Instant::now();
+        let page: serde_json::Value = http
+            .get(api("/history?limit=20"))
+            .bearer_auth(&args.admin_key)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        list.push(t.elapsed().as_secs_f64() * 1000.0);
+        sessions_listed = page["items"].as_array().map_or(0, Vec::len);
+    }
+    let last_seq = versions
+        .last()
+        .and_then(|v| v["seq"].as_i64())
+        .unwrap_or(1)
+        .max(1);
+    let mut at = Vec::new();
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
+    for _ in 0..args.repeat {
+        let n = rand::Rng::random_range(&mut rng, 1..=last_seq);
+        let t = Instant::now();
+        http.get(api(&format!("/json?at_position={n}")))
+            .bearer_auth(&args.admin_key)
+            .send()
+            .await?
+            .error_for_status()?;
+        at.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let (from, to) = (
+        versions
+            .get(versions.len() / 10)
+            .and_then(|v| v["id"].as_i64()),
+        versions
+            .get(versions.len() * 9 / 10)
+            .and_then(|v| v["id"].as_i64()),
+    );
+    let mut diff = Vec::new();
+    if let (Some(from), Some(to)) = (from, to) {
+        for _ in 0..args.repeat.min(5) {
+            let t = Instant::now();
+            http.get(api(&format!("/diff?from={from}&to={to}")))
+                .bearer_auth(&args.admin_key)
+                .send()
+                .await?
+                .error_for_status()?;
+            diff.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    let (list_p50, list_max) = timed(&mut list);
+    let (at_p50, at_max) = timed(&mut at);
+    let (diff_p50, diff_max) = if diff.is_empty() {
+        (f64::NAN, f64::NAN)
+    } else {
+        timed(&mut diff)
+    };
+    let edits = trace.edits.len();
+    println!(
+        "{} history: {edits} edits as {} sessions in {replay:.2?} ({:.0} updates/s while sending);          {} versions; list 20 sessions p50 {list_p50:.1} ms (max {list_max:.1}); content at a          position p50 {at_p50:.1} ms (max {at_max:.1}); diff of two versions p50 {diff_p50:.1} ms          (max {diff_max:.1})",
+        c.label,
+        args.sessions,
+        edits as f64 / ingest.as_secs_f64(),
+        versions.len(),
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "scenario": "history", "label": c.label, "edits": edits, "sessions": args.sessions,
+            "versions": versions.len(), "sessions_listed": sessions_listed,
+            "updates_per_s_sending": edits as f64 / ingest.as_secs_f64(),
+            "list_ms_p50": list_p50, "list_ms_max": list_max,
+            "at_position_ms_p50": at_p50, "at_position_ms_max": at_max,
+            "diff_ms_p50": diff_p50, "diff_ms_max": diff_max,
         })
     );
     Ok(())

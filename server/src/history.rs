@@ -15,7 +15,7 @@ use yrs::{
     ClientID, Doc, GetString, In, Options, Out, ReadTxn, StateVector, Text, Transact, Update,
 };
 
-use crate::storage::history::{LogRowMeta, StateAt};
+use crate::storage::history::StateAt;
 
 /// What kind of shared type a root is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,59 +127,34 @@ pub struct AuthorShare {
     pub deleted: i64,
 }
 
-/// Groups rows given newest first into sessions, newest first. `complete` says whether the
-/// rows reach the start of the oldest session (a later page may continue it otherwise).
-pub fn sessions(rows: &[LogRowMeta], gap_ms: i64) -> Vec<Session> {
-    let mut out: Vec<Session> = Vec::new();
-    let mut shares: Vec<Vec<AuthorShare>> = Vec::new();
-    for row in rows {
-        let starts_new = match out.last() {
-            None => true,
-            Some(s) => s.first_at - row.created_at >= gap_ms,
-        };
-        if starts_new {
-            out.push(Session {
-                first_seq: row.seq,
-                last_seq: row.seq,
-                first_at: row.created_at,
-                last_at: row.created_at,
-                updates: 0,
-                inserted: 0,
-                deleted: 0,
-                authors: Vec::new(),
-            });
-            shares.push(Vec::new());
-        }
-        let (Some(s), Some(by)) = (out.last_mut(), shares.last_mut()) else {
-            continue;
-        };
-        s.first_seq = row.seq;
-        s.first_at = row.created_at;
-        s.updates += 1;
-        s.inserted += row.inserted;
-        s.deleted += row.deleted;
-        match by.iter_mut().find(|a| a.author == row.author) {
-            Some(a) => {
-                a.first_at = row.created_at;
-                a.updates += 1;
-                a.inserted += row.inserted;
-                a.deleted += row.deleted;
-            }
-            None => by.push(AuthorShare {
-                author: row.author.clone(),
-                first_at: row.created_at,
-                last_at: row.created_at,
-                updates: 1,
-                inserted: row.inserted,
-                deleted: row.deleted,
-            }),
-        }
+/// The session of log positions `first..=last` from its authors' totals.
+pub fn session(
+    first_seq: i64,
+    last_seq: i64,
+    totals: Vec<crate::storage::history::AuthorTotals>,
+) -> Session {
+    let mut authors: Vec<AuthorShare> = totals
+        .into_iter()
+        .map(|t| AuthorShare {
+            author: t.author,
+            first_at: t.first_at,
+            last_at: t.last_at,
+            updates: t.updates,
+            inserted: t.inserted,
+            deleted: t.deleted,
+        })
+        .collect();
+    authors.sort_by(|a, b| b.updates.cmp(&a.updates).then(a.author.cmp(&b.author)));
+    Session {
+        first_seq,
+        last_seq,
+        first_at: authors.iter().map(|a| a.first_at).min().unwrap_or(0),
+        last_at: authors.iter().map(|a| a.last_at).max().unwrap_or(0),
+        updates: authors.iter().map(|a| a.updates).sum(),
+        inserted: authors.iter().map(|a| a.inserted).sum(),
+        deleted: authors.iter().map(|a| a.deleted).sum(),
+        authors,
     }
-    for (s, mut by) in out.iter_mut().zip(shares) {
-        by.sort_by(|a, b| b.updates.cmp(&a.updates).then(a.author.cmp(&b.author)));
-        s.authors = by;
-    }
-    out
 }
 
 /// One run of a text diff.
@@ -420,33 +395,5 @@ mod tests {
                 ("kept", "fox", None),
             ]
         );
-    }
-
-    #[test]
-    fn sessions_split_where_editing_paused() {
-        let row = |seq, author: &str, at| LogRowMeta {
-            seq,
-            author: Some(author.to_owned()),
-            created_at: at,
-            inserted: 2,
-            deleted: 1,
-        };
-        // Newest first: a session of ann and bob at 10,000..10,400, one of ann at 0..100.
-        let rows = vec![
-            row(5, "bob", 10_400),
-            row(4, "ann", 10_200),
-            row(3, "ann", 10_000),
-            row(2, "ann", 100),
-            row(1, "ann", 0),
-        ];
-        let s = sessions(&rows, 5_000);
-        assert_eq!(s.len(), 2);
-        assert_eq!((s[0].first_seq, s[0].last_seq, s[0].updates), (3, 5, 3));
-        assert_eq!((s[0].first_at, s[0].last_at), (10_000, 10_400));
-        assert_eq!((s[0].inserted, s[0].deleted), (6, 3));
-        assert_eq!(s[0].authors[0].author.as_deref(), Some("ann"));
-        assert_eq!(s[0].authors[0].updates, 2);
-        assert_eq!(s[0].authors[1].author.as_deref(), Some("bob"));
-        assert_eq!((s[1].first_seq, s[1].last_seq), (1, 2));
     }
 }

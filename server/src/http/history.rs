@@ -27,8 +27,6 @@ use crate::AppState;
 
 /// Most sessions per page of `GET /history`.
 const MAX_SESSIONS: u32 = 100;
-/// Log rows read per statement while grouping sessions.
-const ROWS_PER_READ: u32 = 5000;
 /// Longest version label, in bytes.
 pub const MAX_LABEL: usize = 256;
 
@@ -181,34 +179,28 @@ pub async fn get_history(
 ) -> ApiResult<Json<HistoryPage>> {
     let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
     let limit = p.limit.unwrap_or(20).clamp(1, MAX_SESSIONS) as usize;
-    let mut before = match &p.cursor {
+    let before = match &p.cursor {
         None => i64::MAX,
         Some(c) => decode_cursor(c).ok_or_else(|| {
             ApiError::bad_request("invalid-cursor", "the cursor is not one this server issued")
         })?,
     };
     let gap = app.config.room.history.version_idle.as_millis() as i64;
-    // Rows until one more session than the page has started (so the page's last one is
-    // complete), or the log's start.
-    let mut rows = Vec::new();
-    loop {
-        let chunk = app.api.log_rows(doc.id, before, ROWS_PER_READ).await?;
-        let done = (chunk.len() as u32) < ROWS_PER_READ;
-        if let Some(last) = chunk.last() {
-            before = last.seq;
-        }
-        rows.extend(chunk);
-        if done || history::sessions(&rows, gap).len() > limit {
-            break;
-        }
+    // One more start than the page: it says whether an older page follows.
+    let (starts, last) = app
+        .api
+        .session_starts(doc.id, before, gap, limit as u32 + 1)
+        .await?;
+    let mut items = Vec::with_capacity(limit);
+    let mut end = last.unwrap_or(0);
+    for &start in starts.iter().take(limit) {
+        let totals = app.api.author_totals(doc.id, start, end).await?;
+        items.push(history::session(start, end, totals));
+        end = start - 1;
     }
-    let mut items = history::sessions(&rows, gap);
-    let next_cursor = if items.len() > limit {
-        items.truncate(limit);
-        items.last().map(|s| encode_cursor(s.first_seq))
-    } else {
-        None
-    };
+    let next_cursor = (starts.len() > limit)
+        .then(|| items.last().map(|s| encode_cursor(s.first_seq)))
+        .flatten();
     Ok(Json(HistoryPage { items, next_cursor }))
 }
 

@@ -75,14 +75,15 @@ pub struct Version {
     pub created_at: i64,
 }
 
-/// What the history records of one log row.
+/// One author's rows in a range of the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogRowMeta {
-    pub seq: i64,
+pub struct AuthorTotals {
     pub author: Option<String>,
-    pub created_at: i64,
+    pub updates: i64,
     pub inserted: i64,
     pub deleted: i64,
+    pub first_at: i64,
+    pub last_at: i64,
 }
 
 /// What rebuilds the content at a log position: a base state and the log rows after it.
@@ -133,13 +134,24 @@ pub trait HistoryStore: Send + Sync {
     ) -> Result<Option<(Version, Vec<u8>)>, StorageError>;
     /// Deletes a version; false if the document has no such version.
     async fn delete_version(&self, doc: DocId, id: i64) -> Result<bool, StorageError>;
-    /// Up to `limit` log rows below `before_seq`, newest first.
-    async fn log_rows(
+    /// The positions below `before_seq` that start an editing session (the first retained
+    /// row, or a row committed `gap_ms` or more after the one before it), newest first, at
+    /// most `limit`; and the last position below `before_seq`.
+    async fn session_starts(
         &self,
         doc: DocId,
         before_seq: i64,
+        gap_ms: i64,
         limit: u32,
-    ) -> Result<Vec<LogRowMeta>, StorageError>;
+    ) -> Result<(Vec<i64>, Option<i64>), StorageError>;
+    /// Per author, the rows from `first` to `last`: updates, units inserted and deleted,
+    /// first and last commit time.
+    async fn author_totals(
+        &self,
+        doc: DocId,
+        first: i64,
+        last: i64,
+    ) -> Result<Vec<AuthorTotals>, StorageError>;
     /// The document's last log position (snapshot or log).
     async fn last_seq(&self, doc: DocId) -> Result<i64, StorageError>;
     /// What rebuilds the content at `seq` (at most the last position); `None` if the rows
@@ -211,29 +223,62 @@ where
         Ok(DB::rows_affected(&done) > 0)
     }
 
-    async fn log_rows(
+    async fn session_starts(
         &self,
         doc: DocId,
         before_seq: i64,
+        gap_ms: i64,
         limit: u32,
-    ) -> Result<Vec<LogRowMeta>, StorageError> {
-        let rows = sqlx::query(
-            "SELECT seq, author, created_at, inserted, deleted FROM doc_updates \
-             WHERE doc_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3",
+    ) -> Result<(Vec<i64>, Option<i64>), StorageError> {
+        // Newest first along the primary key, each row checked against the one before it by
+        // a key lookup: the scan stops at the `limit`th start, whatever the log's length.
+        let starts: Vec<i64> = sqlx::query_scalar(
+            "SELECT u.seq FROM doc_updates u \
+             WHERE u.doc_id = $1 AND u.seq < $2 AND NOT EXISTS ( \
+               SELECT 1 FROM doc_updates p \
+               WHERE p.doc_id = $1 AND p.seq = u.seq - 1 AND u.created_at - p.created_at < $3) \
+             ORDER BY u.seq DESC LIMIT $4",
         )
         .bind(doc)
         .bind(before_seq)
+        .bind(gap_ms)
         .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        let last: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1 AND seq < $2")
+                .bind(doc)
+                .bind(before_seq)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok((starts, last))
+    }
+
+    async fn author_totals(
+        &self,
+        doc: DocId,
+        first: i64,
+        last: i64,
+    ) -> Result<Vec<AuthorTotals>, StorageError> {
+        let rows = sqlx::query(
+            "SELECT author, COUNT(*) AS updates, CAST(SUM(inserted) AS BIGINT) AS inserted, \
+               CAST(SUM(deleted) AS BIGINT) AS deleted, MIN(created_at) AS first_at, MAX(created_at) AS last_at \
+             FROM doc_updates WHERE doc_id = $1 AND seq >= $2 AND seq <= $3 GROUP BY author",
+        )
+        .bind(doc)
+        .bind(first)
+        .bind(last)
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
             .map(|r| {
-                Ok(LogRowMeta {
-                    seq: r.try_get("seq")?,
+                Ok(AuthorTotals {
                     author: r.try_get("author")?,
-                    created_at: r.try_get("created_at")?,
-                    inserted: r.try_get("inserted")?,
-                    deleted: r.try_get("deleted")?,
+                    updates: r.try_get("updates")?,
+                    inserted: r.try_get::<Option<i64>, _>("inserted")?.unwrap_or(0),
+                    deleted: r.try_get::<Option<i64>, _>("deleted")?.unwrap_or(0),
+                    first_at: r.try_get::<Option<i64>, _>("first_at")?.unwrap_or(0),
+                    last_at: r.try_get::<Option<i64>, _>("last_at")?.unwrap_or(0),
                 })
             })
             .collect()
