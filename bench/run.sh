@@ -80,3 +80,8 @@ for server in quire y-websocket hocuspocus; do
 done
 
 python3 bench/report.py "$RESULTS" docs/bench-latency.svg
+
+# The version history's figures (Quire only): bench/history.sh, in the full run.
+if [ "$MODE" = full ]; then
+  bench/history.sh
+fi

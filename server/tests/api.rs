@@ -71,7 +71,7 @@ async fn documents_carry_versions_in_etags_and_patch_requires_if_match() {
     let server = TestServer::start(test_config(dir.path())).await;
     let http = reqwest::Client::new();
     let doc = create(&http, &server, "meta").await;
-    let id = doc["name"].as_str().expect("name").to_owned();
+    let id = quire_server::http::doc_path(doc["name"].as_str().expect("name"));
     assert_eq!(doc["version"], 1);
 
     let got = http

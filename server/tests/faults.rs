@@ -394,7 +394,7 @@ async fn an_http_update_repeating_an_uncommitted_one_is_answered_after_its_commi
         .json(&serde_json::json!({ "name": "twice" }))
         .json_body()
         .await;
-    let id = created["name"].as_str().expect("name").to_owned();
+    let id = quire_server::http::doc_path(created["name"].as_str().expect("name"));
     let mut a = Client::connect(&format!("ws://{addr}/twice"), 1).await;
     store.hold_appends.store(true, Ordering::SeqCst);
     type_char(&mut a, "x").await;

@@ -512,7 +512,7 @@ async fn oversized_fields_and_bodies_get_problem_json() {
         .json()
         .await
         .expect("json");
-    let id = created["name"].as_str().expect("name").to_owned();
+    let id = quire_server::http::doc_path(created["name"].as_str().expect("name"));
     let me: serde_json::Value = http
         .get(server.http("/api/v1/me"))
         .send()

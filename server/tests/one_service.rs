@@ -111,7 +111,7 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
-    let id = created["name"].as_str().expect("name").to_owned();
+    let id = quire_server::http::doc_path(created["name"].as_str().expect("name"));
     let mut writer = Client::connect(&a.url("svc"), 1).await;
     writer.insert(0, "hello").await;
     writer.durable_ack(1).await;
@@ -260,7 +260,7 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
     .await;
     assert_eq!(status, StatusCode::CREATED);
     check("POST", "/api/v1/docs");
-    let other = other["name"].as_str().expect("name").to_owned();
+    let other = quire_server::http::doc_path(other["name"].as_str().expect("name"));
     let (status, _) = call(&http, c, "DELETE", &format!("/docs/{other}"), None, None).await;
     assert_eq!(status, StatusCode::OK);
     let (status, _) = call(&http, a, "GET", &format!("/docs/{other}/json"), None, None).await;

@@ -206,7 +206,7 @@ async fn changing_a_role_closes_open_sockets_and_takes_effect_on_reconnect() {
         .json(&json!({"name": "team/plan"}))
         .json_body()
         .await;
-    let id = doc["name"].as_str().expect("name").to_owned();
+    let id = quire_server::http::doc_path(doc["name"].as_str().expect("name"));
     let dee = token("dee", "team/*", Permission::Write);
     let url = format!("{}?token={dee}", server.url("team/plan"));
     let mut c = Client::connect(&url, 5).await;
@@ -300,7 +300,7 @@ async fn scopes_hold_at_the_edges() {
         .json(&json!({"name": "handover"}))
         .json_body()
         .await;
-    let id = doc["name"].as_str().expect("name").to_owned();
+    let id = quire_server::http::doc_path(doc["name"].as_str().expect("name"));
     let moved = http
         .patch(api(&server, &format!("/docs/{id}")))
         .bearer_auth(&ann)

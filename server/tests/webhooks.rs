@@ -136,16 +136,25 @@ async fn every_event_arrives_despite_failures_with_one_id_per_event() {
         .json(&json!({"name": "hooked"}))
         .json_body()
         .await;
-    let id = doc["name"].as_str().expect("name").to_owned();
+    let id = quire_server::http::doc_path(doc["name"].as_str().expect("name"));
     // Thirty edits well inside one debounce interval: one document.updated, with the last seq.
     let mut c = Client::connect(&server.url("hooked"), 1).await;
     for i in 0..30 {
         c.insert(i, "e").await;
     }
     c.durable_ack(1).await;
-    http.get(api("/me")).send().await.expect("me");
+    // In open mode the caller is `anonymous@ADDRESS`.
+    let me: Value = http
+        .get(api("/me"))
+        .send()
+        .await
+        .expect("me")
+        .json()
+        .await
+        .expect("json");
+    let me = me["id"].as_str().expect("user id").to_owned();
     let patched = http
-        .patch(api("/users/dev"))
+        .patch(api(&format!("/users/{me}")))
         .header("if-match", "\"1\"")
         .json(&json!({"display_name": "Dev"}))
         .send()

@@ -325,12 +325,13 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
-/// Log rows stored for a document, read straight from the test's database.
+/// Log rows a load of the document replays (above its snapshot), read straight from the
+/// test's database. Rows a snapshot covers and the history keeps are not counted.
 pub async fn log_rows(dir: &Path, name: &str) -> i64 {
     let pool = open_db(dir).await;
     let n: i64 = sqlx::query_scalar(
         "SELECT CAST(COUNT(*) AS BIGINT) FROM doc_updates u JOIN documents d ON d.id = u.doc_id \
-         WHERE d.name = $1",
+         WHERE d.name = $1 AND u.seq > d.snapshot_seq",
     )
     .bind(name)
     .fetch_one(&pool)
