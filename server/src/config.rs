@@ -333,6 +333,10 @@ pub struct Config {
     /// Tests only: faults injected into what this node publishes on the bus.
     #[doc(hidden)]
     pub bus_faults: Option<std::sync::Arc<crate::bus::Faults>>,
+    /// Tests only: a restore waits here (at most half a second) between reading the current
+    /// content and applying its change, so a test can make two restores meet there.
+    #[doc(hidden)]
+    pub restore_hold: Option<std::sync::Arc<tokio::sync::Barrier>>,
     /// This node's name in room leases.
     pub node_id: String,
     pub lease_ttl: Duration,
@@ -593,6 +597,7 @@ impl Settings {
             bus_credentials: self.bus_credentials,
             cluster_key: self.cluster_key,
             bus_faults: None,
+            restore_hold: None,
             node_id: self
                 .node_id
                 .unwrap_or_else(|| format!("node-{:08x}", rand::random::<u32>())),

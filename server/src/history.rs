@@ -187,14 +187,23 @@ pub fn diff(
     let doc = history_doc(None);
     apply_v2(&doc, from)?;
     let lo = doc.transact().snapshot();
+    // A root is a text if either side says so (a text `to` emptied has no live string left).
+    let mut texts: Vec<String> = root_kinds(&doc)
+        .into_iter()
+        .filter(|(_, k)| *k == RootKind::Text)
+        .map(|(n, _)| n)
+        .collect();
     apply_v2(&doc, to)?;
     let hi = doc.transact().snapshot();
+    for (name, kind) in root_kinds(&doc) {
+        if kind == RootKind::Text && !texts.contains(&name) {
+            texts.push(name);
+        }
+    }
+    texts.sort();
     let author_of = |id: &yrs::ID| authors.get(&id.client.get()).cloned();
     let mut out = Vec::new();
-    for (name, kind) in root_kinds(&doc) {
-        if kind != RootKind::Text {
-            continue;
-        }
+    for name in texts {
         let text = doc.get_or_insert_text(name.as_str());
         let mut txn = doc.transact_mut();
         let chunks = text.diff_range(&mut txn, Some(&hi), Some(&lo), YChange::identity);
@@ -281,10 +290,40 @@ pub fn texts(doc: &Doc) -> HashMap<String, String> {
         .collect()
 }
 
-/// The state of `doc` as a Yjs v2 update (what versions store).
-pub fn encode_state(doc: &Doc) -> Vec<u8> {
-    doc.transact()
-        .encode_state_as_update_v2(&StateVector::default())
+/// The state of `doc` as a Yjs v2 update (what versions store); `None` while it holds an
+/// update waiting for missing dependencies, which yrs may panic encoding (see the room's
+/// `spawn_snapshot`), or if it panics all the same.
+pub fn encode_state(doc: &Doc) -> Option<Vec<u8>> {
+    if doc.transact().has_missing_updates() {
+        return None;
+    }
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        doc.transact()
+            .encode_state_as_update_v2(&StateVector::default())
+    }))
+    .ok()
+}
+
+/// A diff read the other way round: what one side inserted, the other deleted.
+pub fn reverse(texts: Vec<TextDiff>) -> Vec<TextDiff> {
+    texts
+        .into_iter()
+        .map(|t| TextDiff {
+            root: t.root,
+            runs: t
+                .runs
+                .into_iter()
+                .map(|r| Run {
+                    kind: match r.kind {
+                        "inserted" => "deleted",
+                        "deleted" => "inserted",
+                        other => other,
+                    },
+                    ..r
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -321,7 +360,7 @@ mod tests {
             map.insert(t, "title", "first");
             list.insert(t, 0, 1);
         });
-        let version = encode_state(&ann);
+        let version = encode_state(&ann).expect("state");
         edit(&ann, |t| {
             text.remove_range(t, 0, 6); // "world"
             text.insert(t, 5, "!!!"); // "world!!!"
@@ -363,11 +402,34 @@ mod tests {
     }
 
     #[test]
+    fn a_diff_of_an_emptied_text_and_a_reversed_diff() {
+        let ann = Doc::with_client_id(1);
+        let text = ann.get_or_insert_text("text");
+        edit(&ann, |t| text.insert(t, 0, "gone soon"));
+        let full = encode_state(&ann).expect("state");
+        edit(&ann, |t| text.remove_range(t, 0, 9));
+        let empty = encode_state(&ann).expect("state");
+        let authors = HashMap::from([(1, "ann".to_owned())]);
+        let runs = |d: Vec<TextDiff>| -> Vec<(&'static str, String)> {
+            d.into_iter()
+                .flat_map(|t| t.runs)
+                .map(|r| (r.kind, r.text))
+                .collect()
+        };
+        // The emptied text is still a text: its content shows as deleted.
+        let forward = diff(&full, &empty, &authors).expect("diff");
+        assert_eq!(runs(forward), vec![("deleted", "gone soon".to_owned())]);
+        // From the newer state back to the older one: the older's text was "inserted".
+        let back = reverse(diff(&full, &empty, &authors).expect("diff"));
+        assert_eq!(runs(back), vec![("inserted", "gone soon".to_owned())]);
+    }
+
+    #[test]
     fn a_diff_shows_inserted_and_deleted_runs_with_their_authors() {
         let ann = Doc::with_client_id(1);
         let text = ann.get_or_insert_text("text");
         edit(&ann, |t| text.insert(t, 0, "the quick fox"));
-        let from = encode_state(&ann);
+        let from = encode_state(&ann).expect("state");
         let bob = Doc::with_client_id(2);
         bob.transact_mut()
             .apply_update(Update::decode_v2(&from).expect("u"))
@@ -377,7 +439,7 @@ mod tests {
             bob_text.remove_range(t, 4, 6); // "quick "
             bob_text.insert(t, 4, "brown ");
         });
-        let to = encode_state(&bob);
+        let to = encode_state(&bob).expect("state");
         let authors = HashMap::from([(1, "ann".to_owned()), (2, "bob".to_owned())]);
         let diff = diff(&from, &to, &authors).expect("diff");
         assert_eq!(diff.len(), 1);

@@ -523,6 +523,46 @@ async fn retention_keeps_history_past_snapshots_and_the_prune_job_removes_it_aft
     assert_eq!(status, StatusCode::OK);
     assert_eq!(content["text"], "abcde");
     assert_eq!(fresh_text(&server, "kept").await, "abcdefg");
+    // The versions at the retained history's first position: all but the last may go; the
+    // last is what the positions after it are rebuilt from (409), and they still are.
+    let (_, versions) = get(&http, &server, "/docs/kept/versions").await;
+    let versions = versions.as_array().cloned().unwrap_or_default();
+    let base = versions
+        .iter()
+        .filter_map(|v| v["seq"].as_i64())
+        .min()
+        .expect("a version");
+    let at_base: Vec<i64> = versions
+        .iter()
+        .filter(|v| v["seq"].as_i64() == Some(base))
+        .filter_map(|v| v["id"].as_i64())
+        .collect();
+    for (i, id) in at_base.iter().enumerate() {
+        let resp = http
+            .delete(api(&server, &format!("/docs/kept/versions/{id}")))
+            .bearer_auth(&writer)
+            .send()
+            .await
+            .expect("delete");
+        let last = i + 1 == at_base.len();
+        let want = if last {
+            StatusCode::CONFLICT
+        } else {
+            StatusCode::NO_CONTENT
+        };
+        assert_eq!(
+            resp.status(),
+            want,
+            "version {id} at the base position {base}"
+        );
+    }
+    let (status, _) = get(
+        &http,
+        &server,
+        &format!("/docs/kept/json?at_position={}", base + 1),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
     assert!(server.metric("quire_history_prune_runs_total").await >= 1.0);
     assert!(
         server
@@ -565,6 +605,55 @@ async fn without_retention_a_snapshot_deletes_the_rows_it_covers() {
     );
     let (_, versions) = get(&http, &server, "/docs/lean/versions").await;
     assert_eq!(versions, json!([]), "no automatic versions without history");
+    ann.close().await;
+    server.stop().await;
+}
+
+/// Two restores of one version at once (a double click, a retried request) restore its text
+/// once: they run one at a time, the second finding the content already restored. The
+/// server's restore hold makes them meet after reading the content, if they can both get
+/// there (without the one-at-a-time rule they do, and the text came back twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_restores_at_once_restore_the_text_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = secured(dir.path());
+    cfg.room.history.version_idle = Duration::from_secs(600);
+    cfg.restore_hold = Some(std::sync::Arc::new(tokio::sync::Barrier::new(2)));
+    let server = TestServer::start(cfg).await;
+    let http = reqwest::Client::new();
+    let writer = token("ann", "twice", Permission::Write);
+    let mut ann = Client::connect(&ws(&server, "twice", "ann", Permission::Write), 1).await;
+    ann.insert(0, "keep this").await;
+    ann.durable_ack(1).await;
+    let (_, v) = post(
+        &http,
+        &server,
+        "/docs/twice/versions",
+        &writer,
+        json!({"label": "v"}),
+    )
+    .await;
+    let id = v["id"].as_i64().expect("id");
+    // Everything deleted and rewritten since.
+    {
+        use yrs::{Text, Transact};
+        let text = ann.doc.get_or_insert_text("text");
+        let update = {
+            let mut txn = ann.doc.transact_mut();
+            text.remove_range(&mut txn, 0, 9);
+            text.insert(&mut txn, 0, "other words");
+            txn.encode_update_v1()
+        };
+        ann.send_update(&update).await;
+    }
+    ann.durable_ack(2).await;
+    let path = format!("/docs/twice/versions/{id}/restore");
+    let (a, b) = tokio::join!(
+        post(&http, &server, &path, &writer, json!({})),
+        post(&http, &server, &path, &writer, json!({}))
+    );
+    assert_eq!((a.0, b.0), (StatusCode::OK, StatusCode::OK), "{a:?} {b:?}");
+    assert_eq!(fresh_text(&server, "twice").await, "keep this");
     ann.close().await;
     server.stop().await;
 }

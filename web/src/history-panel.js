@@ -3,7 +3,7 @@
 // the changes since it highlighted by author, and "Restore". Everything goes through the REST
 // API (`/api/v1/docs/NAME/...`); a restore reaches this tab like any remote change.
 
-import { authorColor, token } from './common.js'
+import { authorColor, token, tokenUrl, fetchToken } from './common.js'
 
 function api (name, path) {
   return `/api/v1/docs/${encodeURIComponent(name)}${path}`
@@ -11,7 +11,9 @@ function api (name, path) {
 
 async function call (name, path, init = {}) {
   const headers = { ...(init.headers || {}) }
-  if (token) headers.authorization = `Bearer ${token}`
+  // The page's credential: its token, or a fresh one from its token endpoint.
+  const credential = tokenUrl ? await fetchToken() : token
+  if (credential) headers.authorization = `Bearer ${credential}`
   if (init.body) headers['content-type'] = 'application/json'
   const res = await fetch(api(name, path), { ...init, headers, cache: 'no-store' })
   const body = await res.json().catch(() => null)
@@ -65,7 +67,7 @@ export function historyPanel (name, client) {
   async function refresh () {
     let sessions, versions
     try {
-      [sessions, versions] = await Promise.all([call(name, '/history?limit=50'), call(name, '/versions')])
+      [sessions, versions] = await Promise.all([call(name, '/history?limit=20'), call(name, '/versions')])
     } catch (e) {
       say(`History unavailable: ${e.message}`)
       return
@@ -121,6 +123,8 @@ export function historyPanel (name, client) {
         call(name, `/versions/${v.id}/json`),
         call(name, `/diff?from=${v.id}`)
       ])
+      // Another version was opened meanwhile: its answers win.
+      if (previewed !== v) return
       document.getElementById('preview-text').textContent = content.content ?? JSON.stringify(content, null, 2)
       renderDiff(document.getElementById('preview-diff'), diff.texts)
       preview.dataset.loaded = String(v.id)
@@ -176,7 +180,7 @@ export function historyPanel (name, client) {
     pending = setTimeout(() => { pending = null; refresh() }, 2000)
   })
   // And for others' edits, every few seconds.
-  setInterval(refresh, 5000)
+  setInterval(refresh, 10000)
   refresh()
   return { refresh, show }
 }

@@ -22,7 +22,7 @@ use crate::auth::{Permission, Principal};
 use crate::history::{self, Session, TextDiff};
 use crate::room::{ApplyError, DocName, RoomCmd};
 use crate::storage::api::DocMeta;
-use crate::storage::history::{NewVersion, StateAt, Version, VersionKind};
+use crate::storage::history::{NewVersion, StateAt, Version, VersionDelete, VersionKind};
 use crate::AppState;
 
 /// Most sessions per page of `GET /history`.
@@ -38,25 +38,42 @@ fn not_retained(what: &str) -> ApiError {
     )
 }
 
-/// The content at log position `seq`, rebuilt from storage.
-async fn doc_at(app: &AppState, doc: &DocMeta, seq: i64) -> ApiResult<yrs::Doc> {
-    let last = app.api.last_seq(doc.id).await?;
-    if seq < 0 || seq > last {
-        return Err(ApiError::bad_request(
-            "position-out-of-range",
-            format!("the document's positions are 0 to {last}"),
-        ));
+/// The content at log position `seq` (`None`: the last, read in the same database snapshot
+/// as the content), rebuilt from storage off the async threads; with its position.
+async fn doc_at(app: &AppState, doc: &DocMeta, seq: Option<i64>) -> ApiResult<(i64, yrs::Doc)> {
+    if let Some(seq) = seq {
+        let last = app.api.last_seq(doc.id).await?;
+        if seq < 0 || seq > last {
+            return Err(ApiError::bad_request(
+                "position-out-of-range",
+                format!("the document's positions are 0 to {last}"),
+            ));
+        }
     }
     let at: StateAt = app
         .api
         .state_at(doc.id, seq)
         .await?
-        .ok_or_else(|| not_retained(&format!("position {seq}")))?;
-    rebuild(&at)
+        .ok_or_else(|| not_retained(&format!("position {}", seq.unwrap_or_default())))?;
+    let position = at.seq;
+    let content = tokio::task::spawn_blocking(move || history::rebuild(&at))
+        .await
+        .map_err(|e| stored_invalid(e.to_string()))?
+        .map_err(stored_invalid)?;
+    Ok((position, content))
 }
 
-fn rebuild(at: &StateAt) -> ApiResult<yrs::Doc> {
-    history::rebuild(at).map_err(stored_invalid)
+/// The full state of `content` (Yjs v2), or 409 while it holds an update waiting for
+/// missing dependencies (yrs cannot encode that reliably; the room waits too).
+fn state_of(content: &yrs::Doc) -> ApiResult<Vec<u8>> {
+    history::encode_state(content).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "pending-update",
+            "the document holds an update whose dependencies have not arrived; retry once it \
+             is complete",
+        )
+    })
 }
 
 fn stored_invalid(e: String) -> ApiError {
@@ -94,32 +111,33 @@ pub fn parse_time(text: &str) -> Option<i64> {
     Some(i64::try_from(ms).ok()? - offset_secs * 1000)
 }
 
-/// Where `at` (RFC 3339) or `at_position` points in the log.
+/// Where `at` (RFC 3339) or `at_position` points in the log (`None`: the last position).
 async fn position(
     app: &AppState,
     doc: &DocMeta,
     at: Option<&str>,
     at_position: Option<i64>,
-) -> ApiResult<i64> {
+) -> ApiResult<Option<i64>> {
     match (at, at_position) {
         (Some(_), Some(_)) => Err(ApiError::bad_request(
             "invalid-query",
             "give at or at_position, not both",
         )),
-        (None, Some(seq)) => Ok(seq),
+        (None, Some(seq)) => Ok(Some(seq)),
         (Some(t), None) => {
             let ms = parse_time(t).ok_or_else(|| {
                 ApiError::bad_request("invalid-time", "at is not an RFC 3339 time")
             })?;
             if ms >= crate::storage::now_ms() {
-                return Ok(app.api.last_seq(doc.id).await?);
+                return Ok(None);
             }
             app.api
                 .position_at(doc.id, ms)
                 .await?
+                .map(Some)
                 .ok_or_else(|| not_retained(&format!("the time {t}")))
         }
-        (None, None) => app.api.last_seq(doc.id).await.map_err(Into::into),
+        (None, None) => Ok(None),
     }
 }
 
@@ -131,7 +149,7 @@ pub(super) async fn json_at(
     at_position: Option<i64>,
 ) -> ApiResult<serde_json::Value> {
     let seq = position(app, doc, at, at_position).await?;
-    let content = doc_at(app, doc, seq).await?;
+    let (_, content) = doc_at(app, doc, seq).await?;
     Ok(crate::room::doc_json(&content))
 }
 
@@ -242,8 +260,7 @@ pub async fn create_version(
             format!("a label is 1 to {MAX_LABEL} bytes"),
         ));
     }
-    let seq = app.api.last_seq(doc.id).await?;
-    let content = doc_at(&app, &doc, seq).await?;
+    let (seq, content) = doc_at(&app, &doc, None).await?;
     let version = record(
         &app,
         &doc,
@@ -274,7 +291,7 @@ async fn record(
         kind,
         label: label.clone(),
         author: Some(principal.user.clone()),
-        state: history::encode_state(content),
+        state: state_of(content)?,
         created_at,
     };
     let id = app.store.add_version(new).await?;
@@ -308,10 +325,15 @@ pub async fn delete_version(
     ApiPath((name, id)): ApiPath<(String, i64)>,
 ) -> ApiResult<StatusCode> {
     let doc = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
-    if app.api.delete_version(doc.id, id).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found("version"))
+    match app.api.delete_version(doc.id, id).await? {
+        VersionDelete::Deleted => Ok(StatusCode::NO_CONTENT),
+        VersionDelete::NotFound => Err(ApiError::not_found("version")),
+        VersionDelete::InUse => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "version-in-use",
+            "the retained history starts at this version: it goes when the prune job moves \
+             the history's start past it",
+        )),
     }
 }
 
@@ -360,22 +382,30 @@ pub async fn get_diff(
 ) -> ApiResult<Json<DiffView>> {
     let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
     let (from, from_state) = version_of(&app, &doc, p.from).await?;
-    let (to, to_state) = match p.to {
+    let (to, to_seq, to_state) = match p.to {
         Some(id) => {
             let (v, s) = version_of(&app, &doc, id).await?;
-            (Some(v), s)
+            (Some(v.clone()), v.seq, s)
         }
         None => {
-            let seq = app.api.last_seq(doc.id).await?;
-            (None, history::encode_state(&doc_at(&app, &doc, seq).await?))
+            let (seq, content) = doc_at(&app, &doc, None).await?;
+            (None, seq, state_of(&content)?)
         }
     };
+    // The older state goes first into the diff's document; from a newer version to an
+    // older one, what the newer has alone is what the older "deleted".
+    let reversed = from.seq > to_seq;
     let authors = app.api.authors(doc.id).await?;
-    let texts =
-        tokio::task::spawn_blocking(move || history::diff(&from_state, &to_state, &authors))
-            .await
-            .map_err(|e| stored_invalid(e.to_string()))?
-            .map_err(stored_invalid)?;
+    let texts = tokio::task::spawn_blocking(move || {
+        if reversed {
+            history::diff(&to_state, &from_state, &authors).map(history::reverse)
+        } else {
+            history::diff(&from_state, &to_state, &authors)
+        }
+    })
+    .await
+    .map_err(|e| stored_invalid(e.to_string()))?
+    .map_err(stored_invalid)?;
     Ok(Json(DiffView { from, to, texts }))
 }
 
@@ -401,12 +431,19 @@ pub async fn restore_version(
 ) -> ApiResult<Json<Restored>> {
     let doc = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
     let (restored, state) = version_of(&app, &doc, id).await?;
+    // One restore of a document at a time (they all run on its owner): two computed from
+    // the same content would each insert the text deleted since, twice over.
+    let lock = restore_lock(doc.id);
+    let _one_at_a_time = lock.lock().await;
     // The current content, committed, from the room (this node owns it: `on_owner`).
     let current = ask_room(&app, &doc.name, |reply| RoomCmd::ReadUpdate {
         since: StateVector::default(),
         reply,
     })
     .await?;
+    if let Some(hold) = &app.config.restore_hold {
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(500), hold.wait()).await;
+    }
     let client = history::server_client_id();
     let update =
         tokio::task::spawn_blocking(move || history::restore_update(&state, &current, client))
@@ -414,11 +451,20 @@ pub async fn restore_version(
             .map_err(|e| stored_invalid(e.to_string()))?
             .map_err(stored_invalid)?;
     let seq = apply(&app, &doc, &principal, update).await?;
-    let content = doc_at(&app, &doc, seq).await?;
+    // The content at the restore's position; should a snapshot without history have taken
+    // that position's rows meanwhile, the content now (a later position).
+    let (seq_recorded, content) = match doc_at(&app, &doc, Some(seq)).await {
+        Ok(found) => found,
+        Err(e) if e.status == StatusCode::GONE => doc_at(&app, &doc, None).await?,
+        Err(e) => return Err(e),
+    };
+    drop(_one_at_a_time);
+    drop(lock);
+    forget_restore_lock(doc.id);
     let version = record(
         &app,
         &doc,
-        seq,
+        seq_recorded,
         &content,
         VersionKind::Restore,
         Some(format!("restored version {}", restored.id)),
@@ -426,6 +472,35 @@ pub async fn restore_version(
     )
     .await?;
     Ok(Json(Restored { seq, version }))
+}
+
+type RestoreLocks =
+    std::sync::Mutex<std::collections::HashMap<i64, std::sync::Arc<tokio::sync::Mutex<()>>>>;
+
+/// The restore lock of each document being restored on this node.
+fn restore_locks() -> &'static RestoreLocks {
+    static LOCKS: std::sync::OnceLock<RestoreLocks> = std::sync::OnceLock::new();
+    LOCKS.get_or_init(Default::default)
+}
+
+fn restore_lock(doc: i64) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    let mut locks = restore_locks()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    locks.entry(doc).or_default().clone()
+}
+
+/// Drops the document's lock once no restore holds or waits for it.
+fn forget_restore_lock(doc: i64) {
+    let mut locks = restore_locks()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if locks
+        .get(&doc)
+        .is_some_and(|l| std::sync::Arc::strong_count(l) == 1)
+    {
+        locks.remove(&doc);
+    }
 }
 
 /// Applies `update` (Yjs v1) through the document's room as `principal`'s change; the log
@@ -509,7 +584,7 @@ pub async fn fork(
         }
         (None, at, at_position) => {
             let seq = position(&app, &source, at.as_deref(), at_position).await?;
-            doc_at(&app, &source, seq).await?
+            doc_at(&app, &source, seq).await?.1
         }
         _ => {
             return Err(ApiError::bad_request(
@@ -521,7 +596,7 @@ pub async fn fork(
     // Without the deleted content the history document keeps.
     let update = {
         let gc = yrs::Doc::new();
-        let state = history::encode_state(&content);
+        let state = state_of(&content)?;
         let decoded = Update::decode_v2(&state).map_err(|e| stored_invalid(e.to_string()))?;
         gc.transact_mut()
             .apply_update(decoded)

@@ -119,6 +119,15 @@ pub struct JobStatus {
     pub last_error: Option<String>,
 }
 
+/// What deleting a version did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionDelete {
+    Deleted,
+    NotFound,
+    /// The version is the base of the retained history: kept.
+    InUse,
+}
+
 /// The prune job's name in `jobs`.
 pub const PRUNE_JOB: &str = "history-prune";
 
@@ -132,8 +141,9 @@ pub trait HistoryStore: Send + Sync {
         doc: DocId,
         id: i64,
     ) -> Result<Option<(Version, Vec<u8>)>, StorageError>;
-    /// Deletes a version; false if the document has no such version.
-    async fn delete_version(&self, doc: DocId, id: i64) -> Result<bool, StorageError>;
+    /// Deletes a version, unless the retained log starts right after it (the prune job made
+    /// it the history's first base: without it the positions after it could not be rebuilt).
+    async fn delete_version(&self, doc: DocId, id: i64) -> Result<VersionDelete, StorageError>;
     /// The positions below `before_seq` that start an editing session (the first retained
     /// row, or a row committed `gap_ms` or more after the one before it), newest first, at
     /// most `limit`; and the last position below `before_seq`.
@@ -154,9 +164,10 @@ pub trait HistoryStore: Send + Sync {
     ) -> Result<Vec<AuthorTotals>, StorageError>;
     /// The document's last log position (snapshot or log).
     async fn last_seq(&self, doc: DocId) -> Result<i64, StorageError>;
-    /// What rebuilds the content at `seq` (at most the last position); `None` if the rows
-    /// it needs are no longer retained.
-    async fn state_at(&self, doc: DocId, seq: i64) -> Result<Option<StateAt>, StorageError>;
+    /// What rebuilds the content at `seq` (at most the last position; `None`: the last
+    /// position, found in the same read); `None` if the rows it needs are no longer retained.
+    async fn state_at(&self, doc: DocId, seq: Option<i64>)
+        -> Result<Option<StateAt>, StorageError>;
     /// The last log position committed at or before `at_ms` (0 before the first, if the
     /// history reaches back to it); `None` if that time is no longer retained.
     async fn position_at(&self, doc: DocId, at_ms: i64) -> Result<Option<i64>, StorageError>;
@@ -214,13 +225,34 @@ where
         }
     }
 
-    async fn delete_version(&self, doc: DocId, id: i64) -> Result<bool, StorageError> {
-        let done = sqlx::query("DELETE FROM doc_versions WHERE doc_id = $1 AND id = $2")
-            .bind(doc)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(DB::rows_affected(&done) > 0)
+    async fn delete_version(&self, doc: DocId, id: i64) -> Result<VersionDelete, StorageError> {
+        // A version is the history's base when the log's first retained row follows it, rows
+        // before it were pruned, and no other version stands at its position.
+        let done = sqlx::query(
+            "DELETE FROM doc_versions WHERE doc_id = $1 AND id = $2 AND NOT ( \
+               seq + 1 = (SELECT COALESCE(MIN(u.seq), -1) FROM doc_updates u \
+                 WHERE u.doc_id = $1) \
+               AND seq > 0 \
+               AND NOT EXISTS (SELECT 1 FROM doc_versions o \
+                 WHERE o.doc_id = $1 AND o.seq = doc_versions.seq AND o.id <> $2))",
+        )
+        .bind(doc)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        if DB::rows_affected(&done) > 0 {
+            return Ok(VersionDelete::Deleted);
+        }
+        let exists: Option<i64> =
+            sqlx::query_scalar("SELECT id FROM doc_versions WHERE doc_id = $1 AND id = $2")
+                .bind(doc)
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(match exists {
+            Some(_) => VersionDelete::InUse,
+            None => VersionDelete::NotFound,
+        })
     }
 
     async fn session_starts(
@@ -295,15 +327,22 @@ where
         Ok(snapshot_seq.max(last_row.unwrap_or(0)))
     }
 
-    async fn state_at(&self, doc: DocId, seq: i64) -> Result<Option<StateAt>, StorageError> {
+    async fn state_at(
+        &self,
+        doc: DocId,
+        seq: Option<i64>,
+    ) -> Result<Option<StateAt>, StorageError> {
         // One read snapshot: a snapshot or a prune committing between the statements would
         // otherwise take rows the base chosen first still needs.
         let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
-        let snapshot_seq: i64 =
-            sqlx::query_scalar("SELECT snapshot_seq FROM documents WHERE id = $1")
-                .bind(doc)
-                .fetch_one(&mut *tx)
-                .await?;
+        let (snapshot_seq, last_row): (i64, Option<i64>) = sqlx::query_as(
+            "SELECT snapshot_seq, (SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1) \
+             FROM documents WHERE id = $1",
+        )
+        .bind(doc)
+        .fetch_one(&mut *tx)
+        .await?;
+        let seq = seq.unwrap_or_else(|| snapshot_seq.max(last_row.unwrap_or(0)));
         let version: Option<(i64, i64)> = sqlx::query_as(
             "SELECT id, seq FROM doc_versions WHERE doc_id = $1 AND seq <= $2 \
              ORDER BY seq DESC, id DESC LIMIT 1",
@@ -461,10 +500,19 @@ where
         let mut report = PruneReport::default();
         let mut after: i64 = 0;
         loop {
+            // Only documents with something to delete: rows up to the base, or automatic
+            // versions before it.
             let bases: Vec<(i64, Option<i64>)> = sqlx::query_as(
-                "SELECT d.id, (SELECT MAX(v.seq) FROM doc_versions v \
-                   WHERE v.doc_id = d.id AND v.created_at < $2 AND v.seq <= d.snapshot_seq) \
-                 FROM documents d WHERE d.id > $1 ORDER BY d.id LIMIT 500",
+                "SELECT b.id, b.base FROM ( \
+                   SELECT d.id, (SELECT MAX(v.seq) FROM doc_versions v \
+                     WHERE v.doc_id = d.id AND v.created_at < $2 AND v.seq <= d.snapshot_seq) \
+                     AS base \
+                   FROM documents d WHERE d.id > $1) b \
+                 WHERE b.base IS NOT NULL AND ( \
+                   EXISTS (SELECT 1 FROM doc_updates u WHERE u.doc_id = b.id AND u.seq <= b.base) \
+                   OR EXISTS (SELECT 1 FROM doc_versions o WHERE o.doc_id = b.id \
+                     AND o.kind = 'auto' AND o.seq < b.base AND o.created_at < $2)) \
+                 ORDER BY b.id LIMIT 500",
             )
             .bind(after)
             .bind(cutoff)
@@ -477,11 +525,15 @@ where
             for (doc, base) in bases {
                 let Some(base) = base else { continue };
                 let mut tx = self.pool.begin().await?;
-                let rows = sqlx::query("DELETE FROM doc_updates WHERE doc_id = $1 AND seq <= $2")
-                    .bind(doc)
-                    .bind(base)
-                    .execute(&mut *tx)
-                    .await?;
+                // Only while the base still stands (a version deleted meanwhile is no base).
+                let rows = sqlx::query(
+                    "DELETE FROM doc_updates WHERE doc_id = $1 AND seq <= $2 \
+                     AND EXISTS (SELECT 1 FROM doc_versions WHERE doc_id = $1 AND seq = $2)",
+                )
+                .bind(doc)
+                .bind(base)
+                .execute(&mut *tx)
+                .await?;
                 let versions = sqlx::query(
                     "DELETE FROM doc_versions WHERE doc_id = $1 AND kind = 'auto' \
                      AND seq < $2 AND created_at < $3",

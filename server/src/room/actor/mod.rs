@@ -124,7 +124,7 @@ impl Changes {
         let clients = txn
             .insert_set()
             .iter()
-            .filter(|(_, ranges)| ranges.iter().next().is_some_and(|r| r.start == 0))
+            .filter(|(_, ranges)| ranges.iter().any(|r| r.start == 0))
             .map(|(client, _)| client.get())
             .collect();
         Changes {

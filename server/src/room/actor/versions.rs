@@ -58,22 +58,29 @@ impl Room {
     /// The version is due: taken now if everything applied is committed, else a little later
     /// (a commit in flight ends soon and is in the version then).
     pub(super) fn on_version_due(&mut self) {
+        let idle = self.registry.config.history.version_idle;
         if self.has_uncommitted() || !self.queued.is_empty() || self.inflight.is_some() {
-            // Looked at again shortly: commits take milliseconds.
-            self.versions.not_before = Some(Instant::now() + Duration::from_millis(50));
+            // Looked at again shortly (commits take milliseconds), but not so often that a
+            // room stalled on storage wakes up for nothing.
+            let retry = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+            self.versions.not_before = Some(Instant::now() + retry);
             return;
         }
-        if let Some(version) = self.take_version() {
-            let store = self.registry.store.clone();
-            let metrics = self.registry.metrics.clone();
-            let limit = self.registry.config.storage_timeout;
-            tokio::spawn(async move {
-                match within(limit, &metrics, "version", store.add_version(version)).await {
-                    Ok(_) => metrics.versions_created.inc(),
-                    Err(e) => warn!(error = %e, "automatic version not recorded"),
-                }
-            });
-        }
+        let Some(version) = self.take_version() else {
+            // Not encodable now (an update waits for missing dependencies): tried again after
+            // another idle spell, never in a loop.
+            self.versions.not_before = Some(Instant::now() + idle);
+            return;
+        };
+        let store = self.registry.store.clone();
+        let metrics = self.registry.metrics.clone();
+        let limit = self.registry.config.storage_timeout;
+        tokio::spawn(async move {
+            match within(limit, &metrics, "version", store.add_version(version)).await {
+                Ok(_) => metrics.versions_created.inc(),
+                Err(e) => warn!(error = %e, "automatic version not recorded"),
+            }
+        });
     }
 
     /// The version of what the room holds now (committed), `None` if it cannot be encoded.
