@@ -173,12 +173,14 @@ export function historyPanel (name, client) {
     }
   })
 
-  // Keeps the timeline current while people edit (at most every 2 s).
+  // Keeps the timeline current while this tab edits (at most every second).
   let pending = null
   client.on('saved', () => {
     if (pending) return
-    pending = setTimeout(() => { pending = null; refresh() }, 2000)
+    pending = setTimeout(() => { pending = null; refresh() }, 1000)
   })
+  // Once connected (the document exists then, if this tab created it).
+  client.on('synced', () => refresh())
   // And for others' edits, every few seconds.
   setInterval(refresh, 10000)
   refresh()

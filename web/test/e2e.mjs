@@ -204,9 +204,13 @@ async function waitConverged (pages, parts, timeout = WAIT) {
   assert.fail(`pages did not converge on a text containing ${JSON.stringify(parts)} within ${timeout} ms:\n${JSON.stringify(last, null, 2)}`)
 }
 
+/** Waits until the page shows everything saved: the label and its `data-saved` together, in
+ *  one look (a page whose token expires reconnects right after, and is briefly unsynced). */
 async function waitSaved (page) {
-  await waitForText(page, '#saved', 'All changes saved')
-  assert.equal(await page.getAttribute('#saved', 'data-saved'), 'true')
+  await page.waitForFunction(() => {
+    const el = document.getElementById('saved')
+    return el != null && el.textContent === 'All changes saved' && el.dataset.saved === 'true'
+  }, null, { timeout: WAIT })
 }
 
 /** Puts the caret at the end of line `line` (1-based) of the editor. */
@@ -754,8 +758,10 @@ test('the history panel saves, previews and restores a version while another tab
     assert.ok(text.startsWith('The cat sat.'), text)
     assert.ok(!text.includes('purred'), `the restore removed what came after the version: ${text}`)
     await Promise.all([waitSaved(alice), waitSaved(bob)])
-    await alice.evaluate(() => window.quire.history.refresh())
-    await alice.waitForSelector('#timeline li.version[data-kind=restore]', { timeout: WAIT })
+    for (const p of [alice, bob]) {
+      await p.evaluate(() => window.quire.history.refresh())
+      await p.waitForSelector('#timeline li.version[data-kind=restore]', { timeout: WAIT })
+    }
     await shot(alice, 'h-history-restored-alice')
     await shot(bob, 'h-history-restored-bob')
     // A fresh tab reads the same.
