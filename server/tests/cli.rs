@@ -3,6 +3,7 @@
 mod common;
 
 use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 
@@ -284,4 +285,62 @@ async fn history_and_version_commands_work_through_the_running_server() {
     reader.close().await;
     ann.close().await;
     server.stop().await;
+}
+
+/// CPU time (user + system, in clock ticks) the process `pid` has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // The fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')').expect("stat format").1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+/// A document holding an update whose dependencies never arrive cannot be encoded, so its
+/// automatic version cannot be taken: the room tries again after another idle spell instead
+/// of at once, forever (it used to spin a core). Measured on the real binary's CPU time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_that_cannot_be_taken_does_not_spin_the_room() {
+    use yrs::{ReadTxn, Text, Transact};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = ServerProcess::start(dir.path(), &["--version-idle", "50ms"]).await;
+    let mut c = Client::connect(&server.url("pending"), 1).await;
+    c.insert(0, "start").await;
+    // Client 77's second update without its first: yrs keeps it pending (and it is logged).
+    let other = yrs::Doc::with_client_id(77);
+    let text = other.get_or_insert_text("text");
+    other
+        .transact_mut()
+        .apply_update(
+            <yrs::Update as yrs::updates::decoder::Decode>::decode_v1(
+                &c.doc
+                    .transact()
+                    .encode_state_as_update_v1(&Default::default()),
+            )
+            .expect("update"),
+        )
+        .expect("apply");
+    {
+        let mut txn = other.transact_mut();
+        text.insert(&mut txn, 0, "first ");
+    }
+    let second = {
+        let mut txn = other.transact_mut();
+        text.insert(&mut txn, 0, "second ");
+        txn.encode_update_v1()
+    };
+    c.send_update(&second).await;
+    // (No durable acknowledgement: it is withheld while the peer's update is pending.)
+    // Past the idle deadline several times over: an idle room uses next to no CPU.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = server.child.id().expect("pid");
+    let before = cpu_ticks(pid);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let used = cpu_ticks(pid) - before;
+    assert!(
+        used < 30,
+        "the server used {used} ticks of CPU in one idle second"
+    );
+    c.close().await;
 }
