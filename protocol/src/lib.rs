@@ -59,7 +59,7 @@ pub enum DecodeError {
     TooManyMessages(usize),
 }
 
-fn malformed(offset: usize, e: impl std::fmt::Display) -> DecodeError {
+pub(crate) fn malformed(offset: usize, e: impl std::fmt::Display) -> DecodeError {
     DecodeError::Malformed {
         offset,
         detail: e.to_string(),
