@@ -387,9 +387,7 @@ async fn list_docs(
     let limit = p.limit.unwrap_or(50).clamp(1, MAX_PAGE);
     let after_id = match &p.cursor {
         None => None,
-        Some(c) => Some(decode_cursor(c).ok_or_else(|| {
-            ApiError::bad_request("invalid-cursor", "the cursor is not one this server issued")
-        })?),
+        Some(c) => Some(decode_cursor("d", c)?),
     };
     let query = DocQuery {
         owner: p.owner,
@@ -402,7 +400,7 @@ async fn list_docs(
     let mut page = app.api.list_docs(&query).await?;
     let next_cursor = if page.len() as u32 > limit {
         page.truncate(limit as usize);
-        page.last().map(|d| encode_cursor(d.id))
+        page.last().map(|d| encode_cursor("d", d.id))
     } else {
         None
     };
@@ -413,19 +411,22 @@ async fn list_docs(
     Ok(Json(DocPage { items, next_cursor }))
 }
 
-fn encode_cursor(id: i64) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("d:{id}"))
+/// A page cursor: `n` behind `kind` (each listing its own, so one listing's cursor is not
+/// another's), opaque to clients.
+pub(super) fn encode_cursor(kind: &str, n: i64) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{kind}:{n}"))
 }
 
-fn decode_cursor(c: &str) -> Option<i64> {
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+/// The number in a cursor of `kind`, or 400 `invalid-cursor`.
+pub(super) fn decode_cursor(kind: &str, c: &str) -> ApiResult<i64> {
+    let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(c)
-        .ok()?;
-    String::from_utf8(raw)
-        .ok()?
-        .strip_prefix("d:")?
-        .parse()
         .ok()
+        .and_then(|raw| String::from_utf8(raw).ok())
+        .and_then(|s| s.strip_prefix(kind)?.strip_prefix(':')?.parse().ok());
+    decoded.ok_or_else(|| {
+        ApiError::bad_request("invalid-cursor", "the cursor is not one this server issued")
+    })
 }
 
 /// A document's metadata; the `ETag` carries its version.
@@ -605,9 +606,19 @@ async fn post_update(
         budget: None,
     })
     .await?;
+    let seq = applied(result, |e| ApiError::bad_request("invalid-update", e))?;
+    Ok(Json(UpdateApplied { seq }))
+}
+
+/// The log position an update applied through the room was committed at, or the error for
+/// why it was not (`invalid`: how to answer an update yrs refused).
+pub(super) fn applied(
+    result: Result<i64, ApplyError>,
+    invalid: impl FnOnce(String) -> ApiError,
+) -> ApiResult<i64> {
     match result {
-        Ok(seq) => Ok(Json(UpdateApplied { seq })),
-        Err(ApplyError::Invalid(e)) => Err(ApiError::bad_request("invalid-update", e)),
+        Ok(seq) => Ok(seq),
+        Err(ApplyError::Invalid(e)) => Err(invalid(e)),
         Err(ApplyError::Unavailable) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "document-unavailable",

@@ -8,19 +8,21 @@ use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use base64::Engine;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use yrs::updates::decoder::Decode;
 use yrs::{ReadTxn, StateVector, Transact, Update};
 
-use super::api::{ask_room, doc_for, doc_path, field_limits, live, ApiResult};
+use super::api::{
+    applied, ask_room, decode_cursor, doc_for, doc_path, encode_cursor, field_limits, live,
+    ApiResult,
+};
 use super::error::responses::*;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::auth::{Permission, Principal};
 use crate::history::{self, Session, TextDiff};
-use crate::room::{ApplyError, DocName, RoomCmd};
+use crate::room::{DocName, RoomCmd};
 use crate::storage::api::DocMeta;
 use crate::storage::history::{NewVersion, StateAt, Version, VersionDelete, VersionKind};
 use crate::AppState;
@@ -170,21 +172,6 @@ pub struct HistoryPage {
     pub next_cursor: Option<String>,
 }
 
-fn encode_cursor(seq: i64) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("h:{seq}"))
-}
-
-fn decode_cursor(c: &str) -> Option<i64> {
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(c)
-        .ok()?;
-    String::from_utf8(raw)
-        .ok()?
-        .strip_prefix("h:")?
-        .parse()
-        .ok()
-}
-
 /// Who changed the document and when: the retained log grouped into editing sessions.
 #[utoipa::path(get, path = "/api/v1/docs/{name}/history",
     params(("name" = String, Path, description = "The document's name, percent-encoded"), HistoryParams),
@@ -199,9 +186,7 @@ pub async fn get_history(
     let limit = p.limit.unwrap_or(20).clamp(1, MAX_SESSIONS) as usize;
     let before = match &p.cursor {
         None => i64::MAX,
-        Some(c) => decode_cursor(c).ok_or_else(|| {
-            ApiError::bad_request("invalid-cursor", "the cursor is not one this server issued")
-        })?,
+        Some(c) => decode_cursor("h", c)?,
     };
     let gap = app.config.room.history.version_idle.as_millis() as i64;
     // One more start than the page: it says whether an older page follows.
@@ -217,7 +202,7 @@ pub async fn get_history(
         end = start - 1;
     }
     let next_cursor = (starts.len() > limit)
-        .then(|| items.last().map(|s| encode_cursor(s.first_seq)))
+        .then(|| items.last().map(|s| encode_cursor("h", s.first_seq)))
         .flatten();
     Ok(Json(HistoryPage { items, next_cursor }))
 }
@@ -521,20 +506,7 @@ async fn apply(
         budget: None,
     })
     .await?;
-    match result {
-        Ok(seq) => Ok(seq),
-        Err(ApplyError::Invalid(e)) => Err(stored_invalid(e)),
-        Err(ApplyError::Unavailable) => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "document-unavailable",
-            "the document's storage is not answering; retry later",
-        )),
-        Err(ApplyError::TooLarge) => Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "document-too-large",
-            "the document would exceed max_doc_size",
-        )),
-    }
+    applied(result, stored_invalid)
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
