@@ -124,6 +124,57 @@ pub enum HpMessage {
     SyncStatus(bool),
 }
 
+/// The start of an addressed frame, read without decoding its body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    /// The address exactly as sent (see [`Addressed::address`]).
+    pub address: String,
+    /// The message type ([`types`]).
+    pub kind: u64,
+    /// Where the message starts (its type): for Sync, Awareness and QueryAwareness, the frame
+    /// from here on is the same message in y-websocket's framing.
+    pub message_at: usize,
+    /// The byte after the type, if any (a Sync message's subtype).
+    pub subtype: Option<u8>,
+}
+
+impl Head {
+    /// The document's name: the address up to its first NUL.
+    pub fn doc_name(&self) -> &str {
+        doc_name(&self.address)
+    }
+}
+
+/// The document an address names: the address up to its first NUL (a 4.x provider with
+/// session awareness appends `\0` and a session id).
+pub fn doc_name(address: &str) -> &str {
+    address.split_once('\0').map_or(address, |(name, _)| name)
+}
+
+/// Reads a frame's address and type. `Ok(None)` for a bare Ping or Pong.
+pub fn head(frame: &Bytes) -> Result<Option<Head>, crate::DecodeError> {
+    match frame.as_ref() {
+        [] => return Err(crate::DecodeError::Empty),
+        [types::PING] | [types::PONG] => return Ok(None),
+        _ => {}
+    }
+    let mut cur = Cursor::new(frame);
+    let address = cur
+        .read_string()
+        .map_err(|e| crate::malformed(0, format!("address: {e}")))?
+        .to_owned();
+    let message_at = cur.next;
+    let kind: u64 = cur
+        .read_var()
+        .map_err(|e| crate::malformed(message_at, e))?;
+    Ok(Some(Head {
+        address,
+        kind,
+        message_at,
+        subtype: frame.get(cur.next).copied(),
+    }))
+}
+
 /// Decodes one frame: an addressed message with nothing after it, or a Ping or Pong.
 pub fn decode(frame: &Bytes) -> Result<Frame, crate::DecodeError> {
     match frame.as_ref() {

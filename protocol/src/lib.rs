@@ -24,6 +24,11 @@ use yrs::StateVector;
 /// committed to the log.
 pub const MSG_DURABLE_ACK: u8 = 102;
 
+/// Server-internal tag: a stateless message for a Hocuspocus peer, `varString(payload)`. A room
+/// queues it only for peers of the Hocuspocus endpoint, which rewrite it into Hocuspocus'
+/// `Stateless`; y-websocket clients never see it (and one a client sends is ignored).
+pub const MSG_STATELESS: u8 = 103;
+
 /// One decoded message of a frame. Byte payloads are slices of the original frame.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message {
@@ -219,6 +224,53 @@ pub fn encode_durable_ack(n: u64) -> Bytes {
     put_var(&mut buf, inner.len() as u64);
     buf.extend_from_slice(&inner);
     buf.freeze()
+}
+
+/// A [`MSG_STATELESS`] message carrying `payload`.
+pub fn encode_stateless(payload: &str) -> Bytes {
+    let mut buf = BytesMut::with_capacity(payload.len() + 6);
+    put_var(&mut buf, MSG_STATELESS as u64);
+    put_var(&mut buf, payload.len() as u64);
+    buf.extend_from_slice(payload.as_bytes());
+    buf.freeze()
+}
+
+/// The payload of a [`MSG_STATELESS`] message (`raw`: the whole message, tag included).
+pub fn read_stateless(raw: &[u8]) -> Option<String> {
+    let mut cur = Cursor::new(raw);
+    let _tag: u64 = cur.read_var().ok()?;
+    cur.read_string().ok().map(str::to_owned)
+}
+
+/// Splits a frame into its messages, each a slice of the frame with its tag, without decoding
+/// their bodies: for frames this server encoded itself, on their way to a connection that
+/// sends each message in a frame of its own (Hocuspocus). Byte arrays are skipped by their
+/// length prefix; an error means the frame is cut short.
+pub fn split_frame(frame: &Bytes) -> Result<Vec<(u64, Bytes)>, DecodeError> {
+    let mut out = Vec::with_capacity(1);
+    let mut cur = Cursor::new(frame);
+    while cur.next < frame.len() {
+        let start = cur.next;
+        let tag: u64 = cur.read_var().map_err(|e| malformed(start, e))?;
+        match tag {
+            t if t == MSG_SYNC as u64 => {
+                let _sync_type: u64 = cur.read_var().map_err(|e| malformed(cur.next, e))?;
+                read_slice(frame, &mut cur)?;
+            }
+            t if t == MSG_AUTH as u64 => {
+                let auth_type: u64 = cur.read_var().map_err(|e| malformed(cur.next, e))?;
+                if auth_type == 0 {
+                    read_slice(frame, &mut cur)?;
+                }
+            }
+            t if t == MSG_QUERY_AWARENESS as u64 => {}
+            _ => {
+                read_slice(frame, &mut cur)?;
+            }
+        }
+        out.push((tag, frame.slice(start..cur.next)));
+    }
+    Ok(out)
 }
 
 /// The counter a durable acknowledgement (`raw`: the whole message, tag included, as

@@ -181,6 +181,30 @@ pub struct Settings {
     /// connecting; slower ones are disconnected [default: 10s]
     #[arg(long, env = "QUIRE_HEADER_TIMEOUT")]
     pub header_timeout: Option<HumanDuration>,
+    /// Most documents one socket of the Hocuspocus endpoint may have open or waiting for
+    /// authentication; one more open is refused (PermissionDenied), one more waiting closes
+    /// the socket with 1008 [default: 100]
+    #[arg(long, env = "QUIRE_HOCUSPOCUS_MAX_DOCUMENTS")]
+    pub hocuspocus_max_documents: Option<usize>,
+    /// Frames a Hocuspocus socket may send for documents not yet authenticated (held until
+    /// their Auth is answered); more close the socket with 1008 [default: 1000]
+    #[arg(long, env = "QUIRE_HOCUSPOCUS_PENDING_FRAMES")]
+    pub hocuspocus_pending_frames: Option<usize>,
+    /// The same in bytes [default: 4194304]
+    #[arg(long, env = "QUIRE_HOCUSPOCUS_PENDING_BYTES")]
+    pub hocuspocus_pending_bytes: Option<usize>,
+    /// How long a document's frames may wait for its Auth message on a Hocuspocus socket
+    /// before the socket is closed with 1008 [default: 10s]
+    #[arg(long, env = "QUIRE_HOCUSPOCUS_AUTH_TIMEOUT")]
+    pub hocuspocus_auth_timeout: Option<HumanDuration>,
+    /// Largest stateless message (Hocuspocus), in bytes; larger ones close the socket with
+    /// 1009 [default: 65536]
+    #[arg(long, env = "QUIRE_MAX_STATELESS_BYTES")]
+    pub max_stateless_bytes: Option<usize>,
+    /// Stateless messages one Hocuspocus socket may send per second (bursts of twice that),
+    /// each a webhook event; over it the socket is closed with 1008 [default: 20]
+    #[arg(long, env = "QUIRE_STATELESS_PER_SECOND")]
+    pub stateless_per_second: Option<u32>,
     /// NATS URL of the bus between nodes sharing a PostgreSQL database (nats://HOST:PORT, with
     /// NATS credentials as nats://USER:PASSWORD@HOST:PORT or nats://TOKEN@HOST:PORT; tls://
     /// for TLS); none: clients of a document another node owns are refused with 1013
@@ -372,6 +396,12 @@ pub struct Limits {
     pub auth_failures_per_minute_per_addr: u32,
     pub rate_limit_loopback: bool,
     pub header_timeout: Duration,
+    pub hocuspocus_max_documents: usize,
+    pub hocuspocus_pending_frames: usize,
+    pub hocuspocus_pending_bytes: usize,
+    pub hocuspocus_auth_timeout: Duration,
+    pub max_stateless_bytes: usize,
+    pub stateless_per_second: u32,
 }
 
 /// What a room task needs to know.
@@ -480,6 +510,12 @@ impl Settings {
             auth_failures_per_minute_per_addr,
             rate_limit_loopback,
             header_timeout,
+            hocuspocus_max_documents,
+            hocuspocus_pending_frames,
+            hocuspocus_pending_bytes,
+            hocuspocus_auth_timeout,
+            max_stateless_bytes,
+            stateless_per_second,
             bus_url,
             bus_credentials,
             cluster_key,
@@ -558,6 +594,12 @@ impl Settings {
                     .max(1),
                 rate_limit_loopback: self.rate_limit_loopback.unwrap_or(false),
                 header_timeout: d(self.header_timeout, Duration::from_secs(10)),
+                hocuspocus_max_documents: self.hocuspocus_max_documents.unwrap_or(100).max(1),
+                hocuspocus_pending_frames: self.hocuspocus_pending_frames.unwrap_or(1000).max(1),
+                hocuspocus_pending_bytes: self.hocuspocus_pending_bytes.unwrap_or(4 << 20).max(1),
+                hocuspocus_auth_timeout: d(self.hocuspocus_auth_timeout, Duration::from_secs(10)),
+                max_stateless_bytes: self.max_stateless_bytes.unwrap_or(64 << 10).max(1),
+                stateless_per_second: self.stateless_per_second.unwrap_or(20).max(1),
             },
             ping_interval: d(self.ping_interval, Duration::from_secs(30)),
             idle_timeout: d(self.idle_timeout, Duration::from_secs(90)),

@@ -23,6 +23,7 @@ pub mod config;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod history;
+pub mod hocuspocus;
 pub mod http;
 pub mod limits;
 pub mod metrics;

@@ -78,6 +78,19 @@ impl PeerRates {
                 _ => {}
             }
         }
+        self.check_counts(sync, awareness, now_ms, limits)
+    }
+
+    /// [`PeerRates::check`] for messages already counted: `sync` Sync Step 1s and
+    /// QueryAwareness, `awareness` awareness updates (a Hocuspocus socket counts its frames
+    /// before they reach a document).
+    pub fn check_counts(
+        &mut self,
+        sync: u32,
+        awareness: u32,
+        now_ms: u32,
+        limits: &Limits,
+    ) -> Result<(), CloseReason> {
         let per_minute = limits.sync_requests_per_minute;
         if sync > 0
             && !self

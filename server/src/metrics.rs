@@ -46,6 +46,12 @@ pub struct Metrics {
     pub history_versions_pruned: IntCounter,
     pub history_prune_last_success: IntGauge,
     pub versions_created: IntCounter,
+    pub hocuspocus_sockets: IntGauge,
+    pub hocuspocus_documents: IntGauge,
+    pub hocuspocus_auth_failures: IntCounter,
+    pub hocuspocus_pending_overflows: IntCounter,
+    pub stateless_received: IntCounter,
+    pub stateless_sent: IntCounter,
 }
 
 impl Metrics {
@@ -220,6 +226,31 @@ impl Metrics {
             versions_created: counter(
                 "versions_created_total",
                 "Versions recorded: automatic, named and restores",
+            ),
+            hocuspocus_sockets: gauge(
+                "hocuspocus_sockets",
+                "Open sockets of the Hocuspocus endpoint (/hocuspocus)",
+            ),
+            hocuspocus_documents: gauge(
+                "hocuspocus_documents",
+                "Documents open on Hocuspocus sockets (each one peer of its room)",
+            ),
+            hocuspocus_auth_failures: counter(
+                "hocuspocus_auth_failures_total",
+                "Documents refused on a Hocuspocus socket (PermissionDenied)",
+            ),
+            hocuspocus_pending_overflows: counter(
+                "hocuspocus_pending_overflows_total",
+                "Hocuspocus sockets closed because frames waiting for a document's \
+                 authentication crossed a bound (count, bytes, documents or time)",
+            ),
+            stateless_received: counter(
+                "stateless_received_total",
+                "Stateless messages received from Hocuspocus clients (each a webhook event)",
+            ),
+            stateless_sent: counter(
+                "stateless_sent_total",
+                "Stateless messages sent to Hocuspocus clients (one per client reached)",
             ),
             registry,
         }

@@ -222,6 +222,7 @@ where
         can_write: auth.can_write,
         expires_at: auth.expires_at,
         seen_change: auth.seen_change,
+        hocuspocus: auth.hocuspocus,
     };
     let watching = Watching::new(&app.relay_leases, doc, &link.owner);
     let (outcome, link) = if bus.send(&link.owner, open).await.is_err() {

@@ -33,8 +33,8 @@ const BACKPRESSURE_CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most queued frames written with one flush.
 const MAX_FRAMES_PER_FLUSH: usize = 64;
 
-type Sink = SplitSink<WebSocket, WsMessage>;
-type Stream = SplitStream<WebSocket>;
+pub(crate) type Sink = SplitSink<WebSocket, WsMessage>;
+pub(crate) type Stream = SplitStream<WebSocket>;
 
 /// Serves one upgraded connection to document `name` until it closes.
 ///
@@ -66,10 +66,10 @@ pub struct Conn {
 
 /// Counts an open connection in the metrics for as long as it lives (a connection's future
 /// dropped at shutdown included).
-struct Counted(IntGauge);
+pub(crate) struct Counted(IntGauge);
 
 impl Counted {
-    fn new(gauge: &IntGauge) -> Counted {
+    pub(crate) fn new(gauge: &IntGauge) -> Counted {
         gauge.inc();
         Counted(gauge.clone())
     }
@@ -94,74 +94,84 @@ fn serve_inner(
 ) -> impl Future<Output = CloseReason> + Send {
     async move {
         let _counted = Counted::new(&app.metrics.connections);
-        let (name, app) = (&name, &app);
-        // (`auth` stays where it is, in the future's arguments, for the relay and the revocation
-        // check below: a copy taken here would stay in the future for the connection's life.)
-        // Boxed: joining happens once, and its future is larger than the rest of the
-        // connection's.
-        let (room, out_rx) = match Box::pin(join(&app.registry, name, peer, auth.clone())).await {
-            Ok(joined) => joined,
-            Err(JoinError::Elsewhere) if app.bus.is_some() => {
-                // Another node owns the document: relay this client to it through the bus.
-                let outcome = match &app.bus {
-                    Some(bus) => {
-                        let relay =
-                            relay_to_owner(&mut sink, &mut stream, name, peer, auth, app, bus);
-                        Box::pin(relay).await
-                    }
-                    None => None,
-                };
-                return Box::pin(finish(sink, stream, outcome)).await;
-            }
-            Err(e) => {
-                let reason = join_close(e);
-                Box::pin(send_close(&mut sink, &reason)).await;
-                return reason;
-            }
-        };
-        // A revocation applied between the token check and the join missed this peer in the room
-        // (revocations update the in-memory set before they tell the rooms), so look again.
-        if let (Some(token_id), Some(user)) = (&auth.token_id, &auth.user) {
-            if app.auth.is_revoked(token_id, user, auth.issued_at) {
-                Box::pin(room.leave(peer)).await;
-                let reason = CloseReason::new(close::FORBIDDEN, "access revoked");
-                Box::pin(send_close(&mut sink, &reason)).await;
-                return reason;
-            }
-        }
         let seen = LastSeen::new();
-        let outcome = tokio::select! {
-            r = read_frames(&mut stream, &room, peer, app, &seen) => r,
-            w = write_frames(&mut sink, &out_rx, app, &seen) => w,
-        };
+        let outcome = run_peer(&mut sink, &mut stream, &name, peer, auth, &app, &seen).await;
         // Boxed, like the other steps taken once: an idle connection's future has no room
         // for them.
-        Box::pin(room.leave(peer)).await;
         Box::pin(finish(sink, stream, outcome)).await
     }
 }
 
+/// One client of document `name` through `sink` and `stream`, as a peer of its room (or,
+/// when another node owns it, relayed there): joins, moves frames both ways until either side
+/// ends, and leaves. Returns why it ended (`None`: the client closed); the caller closes the
+/// transport. A WebSocket of the y-websocket endpoint is one such client; each document of a
+/// Hocuspocus socket is another (`crate::hocuspocus`), with channels for `sink` and `stream`.
+pub(crate) async fn run_peer<S, R>(
+    sink: &mut S,
+    stream: &mut R,
+    name: &DocName,
+    peer: u64,
+    auth: PeerAuth,
+    app: &AppState,
+    seen: &LastSeen,
+) -> Option<CloseReason>
+where
+    S: futures_util::Sink<WsMessage> + Unpin + Send,
+    R: futures_util::Stream<Item = Result<WsMessage, axum::Error>> + Unpin + Send,
+{
+    // Boxed: joining happens once, and its future is larger than the rest of the
+    // connection's.
+    let (room, out_rx) = match Box::pin(join(&app.registry, name, peer, auth.clone())).await {
+        Ok(joined) => joined,
+        Err(JoinError::Elsewhere) if app.bus.is_some() => {
+            // Another node owns the document: relay this client to it through the bus.
+            return match &app.bus {
+                Some(bus) => {
+                    Box::pin(relay_to_owner(sink, stream, name, peer, auth, app, bus)).await
+                }
+                None => None,
+            };
+        }
+        Err(e) => return Some(join_close(e)),
+    };
+    // A revocation applied between the token check and the join missed this peer in the room
+    // (revocations update the in-memory set before they tell the rooms), so look again.
+    if let (Some(token_id), Some(user)) = (&auth.token_id, &auth.user) {
+        if app.auth.is_revoked(token_id, user, auth.issued_at) {
+            Box::pin(room.leave(peer)).await;
+            return Some(CloseReason::new(close::FORBIDDEN, "access revoked"));
+        }
+    }
+    let outcome = tokio::select! {
+        r = read_frames(stream, &room, peer, app, seen) => r,
+        w = write_frames(sink, &out_rx, app, seen) => w,
+    };
+    Box::pin(room.leave(peer)).await;
+    outcome
+}
+
 /// When a connection's client was last heard from, shared by its two halves: milliseconds
 /// since the connection opened (an atomic, not an `Instant` behind a lock).
-struct LastSeen {
+pub(crate) struct LastSeen {
     opened: Instant,
     at_ms: AtomicU64,
 }
 
 impl LastSeen {
-    fn new() -> LastSeen {
+    pub(crate) fn new() -> LastSeen {
         LastSeen {
             opened: Instant::now(),
             at_ms: AtomicU64::new(0),
         }
     }
 
-    fn mark(&self) {
+    pub(crate) fn mark(&self) {
         let now = self.opened.elapsed().as_millis() as u64;
         self.at_ms.store(now, Ordering::Relaxed);
     }
 
-    fn last(&self) -> Instant {
+    pub(crate) fn last(&self) -> Instant {
         self.opened + Duration::from_millis(self.at_ms.load(Ordering::Relaxed))
     }
 }
@@ -169,13 +179,16 @@ impl LastSeen {
 /// The reader half: decodes each frame (a malformed one closes with 1007), applies the rate
 /// limits and hands the messages to the room (waiting while its inbox is full: backpressure
 /// on this client only). Returns how the connection ends (`None`: the client closed).
-async fn read_frames(
-    stream: &mut Stream,
+async fn read_frames<R>(
+    stream: &mut R,
     room: &RoomHandle,
     peer: u64,
     app: &AppState,
     seen: &LastSeen,
-) -> Option<CloseReason> {
+) -> Option<CloseReason>
+where
+    R: futures_util::Stream<Item = Result<WsMessage, axum::Error>> + Unpin,
+{
     let limits = &app.config.limits;
     let mut rates = PeerRates::new(limits);
     while let Some(frame) = stream.next().await {
@@ -230,12 +243,15 @@ async fn read_frames(
 /// The writer half: sends what the room queues (a burst in one flush), pings on the room's
 /// keep-alive tick and closes a client silent past `idle_timeout`; the room's close order
 /// gets through even while a send is stuck on a client that stopped reading.
-async fn write_frames(
-    sink: &mut Sink,
+async fn write_frames<S>(
+    sink: &mut S,
     out_rx: &QueueRx,
     app: &AppState,
     seen: &LastSeen,
-) -> Option<CloseReason> {
+) -> Option<CloseReason>
+where
+    S: futures_util::Sink<WsMessage> + Unpin,
+{
     loop {
         match out_rx.recv().await {
             Next::Frame(frame) => {
@@ -289,7 +305,11 @@ async fn write_frames(
 
 /// The close handshake: send ours, then read until the client's Close (or the timeout) so
 /// the client sees our code instead of a reset connection. `None`: the client closed.
-async fn finish(mut sink: Sink, mut stream: Stream, outcome: Option<CloseReason>) -> CloseReason {
+pub(crate) async fn finish(
+    mut sink: Sink,
+    mut stream: Stream,
+    outcome: Option<CloseReason>,
+) -> CloseReason {
     {
         match outcome {
             Some(reason) => {
@@ -320,16 +340,8 @@ async fn finish(mut sink: Sink, mut stream: Stream, outcome: Option<CloseReason>
     }
 }
 
-async fn send_close(sink: &mut Sink, reason: &CloseReason) {
-    let frame = WsMessage::Close(Some(CloseFrame {
-        code: reason.code,
-        reason: reason.reason.to_string().into(),
-    }));
-    let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.send(frame)).await;
-}
-
 /// Close reasons must fit a control frame (123 bytes).
-fn truncate(mut s: String) -> String {
+pub(crate) fn truncate(mut s: String) -> String {
     if s.len() > 120 {
         let mut cut = 120;
         while !s.is_char_boundary(cut) {

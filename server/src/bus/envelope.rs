@@ -47,6 +47,8 @@ pub enum Envelope {
         expires_at: Option<i64>,
         /// The newest role change the client's permission reflects (`PeerAuth::seen_change`).
         seen_change: i64,
+        /// A document of a Hocuspocus socket (`PeerAuth::hocuspocus`).
+        hocuspocus: bool,
     },
     Frame {
         from: String,
@@ -192,6 +194,7 @@ impl Envelope {
                 can_write,
                 expires_at,
                 seen_change,
+                hocuspocus,
             } => {
                 b.put_u8(OPEN);
                 b.put_u64(*conn);
@@ -212,9 +215,13 @@ impl Envelope {
                     }
                     None => b.put_u8(0),
                 }
-                // Left out when 0, as a node of an earlier version leaves it out.
-                if *seen_change != 0 {
+                // Left out when 0, as a node of an earlier version leaves it out, unless the
+                // flags byte follows it.
+                if *seen_change != 0 || *hocuspocus {
                     b.put_i64(*seen_change);
+                }
+                if *hocuspocus {
+                    b.put_u8(1);
                 }
             }
             Envelope::Frame {
@@ -342,8 +349,13 @@ impl Envelope {
                 // (Absent from an earlier version's message: every role change then applies.)
                 let seen_change = match b.remaining() {
                     0 => 0,
-                    8.. => b.get_i64(),
+                    8 | 9 => b.get_i64(),
                     _ => return None,
+                };
+                // Flags, after the change id (absent: a y-websocket client).
+                let hocuspocus = match b.remaining() {
+                    0 => false,
+                    _ => b.get_u8() & 1 == 1,
                 };
                 Envelope::Open {
                     from,
@@ -353,6 +365,7 @@ impl Envelope {
                     can_write,
                     expires_at,
                     seen_change,
+                    hocuspocus,
                 }
             }
             FRAME => {
@@ -509,6 +522,17 @@ mod tests {
                 can_write: true,
                 expires_at: Some(1_800_000_000),
                 seen_change: 3,
+                hocuspocus: false,
+            },
+            Envelope::Open {
+                from: "n1".into(),
+                conn: 9,
+                doc: "tiptap".into(),
+                user: Some("ann".into()),
+                can_write: true,
+                expires_at: None,
+                seen_change: 0,
+                hocuspocus: true,
             },
             Envelope::Open {
                 from: "n1".into(),
@@ -518,6 +542,7 @@ mod tests {
                 can_write: false,
                 expires_at: None,
                 seen_change: 3,
+                hocuspocus: false,
             },
             Envelope::Frame {
                 from: "n2".into(),
@@ -590,6 +615,7 @@ mod tests {
                 can_write: true,
                 expires_at: None,
                 seen_change,
+                hocuspocus: false,
             }
             .encode();
             truncated.truncate(truncated.len() - 3);
@@ -609,6 +635,7 @@ mod tests {
             can_write: true,
             expires_at: None,
             seen_change: 3,
+            hocuspocus: false,
         }
         .encode();
         let sealed = key.seal("quire.node.n2", &body);

@@ -554,6 +554,7 @@ impl Bus {
                 can_write,
                 expires_at,
                 seen_change,
+                hocuspocus,
             } => {
                 let Ok(name) = DocName::parse(&doc) else {
                     return;
@@ -582,6 +583,7 @@ impl Bus {
                     can_write,
                     expires_at,
                     seen_change,
+                    hocuspocus,
                 };
                 let inbox = RemoteInbox { rx, queued };
                 let open = RemoteOpen {

@@ -1,6 +1,7 @@
 //! The REST API under `/api/v1`: documents, content (through the room task), access, profiles,
 //! tokens, revocations and the outbox. The OpenAPI document is generated from these handlers.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -51,6 +52,10 @@ pub fn routes(app: &AppState) -> Router<AppState> {
             get(get_update).merge(post(post_update).route_layer(on_owner())),
         )
         .route("/docs/{name}/json", get(get_json))
+        .route(
+            "/docs/{name}/stateless",
+            post(post_stateless).route_layer(on_owner()),
+        )
         .route("/docs/{name}/history", get(history::get_history))
         .route(
             "/docs/{name}/versions",
@@ -88,14 +93,14 @@ pub fn routes(app: &AppState) -> Router<AppState> {
     info(title = "Quire API", version = "1", description = "Documents, content, access, profiles, tokens and webhooks of a Quire server."),
     paths(
         create_doc, list_docs, get_doc, patch_doc, delete_doc, restore_doc, get_update,
-        post_update, get_json, list_access, put_access, delete_access, get_user, patch_user,
+        post_update, post_stateless, get_json, list_access, put_access, delete_access, get_user, patch_user,
         get_me, issue_token, revoke, admin_outbox, history::get_history, history::list_versions,
         history::create_version, history::delete_version, history::version_json,
         history::get_diff, history::restore_version, history::fork
     ),
     components(schemas(
         DocMeta, DocPatch, UserProfile, UserPatch, Role, Permission, Problem, CreateDoc, DocPage,
-        UpdateApplied, AccessEntry, SetRole, IssueToken, IssuedToken, RevokeRequest, Revocation,
+        UpdateApplied, StatelessMessage, StatelessSent, AccessEntry, SetRole, IssueToken, IssuedToken, RevokeRequest, Revocation,
         OutboxView, OutboxEvent, DeadEvent, history::HistoryPage, crate::history::Session,
         crate::history::AuthorShare, crate::storage::history::Version,
         crate::storage::history::VersionKind, history::CreateVersion, history::DiffView,
@@ -608,6 +613,57 @@ async fn post_update(
     .await?;
     let seq = applied(result, |e| ApiError::bad_request("invalid-update", e))?;
     Ok(Json(UpdateApplied { seq }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct StatelessMessage {
+    /// Delivered as is, as Hocuspocus' `Stateless` message (a string; JSON by convention).
+    pub payload: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StatelessSent {
+    /// Hocuspocus connections of the document the message was sent to.
+    pub delivered: usize,
+}
+
+/// Send a stateless message to every Hocuspocus client of the document (the provider's
+/// `stateless` event), as a Hocuspocus server's `broadcastStateless` does. y-websocket clients
+/// have no such message and get nothing. Not stored: clients connected later do not get it.
+#[utoipa::path(post, path = "/api/v1/docs/{name}/stateless",
+    params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded")),
+    request_body = StatelessMessage,
+    responses((status = 200, body = StatelessSent), BadRequest, Unauthorized, Forbidden, NotFound, Gone, TooLarge))]
+async fn post_stateless(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(body): ApiJson<StatelessMessage>,
+) -> ApiResult<Json<StatelessSent>> {
+    let doc = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
+    if body.payload.len() > app.config.limits.max_stateless_bytes {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "stateless-too-large",
+            format!(
+                "the payload is longer than max_stateless_bytes ({})",
+                app.config.limits.max_stateless_bytes
+            ),
+        ));
+    }
+    let name = DocName::parse(&doc.name)
+        .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
+    // No room here, no connection to send to (and no reason to load the document).
+    let Some(room) = app.registry.get(&name) else {
+        return Ok(Json(StatelessSent { delivered: 0 }));
+    };
+    let (reply, answer) = oneshot::channel();
+    let payload: Arc<str> = body.payload.into();
+    let delivered = match room.command(RoomCmd::Stateless { payload, reply }).await {
+        Ok(()) => answer.await.unwrap_or(0),
+        Err(_) => 0,
+    };
+    Ok(Json(StatelessSent { delivered }))
 }
 
 /// The log position an update applied through the room was committed at, or the error for

@@ -26,7 +26,7 @@ use crate::room::{DocName, PeerAuth};
 use crate::AppState;
 
 /// Bytes of frames collected before a write, if the burst does not end first.
-const WRITE_BUFFER: usize = 64 * 1024;
+pub(crate) const WRITE_BUFFER: usize = 64 * 1024;
 
 pub fn router(app: AppState) -> Router {
     let api = api::routes(&app)
@@ -48,6 +48,7 @@ pub fn router(app: AppState) -> Router {
         .layer(middleware::from_fn_with_state(app.clone(), authenticate));
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/hocuspocus", get(crate::hocuspocus::socket))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .nest("/api/v1", api)
@@ -234,16 +235,38 @@ fn verify_from(
     ip: Option<std::net::IpAddr>,
     credential: Option<&str>,
 ) -> Result<Principal, Box<Response>> {
+    verify_credential(app, ip, credential).map_err(|e| {
+        Box::new(match e {
+            VerifyError::Limited(wait) => too_many(
+                "too-many-failed-logins",
+                "too many failed authentications from this address; retry later",
+                wait,
+            ),
+            VerifyError::Invalid(e) => ApiError::unauthorized(e).into_response(),
+        })
+    })
+}
+
+/// Why [`verify_credential`] refused.
+pub(crate) enum VerifyError {
+    /// The address failed too often lately: retry after this long.
+    Limited(std::time::Duration),
+    Invalid(AuthError),
+}
+
+/// [`verify_from`] for callers that answer in their own protocol (the Hocuspocus endpoint's
+/// Auth messages): the same per-address failure limit and the same count of failures.
+pub(crate) fn verify_credential(
+    app: &AppState,
+    ip: Option<std::net::IpAddr>,
+    credential: Option<&str>,
+) -> Result<Principal, VerifyError> {
     let now = tokio::time::Instant::now();
     let failures = &app.address_limits.auth_failures;
     if let Some(ip) = ip {
         if let Err(wait) = failures.check(ip, now) {
             app.metrics.addr_limited.inc();
-            return Err(Box::new(too_many(
-                "too-many-failed-logins",
-                "too many failed authentications from this address; retry later",
-                wait,
-            )));
+            return Err(VerifyError::Limited(wait));
         }
     }
     let verified = credential
@@ -253,7 +276,7 @@ fn verify_from(
         if let Some(ip) = ip {
             let _ = failures.take(ip, now);
         }
-        Box::new(ApiError::unauthorized(e).into_response())
+        VerifyError::Invalid(e)
     })
 }
 
@@ -378,7 +401,7 @@ async fn document_socket(
 }
 
 /// What `principal` may do on document `name` over a socket: read at least, or 403.
-async fn socket_permission(
+pub(crate) async fn socket_permission(
     app: &AppState,
     principal: &Principal,
     name: &DocName,
@@ -404,6 +427,7 @@ async fn socket_permission(
         can_write: perm >= Permission::Write,
         expires_at: principal.expires_at,
         seen_change,
+        hocuspocus: false,
     })
 }
 

@@ -126,6 +126,11 @@ pub struct PeerAuth {
     /// permission already reflects every role change up to this id, so only a later change
     /// closes the peer (`PeerFilter::UserBefore`).
     pub seen_change: i64,
+    /// A document of a Hocuspocus socket (`crate::hocuspocus`): the room answers each of its
+    /// Sync Step 1s with its own Step 1 first (the provider counts on it), echoes its awareness
+    /// back to it (the provider's liveness timer counts on that), and sends it stateless
+    /// messages.
+    pub hocuspocus: bool,
 }
 
 /// Which peers a [`RoomCmd::Close`] applies to.
@@ -209,6 +214,18 @@ pub enum RoomCmd {
     /// The committed state as JSON, one key per root type.
     ReadJson {
         reply: oneshot::Sender<serde_json::Value>,
+    },
+    /// A peer's credential was refreshed (a Hocuspocus token refresh): its permission, token
+    /// and expiry are replaced. Replies false if the peer is not in this room.
+    Reauth {
+        peer: PeerId,
+        auth: PeerAuth,
+        reply: oneshot::Sender<bool>,
+    },
+    /// Sends a stateless message to the document's Hocuspocus peers; replies how many.
+    Stateless {
+        payload: Arc<str>,
+        reply: oneshot::Sender<usize>,
     },
     /// Applies an update sent over HTTP like a client's; replies once it is committed, with the
     /// log sequence number the document has reached (`None` if it changed nothing new).

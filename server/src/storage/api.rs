@@ -250,6 +250,15 @@ pub trait ApiStore: super::history::HistoryStore + Send + Sync + 'static {
     ) -> Result<Revocation, StorageError>;
     async fn revocations_after(&self, id: i64) -> Result<Vec<Revocation>, StorageError>;
 
+    /// Records a stateless message a Hocuspocus client sent to document `doc` (by name) as a
+    /// `document.stateless` event in the outbox, for the webhooks. Nothing if events are off.
+    async fn stateless_event(
+        &self,
+        doc: &str,
+        user: Option<&str>,
+        payload: &str,
+    ) -> Result<(), StorageError>;
+
     /// The newest `doc_changes` id (0 if none): where a starting node begins to watch.
     async fn last_doc_change(&self) -> Result<i64, StorageError>;
     /// `doc_changes` rows after `id`, oldest first, at most `limit`.

@@ -752,6 +752,28 @@ where
             .collect())
     }
 
+    async fn stateless_event(
+        &self,
+        doc: &str,
+        user: Option<&str>,
+        payload: &str,
+    ) -> Result<(), StorageError> {
+        if !self.events.enabled {
+            return Ok(());
+        }
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        self.emit(
+            &mut tx,
+            "document.stateless",
+            serde_json::json!({ "name": doc, "user": user, "payload": payload }),
+            now,
+        )
+        .await?;
+        self.committed_with_events(tx).await?;
+        Ok(())
+    }
+
     async fn last_doc_change(&self) -> Result<i64, StorageError> {
         let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM doc_changes")
             .fetch_one(&self.pool)

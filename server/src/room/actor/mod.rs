@@ -561,6 +561,12 @@ impl Room {
                 author,
                 ..
             } => self.apply_from_http(raw, update, reply, author),
+            RoomCmd::Reauth { peer, auth, reply } => {
+                let _ = reply.send(self.reauth(peer, auth));
+            }
+            RoomCmd::Stateless { payload, reply } => {
+                let _ = reply.send(self.send_stateless(&payload));
+            }
         }
         None
     }

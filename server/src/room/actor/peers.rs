@@ -21,7 +21,10 @@ impl Room {
         // The queue is empty and at least 4 long (config), so these cannot overflow (the byte
         // bound lets the first frame in whatever its size; the awareness table, if it does
         // not fit behind it, is what the client's first QueryAwareness would get anyway).
-        let _ = tx.try_send(self.answers.step1(&self.doc));
+        // (A Hocuspocus peer gets the Step 1 in answer to its own, as the provider expects.)
+        if !auth.hocuspocus {
+            let _ = tx.try_send(self.answers.step1(&self.doc));
+        }
         if let Some(all) = self.awareness.full_state_frame() {
             let _ = tx.try_send_answer(Answer::Awareness, all);
         }
@@ -68,6 +71,12 @@ impl Room {
         match msg {
             PeerMsg::Update { raw, update } => self.on_peer_update(peer, raw, update),
             PeerMsg::Step1(sv) => {
+                if self.peers.get(&peer).is_some_and(|p| p.auth.hocuspocus) {
+                    // The provider counts its own Step 1 as unsynced until it has answered
+                    // the server's Step 1 and heard that answer applied.
+                    let step1 = self.answers.step1(&self.doc);
+                    self.send_to(peer, step1);
+                }
                 if self.has_uncommitted() {
                     self.deferred_step1.insert(peer, sv);
                     self.answer_from_committed();
@@ -77,7 +86,11 @@ impl Room {
             }
             PeerMsg::Awareness { update, raw } => {
                 if self.awareness.apply(&update, peer, Instant::now()) {
-                    self.broadcast(&raw, Some(peer));
+                    // Hocuspocus echoes awareness to its sender too: a provider that hears
+                    // nothing for 30 s reconnects, and its 15-second awareness renewal coming
+                    // back is what it hears on a quiet document.
+                    let echo = self.peers.get(&peer).is_some_and(|p| p.auth.hocuspocus);
+                    self.broadcast(&raw, (!echo).then_some(peer));
                 }
             }
             PeerMsg::QueryAwareness => {
@@ -90,6 +103,39 @@ impl Room {
             }
             PeerMsg::DurableAck(raw) => self.on_ack_request(peer, raw),
         }
+    }
+
+    /// Replaces a peer's credential (a token refresh): its permission, token and expiry. A
+    /// refresh that lowers the permission takes effect for the peer's next update.
+    pub(super) fn reauth(&mut self, peer: PeerId, auth: PeerAuth) -> bool {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return false;
+        };
+        if let Some(at) = p.expires.take() {
+            self.expiries.remove(&(at, peer));
+        }
+        let expires = auth.expires_at.map(expiry_instant);
+        if let Some(at) = expires {
+            self.expiries.insert((at, peer));
+        }
+        p.expires = expires;
+        p.auth = auth;
+        true
+    }
+
+    /// Sends a stateless message to every Hocuspocus peer; returns how many.
+    pub(super) fn send_stateless(&mut self, payload: &str) -> usize {
+        let frame = protocol::encode_stateless(payload);
+        let targets: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| p.auth.hocuspocus)
+            .map(|(id, _)| *id)
+            .collect();
+        for &id in &targets {
+            self.send_to(id, frame.clone());
+        }
+        targets.len()
     }
 
     /// Sends `frame` to every peer but `except`. A peer whose queue is full is closed with

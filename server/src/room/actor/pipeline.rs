@@ -42,14 +42,38 @@ pub(super) fn is_empty_update(update: &[u8]) -> bool {
     update == [0, 0]
 }
 
+/// Whether `doc` already holds everything `update` carries: its blocks and its deletions.
+pub(super) fn contained(doc: &yrs::Doc, update: &Update) -> bool {
+    let txn = doc.transact();
+    let have = txn.state_vector();
+    let blocks_in = update
+        .state_vector()
+        .iter()
+        .all(|(client, clock)| have.get(client) >= *clock);
+    if !blocks_in {
+        return false;
+    }
+    if update.delete_set().is_empty() {
+        return true;
+    }
+    update
+        .delete_set()
+        .diff(&txn.snapshot().delete_set)
+        .is_empty()
+}
+
 impl Room {
     /// An update from a peer: refused if the peer may not write (it is told why), if storage
     /// is stalled (1013: it resends after resyncing) or if the document would grow too large.
     pub(super) fn on_peer_update(&mut self, peer: PeerId, raw: Bytes, update: Update) {
         let can_write = self.peers.get(&peer).is_some_and(|p| p.auth.can_write);
         if !can_write {
-            // Not applied, not logged; the client is told why.
-            self.send_to(peer, protocol::encode_permission_denied("read-only access"));
+            // Not applied, not logged. An update that brings nothing new (the Sync Step 2 a
+            // read-only client answers with, carrying the deletions it was sent) is no
+            // attempt to write; any other is refused, and the client is told why.
+            if !contained(&self.doc, &update) {
+                self.send_to(peer, protocol::encode_permission_denied("read-only access"));
+            }
             return;
         }
         if self.stalled.is_on() {

@@ -1,0 +1,896 @@
+//! The Hocuspocus endpoint, `ws://HOST:PORT/hocuspocus`: the protocol of
+//! `@hocuspocus/provider` (Tiptap's collaboration stack), served by the same rooms as the
+//! y-websocket endpoint. docs/protocol.md describes it; docs/hocuspocus-wire.md has the
+//! protocol as the npm packages speak it.
+//!
+//! One socket carries many documents. Every frame starts with the document's address (its
+//! name, or `name\0session` from a 4.x provider with session awareness), and each document
+//! opens with an `Auth` message carrying a token. Here:
+//!
+//! - **A socket** ([`Conn`]) reads frames and routes them by address. Frames of an address
+//!   not yet authenticated are held, within bounds (frames, bytes, documents, time); crossing
+//!   one closes the socket with 1008. An `Auth` is checked like a y-websocket connection's
+//!   token and the document's permission, and answered `Authenticated` (`read-write` or
+//!   `readonly`) or `PermissionDenied`.
+//! - **Each authenticated document** is a session: a task that is one peer of the document's
+//!   room, exactly as a y-websocket connection is ([`crate::ws::run_peer`], relayed to the owner
+//!   node in a cluster), with channels in place of the socket. The room never knows the
+//!   difference but for [`PeerAuth::hocuspocus`]: such a peer gets a Sync Step 1 in answer to
+//!   its own, its awareness echoed back (the provider's liveness timer needs traffic), and
+//!   stateless messages.
+//! - **SyncStatus means committed.** After every update or Sync Step 2 a document's client
+//!   sends, the socket asks the room for a durable acknowledgement (the y-websocket endpoint's
+//!   tag 102), which the room echoes once everything before it is in the log; the session
+//!   turns each echo into that many `SyncStatus(true)`. So the provider's
+//!   `hasUnsyncedChanges` clears only when its changes are durable. A read-only client's update
+//!   gets `SyncStatus(false)`, as Hocuspocus answers.
+//! - **Closing.** What concerns one document (an expired or revoked token, a deleted
+//!   document, its size limit, the client's own `Close`) closes that document with a `Close`
+//!   message; the socket and the other documents stay. What concerns the connection (a
+//!   malformed frame, a rate limit, a full outbound queue, a restart) closes the socket with
+//!   the y-websocket endpoint's close code, and the provider reconnects every document.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{Message as WsMessage, WebSocket};
+use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tracing::{debug, info_span, warn, Instrument};
+
+use crate::auth::Principal;
+use crate::close;
+use crate::http::{socket_permission, too_many, verify_credential, VerifyError};
+use crate::limits::{Bucket, PeerRates};
+use crate::protocol::hocuspocus::{self as hp, types};
+use crate::protocol::{self, MSG_DURABLE_ACK, MSG_STATELESS};
+use crate::room::join::next_peer_id;
+use crate::room::{CloseReason, DocName, PeerAuth, PeerId, RoomCmd};
+use crate::ws::{self, Counted, LastSeen};
+use crate::AppState;
+
+/// Frames one document's session may have waiting for its room before the socket stops
+/// reading (backpressure on this client only).
+const SESSION_INBOX: usize = 16;
+/// Most queued frames written with one flush.
+const MAX_FRAMES_PER_FLUSH: usize = 64;
+
+/// `GET /hocuspocus` with a WebSocket upgrade. Credentials come later, one per document in
+/// its `Auth` message; the per-address connection limit applies here as on `/{document}`.
+pub async fn socket(
+    State(app): State<AppState>,
+    connect_info: Option<axum::Extension<ConnectInfo<std::net::SocketAddr>>>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let ip = connect_info.map(|c| c.0 .0.ip());
+    if let Some(ip) = ip {
+        if let Err(wait) = app.address_limits.connections.take(ip, Instant::now()) {
+            app.metrics.addr_limited.inc();
+            return too_many(
+                "too-many-connections",
+                "too many new connections from this address; retry later",
+                wait,
+            );
+        }
+    }
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let limits = &app.config.limits;
+    let tracker = app.connections.clone();
+    ws.max_message_size(limits.max_message_size)
+        .max_frame_size(limits.max_message_size)
+        .read_buffer_size(limits.ws_read_buffer)
+        .write_buffer_size(crate::http::WRITE_BUFFER)
+        .on_upgrade(move |socket| tracker.track_future(serve(socket, ip, app)))
+}
+
+async fn serve(socket: WebSocket, ip: Option<IpAddr>, app: AppState) {
+    let span = info_span!("hocuspocus", addr = ?ip);
+    async move {
+        let _counted = Counted::new(&app.metrics.hocuspocus_sockets);
+        let (mut sink, mut stream) = socket.split();
+        let limits = &app.config.limits;
+        let (out_tx, out_rx) = mpsc::channel(limits.peer_queue.max(4));
+        let max = u32::try_from(limits.peer_queue_bytes)
+            .unwrap_or(u32::MAX)
+            .max(1);
+        let out = Out {
+            tx: out_tx,
+            budget: Arc::new(Semaphore::new(max as usize)),
+            max,
+        };
+        let (ended_tx, ended_rx) = mpsc::unbounded_channel();
+        let seen = Arc::new(LastSeen::new());
+        let mut conn = Conn {
+            app: app.clone(),
+            ip,
+            docs: HashMap::new(),
+            out,
+            ended_tx,
+            ended_rx,
+            seen: seen.clone(),
+            opened: Instant::now(),
+            rates: PeerRates::new(limits),
+            stateless: Bucket::full(limits.stateless_per_second.saturating_mul(2)),
+            held_frames: 0,
+            held_bytes: 0,
+            next_gen: 0,
+        };
+        let outcome = tokio::select! {
+            r = conn.read(&mut stream) => r,
+            w = write_out(&mut sink, out_rx, &seen, &app) => w,
+        };
+        // Every session's inbound channel closes: each leaves its room.
+        conn.docs.clear();
+        let reason = ws::finish(sink, stream, outcome).await;
+        debug!(code = reason.code, reason = %reason.reason, "closed");
+    }
+    .instrument(span)
+    .await
+}
+
+/// The socket's outbound queue, shared by its documents' sessions: bounded in frames (the
+/// channel, `peer_queue`) and in bytes (`peer_queue_bytes`, across all its documents). A
+/// session that cannot queue waits; its room's queue for it fills meanwhile, and the room
+/// closes it with 1013, which closes the socket.
+#[derive(Clone)]
+struct Out {
+    tx: mpsc::Sender<(Bytes, OwnedSemaphorePermit)>,
+    budget: Arc<Semaphore>,
+    max: u32,
+}
+
+impl Out {
+    /// Queues a frame; fails only once the socket is gone.
+    async fn send(&self, frame: Bytes) -> Result<(), ()> {
+        let n = u32::try_from(frame.len())
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.max);
+        let permit = self
+            .budget
+            .clone()
+            .acquire_many_owned(n)
+            .await
+            .map_err(|_| ())?;
+        self.tx.send((frame, permit)).await.map_err(|_| ())
+    }
+}
+
+/// Writes the queued frames (a burst in one flush), pings every `ping_interval` and closes a
+/// client silent for `idle_timeout`.
+async fn write_out(
+    sink: &mut ws::Sink,
+    mut rx: mpsc::Receiver<(Bytes, OwnedSemaphorePermit)>,
+    seen: &LastSeen,
+    app: &AppState,
+) -> Option<CloseReason> {
+    let every = app.config.ping_interval;
+    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            next = rx.recv() => {
+                let (frame, permit) = next?;
+                if sink.feed(WsMessage::Binary(frame)).await.is_err() {
+                    return None;
+                }
+                drop(permit);
+                for _ in 1..MAX_FRAMES_PER_FLUSH {
+                    let Ok((frame, permit)) = rx.try_recv() else {
+                        break;
+                    };
+                    if sink.feed(WsMessage::Binary(frame)).await.is_err() {
+                        return None;
+                    }
+                    drop(permit);
+                }
+                if sink.flush().await.is_err() {
+                    return None;
+                }
+            }
+            _ = tick.tick() => {
+                if seen.last().elapsed() >= app.config.idle_timeout {
+                    return Some(CloseReason::new(close::GOING_AWAY, "idle timeout"));
+                }
+                if sink.send(WsMessage::Ping(Bytes::new())).await.is_err() {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// One address of the socket.
+enum DocState {
+    /// Frames received before the address's `Auth`, held until it is answered.
+    Held {
+        frames: Vec<Bytes>,
+        since: Instant,
+    },
+    Open(Session),
+    /// A token refresh that had to restart a relayed session: the new one starts when the
+    /// old one has ended; frames meanwhile are held.
+    Restarting {
+        /// The generation of the session being replaced.
+        old: u64,
+        next: Session,
+        frames: Vec<Bytes>,
+    },
+}
+
+/// An authenticated document of the socket: the channel to its session task.
+struct Session {
+    name: DocName,
+    peer: PeerId,
+    tx: Option<mpsc::Sender<Bytes>>,
+    /// Tells this session's end from an earlier one's for the same address.
+    generation: u64,
+    auth: PeerAuth,
+    /// Updates (and Sync Step 2s) sent to the room: the counter of the acknowledgement
+    /// requested after each.
+    updates: u64,
+    acks: Arc<Acks>,
+    /// The client's last awareness message, replayed if the session restarts.
+    awareness: Option<Bytes>,
+}
+
+/// The SyncStatus count of one address, kept across a session restart.
+#[derive(Default)]
+struct Acks {
+    /// `SyncStatus(true)` sent.
+    issued: AtomicU64,
+    /// Updates the room refused (read-only), each answered `SyncStatus(false)`.
+    refused: AtomicU64,
+}
+
+/// A session's end, reported to its socket.
+struct Ended {
+    address: String,
+    generation: u64,
+    outcome: Option<CloseReason>,
+}
+
+/// Why an `Auth` was not accepted.
+enum Refusal {
+    /// Answer `PermissionDenied` with this reason.
+    Deny(String),
+    /// Close the socket (storage is failing: the provider reconnects and tries again).
+    Close(CloseReason),
+}
+
+struct Conn {
+    app: AppState,
+    ip: Option<IpAddr>,
+    docs: HashMap<String, DocState>,
+    out: Out,
+    ended_tx: mpsc::UnboundedSender<Ended>,
+    ended_rx: mpsc::UnboundedReceiver<Ended>,
+    seen: Arc<LastSeen>,
+    opened: Instant,
+    /// Sync requests and awareness updates, counted across all the socket's documents.
+    rates: PeerRates,
+    stateless: Bucket,
+    /// Frames (and their bytes) held for addresses not yet authenticated.
+    held_frames: usize,
+    held_bytes: usize,
+    next_gen: u64,
+}
+
+fn is_too_big(e: &axum::Error) -> bool {
+    let text = e.to_string();
+    text.contains("Space limit exceeded") || text.contains("too big") || text.contains("too long")
+}
+
+impl Conn {
+    async fn read(&mut self, stream: &mut ws::Stream) -> Option<CloseReason> {
+        loop {
+            let deadline = self.held_deadline();
+            let step = tokio::select! {
+                frame = stream.next() => {
+                    self.seen.mark();
+                    match frame {
+                        Some(Ok(WsMessage::Binary(data))) => self.on_frame(data).await,
+                        Some(Ok(WsMessage::Text(_))) => Err(CloseReason::new(
+                            close::UNSUPPORTED_DATA,
+                            "text frames are not part of the protocol",
+                        )),
+                        Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => Ok(()),
+                        Some(Ok(WsMessage::Close(_))) | None => return None,
+                        Some(Err(e)) if is_too_big(&e) => {
+                            Err(CloseReason::new(close::MESSAGE_TOO_BIG, "message too big"))
+                        }
+                        Some(Err(e)) => {
+                            debug!(error = %e, "read error");
+                            return None;
+                        }
+                    }
+                }
+                Some(ended) = self.ended_rx.recv() => self.on_ended(ended).await,
+                _ = sleep_until(deadline) => {
+                    self.app.metrics.hocuspocus_pending_overflows.inc();
+                    Err(CloseReason::new(
+                        close::POLICY,
+                        "a document was not authenticated in time",
+                    ))
+                }
+            };
+            if let Err(reason) = step {
+                return Some(reason);
+            }
+        }
+    }
+
+    /// When the oldest held frames have waited `hocuspocus_auth_timeout`.
+    fn held_deadline(&self) -> Option<Instant> {
+        let timeout = self.app.config.limits.hocuspocus_auth_timeout;
+        self.docs
+            .values()
+            .filter_map(|d| match d {
+                DocState::Held { since, .. } => Some(*since + timeout),
+                _ => None,
+            })
+            .min()
+    }
+
+    async fn send(&self, frame: Bytes) -> Result<(), CloseReason> {
+        // The writer is gone only when the socket is: the read loop ends with it.
+        let _ = self.out.send(frame).await;
+        Ok(())
+    }
+
+    fn malformed(&self, detail: String) -> CloseReason {
+        self.app.metrics.malformed_messages.inc();
+        debug!(%detail, "malformed message");
+        CloseReason::new(close::MALFORMED, ws::truncate(detail))
+    }
+
+    fn now_ms(&self) -> u32 {
+        u32::try_from(self.opened.elapsed().as_millis()).unwrap_or(u32::MAX)
+    }
+
+    async fn on_frame(&mut self, data: Bytes) -> Result<(), CloseReason> {
+        let head = match hp::head(&data) {
+            Ok(Some(head)) => head,
+            Ok(None) => {
+                if data.as_ref() == [types::PING] {
+                    self.send(Bytes::from_static(&[types::PONG])).await?;
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(self.malformed(e.to_string())),
+        };
+        match self.docs.get(&head.address) {
+            Some(DocState::Open(_)) => self.on_open_frame(head, data).await,
+            Some(DocState::Restarting { .. }) => self.hold(head.address, data),
+            _ if head.kind == types::AUTH => match hp::decode(&data) {
+                Ok(hp::Frame::Addressed(hp::Addressed {
+                    message: hp::HpMessage::Token { token, .. },
+                    ..
+                })) => self.authenticate(head.address, &token).await,
+                // Other Auth subtypes are the server's to send.
+                Ok(_) => Ok(()),
+                Err(e) => Err(self.malformed(e.to_string())),
+            },
+            _ => self.hold(head.address, data),
+        }
+    }
+
+    /// Holds a frame of an address that has no session (yet); the socket closes when the
+    /// bounds are crossed.
+    fn hold(&mut self, address: String, data: Bytes) -> Result<(), CloseReason> {
+        let limits = &self.app.config.limits;
+        let overflow = |why: &'static str| {
+            self.app.metrics.hocuspocus_pending_overflows.inc();
+            Err(CloseReason::new(close::POLICY, why))
+        };
+        if !self.docs.contains_key(&address) && self.docs.len() >= limits.hocuspocus_max_documents {
+            return overflow("too many documents on this connection");
+        }
+        if self.held_frames >= limits.hocuspocus_pending_frames
+            || self.held_bytes + data.len() > limits.hocuspocus_pending_bytes
+        {
+            return overflow("too many frames before authentication");
+        }
+        self.held_frames += 1;
+        self.held_bytes += data.len();
+        let state = self.docs.entry(address).or_insert_with(|| DocState::Held {
+            frames: Vec::new(),
+            since: Instant::now(),
+        });
+        match state {
+            DocState::Held { frames, .. } | DocState::Restarting { frames, .. } => {
+                frames.push(data)
+            }
+            DocState::Open(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Takes the frames held for `address` out of the socket's count.
+    fn release(&mut self, frames: &[Bytes]) {
+        self.held_frames -= frames.len();
+        self.held_bytes -= frames.iter().map(Bytes::len).sum::<usize>();
+    }
+
+    /// The credential and permission for a document, as the y-websocket endpoint checks them.
+    async fn check(&self, name: &DocName, token: &str) -> Result<PeerAuth, Refusal> {
+        let principal = if self.app.auth.is_open() {
+            Principal::open(self.ip)
+        } else {
+            match verify_credential(&self.app, self.ip, Some(token)) {
+                Ok(p) => p,
+                Err(VerifyError::Limited(_)) => {
+                    return Err(Refusal::Deny(
+                        "too many failed authentications from this address; retry later".into(),
+                    ))
+                }
+                Err(VerifyError::Invalid(e)) => return Err(Refusal::Deny(e.to_string())),
+            }
+        };
+        match socket_permission(&self.app, &principal, name).await {
+            Ok(mut auth) => {
+                auth.hocuspocus = true;
+                Ok(auth)
+            }
+            Err(e) if e.status.is_server_error() => Err(Refusal::Close(CloseReason::new(
+                close::INTERNAL,
+                "document unavailable, retry",
+            ))),
+            Err(e) => Err(Refusal::Deny(e.detail)),
+        }
+    }
+
+    /// An address's first `Auth`: answered, and on success its session starts and the frames
+    /// held for it are handled in order.
+    async fn authenticate(&mut self, address: String, token: &str) -> Result<(), CloseReason> {
+        let held = match self.docs.remove(&address) {
+            Some(DocState::Held { frames, .. }) => frames,
+            _ => Vec::new(),
+        };
+        self.release(&held);
+        let name = match DocName::parse(hp::doc_name(&address)) {
+            Ok(name) => name,
+            Err(e) => return self.deny(&address, &e.to_string()).await,
+        };
+        let open = self.docs.len();
+        if open >= self.app.config.limits.hocuspocus_max_documents {
+            let why = "too many documents on this connection";
+            return self.deny(&address, why).await;
+        }
+        let auth = match self.check(&name, token).await {
+            Ok(auth) => auth,
+            Err(Refusal::Deny(reason)) => return self.deny(&address, &reason).await,
+            Err(Refusal::Close(reason)) => return Err(reason),
+        };
+        let scope = if auth.can_write {
+            "read-write"
+        } else {
+            "readonly"
+        };
+        self.send(hp::encode_authenticated(&address, scope)).await?;
+        let session = self.new_session(name, auth, Arc::default(), 0);
+        self.start(address.clone(), session, Vec::new());
+        for frame in held {
+            Box::pin(self.on_frame(frame)).await?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a document with `PermissionDenied`. Nothing of the address is kept: another
+    /// `Auth` is a fresh attempt.
+    async fn deny(&self, address: &str, reason: &str) -> Result<(), CloseReason> {
+        self.app.metrics.hocuspocus_auth_failures.inc();
+        debug!(%address, %reason, "document refused");
+        self.send(hp::encode_permission_denied(address, reason))
+            .await
+    }
+
+    fn new_session(
+        &mut self,
+        name: DocName,
+        auth: PeerAuth,
+        acks: Arc<Acks>,
+        updates: u64,
+    ) -> Session {
+        self.next_gen += 1;
+        Session {
+            name,
+            peer: next_peer_id(),
+            tx: None,
+            generation: self.next_gen,
+            auth,
+            updates,
+            acks,
+            awareness: None,
+        }
+    }
+
+    /// Starts `session`'s task for `address`, its first inbound frames `first`.
+    fn start(&mut self, address: String, mut session: Session, first: Vec<Bytes>) {
+        let (tx, rx) = mpsc::channel(SESSION_INBOX.max(first.len()));
+        for frame in first {
+            let _ = tx.try_send(frame);
+        }
+        session.tx = Some(tx);
+        let task = SessionTask {
+            address: address.clone(),
+            name: session.name.clone(),
+            peer: session.peer,
+            auth: session.auth.clone(),
+            generation: session.generation,
+            acks: session.acks.clone(),
+            app: self.app.clone(),
+            out: self.out.clone(),
+            seen: self.seen.clone(),
+            ended: self.ended_tx.clone(),
+        };
+        self.app.metrics.hocuspocus_documents.inc();
+        self.app.connections.spawn(task.run(rx));
+        self.docs.insert(address, DocState::Open(session));
+    }
+
+    /// A frame for an authenticated document.
+    async fn on_open_frame(&mut self, head: hp::Head, data: Bytes) -> Result<(), CloseReason> {
+        let now_ms = self.now_ms();
+        let limits = &self.app.config.limits;
+        let metrics = &self.app.metrics;
+        let Some(DocState::Open(session)) = self.docs.get_mut(&head.address) else {
+            return Ok(());
+        };
+        let message = || data.slice(head.message_at..);
+        match head.kind {
+            types::SYNC | types::SYNC_REPLY => {
+                if head.subtype == Some(0) {
+                    self.rates
+                        .check_counts(1, 0, now_ms, limits)
+                        .inspect_err(|_| metrics.rate_limited.inc())?;
+                }
+                let sync = if head.kind == types::SYNC {
+                    message()
+                } else {
+                    // SyncReply is Sync with another type: the same y-websocket message.
+                    let mut buf = BytesMut::with_capacity(data.len());
+                    protocol::put_var(&mut buf, 0);
+                    buf.extend_from_slice(&data[head.message_at + 1..]);
+                    buf.freeze()
+                };
+                session.forward(sync).await;
+                if matches!(head.subtype, Some(1) | Some(2)) {
+                    session.updates += 1;
+                    let ack = protocol::encode_durable_ack(session.updates);
+                    session.forward(ack).await;
+                }
+            }
+            types::AWARENESS => {
+                self.rates
+                    .check_counts(0, 1, now_ms, limits)
+                    .inspect_err(|_| metrics.rate_limited.inc())?;
+                session.awareness = Some(message());
+                session.forward(message()).await;
+            }
+            types::QUERY_AWARENESS => {
+                self.rates
+                    .check_counts(1, 0, now_ms, limits)
+                    .inspect_err(|_| metrics.rate_limited.inc())?;
+                session.forward(message()).await;
+            }
+            types::AUTH => match hp::decode(&data) {
+                Ok(hp::Frame::Addressed(hp::Addressed {
+                    message: hp::HpMessage::Token { token, .. },
+                    ..
+                })) => return self.refresh(head.address, &token).await,
+                Ok(_) => {}
+                Err(e) => return Err(self.malformed(e.to_string())),
+            },
+            types::STATELESS => {
+                let payload = match hp::decode(&data) {
+                    Ok(hp::Frame::Addressed(hp::Addressed {
+                        message: hp::HpMessage::Stateless(payload),
+                        ..
+                    })) => payload,
+                    Ok(_) => return Ok(()),
+                    Err(e) => return Err(self.malformed(e.to_string())),
+                };
+                let (name, user) = (session.name.clone(), session.auth.user.clone());
+                return self.on_stateless(&name, user.as_deref(), &payload).await;
+            }
+            types::CLOSE => {
+                // The provider is done with this document; the socket stays. Hocuspocus
+                // answers with a Close too (the provider ignores it).
+                self.docs.remove(&head.address);
+                let close = hp::encode_close(&head.address, "provider_initiated");
+                return self.send(close).await;
+            }
+            types::BROADCAST_STATELESS => {
+                let why = "BroadcastStateless is for servers; clients send Stateless";
+                return self.close_doc(&head.address, why).await;
+            }
+            other => debug!(
+                kind = other,
+                "ignoring a message of a type clients do not send"
+            ),
+        }
+        Ok(())
+    }
+
+    /// A stateless message from a client: a `document.stateless` webhook event.
+    async fn on_stateless(
+        &mut self,
+        name: &DocName,
+        user: Option<&str>,
+        payload: &str,
+    ) -> Result<(), CloseReason> {
+        let limits = &self.app.config.limits;
+        if payload.len() > limits.max_stateless_bytes {
+            return Err(CloseReason::new(
+                close::MESSAGE_TOO_BIG,
+                "stateless message too big",
+            ));
+        }
+        let per_sec = limits.stateless_per_second;
+        let now_ms = self.now_ms();
+        if !self
+            .stateless
+            .take(1, now_ms, per_sec as f32, per_sec.saturating_mul(2))
+        {
+            self.app.metrics.rate_limited.inc();
+            return Err(CloseReason::new(
+                close::POLICY,
+                "too many stateless messages; reconnect later",
+            ));
+        }
+        self.app.metrics.stateless_received.inc();
+        let deadline = self.app.registry.config.storage_timeout;
+        let recorded = self.app.api.stateless_event(name.as_str(), user, payload);
+        match tokio::time::timeout(deadline, recorded).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(doc = %name, error = %e, "could not record a stateless message"),
+            Err(_) => warn!(doc = %name, "recording a stateless message timed out"),
+        }
+        Ok(())
+    }
+
+    /// A new token for an open document (the provider's `sendToken()`): checked like the
+    /// first; if it does not cover the document any more, the document is closed.
+    async fn refresh(&mut self, address: String, token: &str) -> Result<(), CloseReason> {
+        let Some(DocState::Open(session)) = self.docs.get(&address) else {
+            return Ok(());
+        };
+        let (name, peer) = (session.name.clone(), session.peer);
+        let auth = match self.check(&name, token).await {
+            Ok(auth) => auth,
+            Err(Refusal::Deny(reason)) => {
+                self.app.metrics.hocuspocus_auth_failures.inc();
+                return self
+                    .close_doc(&address, &format!("Unauthorized: {reason}"))
+                    .await;
+            }
+            Err(Refusal::Close(reason)) => return Err(reason),
+        };
+        // The room on this node takes the new credential in place.
+        if let Some(room) = self.app.registry.get(&name) {
+            let (reply, answer) = oneshot::channel();
+            let cmd = RoomCmd::Reauth {
+                peer,
+                auth: auth.clone(),
+                reply,
+            };
+            if room.command(cmd).await.is_ok() && answer.await == Ok(true) {
+                if let Some(DocState::Open(session)) = self.docs.get_mut(&address) {
+                    session.auth = auth;
+                }
+                return Ok(());
+            }
+        }
+        // Relayed to the node that owns the document: a new session with the new credential,
+        // once the old one has left. It replays the client's awareness, and asks for the whole
+        // document (a Sync Step 1 with an empty state vector) so nothing broadcast between
+        // the two is missed.
+        let Some(DocState::Open(old)) = self.docs.remove(&address) else {
+            return Ok(());
+        };
+        let mut next = self.new_session(name, auth, old.acks.clone(), old.updates);
+        next.awareness = old.awareness.clone();
+        let restarting = DocState::Restarting {
+            old: old.generation,
+            next,
+            frames: Vec::new(),
+        };
+        self.docs.insert(address, restarting);
+        Ok(())
+    }
+
+    /// Closes one document of the socket with a `Close` message; the others stay.
+    async fn close_doc(&mut self, address: &str, reason: &str) -> Result<(), CloseReason> {
+        self.docs.remove(address);
+        self.send(hp::encode_close(address, reason)).await
+    }
+
+    /// A session ended. If the room closed it for a reason that concerns that document only,
+    /// the document is closed on the socket; any other reason closes the socket.
+    async fn on_ended(&mut self, ended: Ended) -> Result<(), CloseReason> {
+        let Ended {
+            address,
+            generation,
+            outcome,
+        } = ended;
+        match self.docs.get(&address) {
+            Some(DocState::Open(s)) if s.generation == generation => {}
+            Some(DocState::Restarting { old, .. }) if *old == generation => {
+                let Some(DocState::Restarting { next, frames, .. }) = self.docs.remove(&address)
+                else {
+                    return Ok(());
+                };
+                self.release(&frames);
+                let mut first: Vec<Bytes> = next.awareness.iter().cloned().collect();
+                first.push(protocol::encode_step1(&yrs::StateVector::default()));
+                self.start(address.clone(), next, first);
+                for frame in frames {
+                    Box::pin(self.on_frame(frame)).await?;
+                }
+                return Ok(());
+            }
+            // Closed by the client, or replaced: nothing to tell.
+            _ => return Ok(()),
+        }
+        self.docs.remove(&address);
+        match outcome {
+            None => Ok(()),
+            Some(reason) if closes_the_document_only(reason.code) => {
+                self.send(hp::encode_close(&address, &reason.reason)).await
+            }
+            Some(reason) => Err(reason),
+        }
+    }
+}
+
+/// Close codes that concern one document, not the connection: they close that document on a
+/// Hocuspocus socket and leave the others.
+fn closes_the_document_only(code: u16) -> bool {
+    matches!(
+        code,
+        close::TOKEN_EXPIRED | close::FORBIDDEN | close::DELETED | close::DOC_TOO_LARGE
+    )
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Session {
+    /// Hands a y-websocket message to the session. If the session has ended, its end is on
+    /// its way to the socket, which acts on that.
+    async fn forward(&self, message: Bytes) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(message).await;
+        }
+    }
+}
+
+/// What a session's task runs with.
+struct SessionTask {
+    address: String,
+    name: DocName,
+    peer: PeerId,
+    auth: PeerAuth,
+    generation: u64,
+    acks: Arc<Acks>,
+    app: AppState,
+    out: Out,
+    seen: Arc<LastSeen>,
+    ended: mpsc::UnboundedSender<Ended>,
+}
+
+impl SessionTask {
+    /// One document of the socket as a peer of its room, until either ends.
+    async fn run(self, mut rx: mpsc::Receiver<Bytes>) {
+        let SessionTask {
+            address,
+            name,
+            peer,
+            auth,
+            generation,
+            acks,
+            app,
+            out,
+            seen,
+            ended,
+        } = self;
+        let span = info_span!("doc", doc = %name, peer);
+        let mut stream = futures_util::stream::poll_fn(move |cx| {
+            rx.poll_recv(cx)
+                .map(|frame| frame.map(|f| Ok::<_, axum::Error>(WsMessage::Binary(f))))
+        });
+        let translate = Translate {
+            address: address.clone(),
+            out,
+            acks,
+            metrics: app.metrics.clone(),
+        };
+        let mut sink = Box::pin(futures_util::sink::unfold(
+            translate,
+            |mut t, msg: WsMessage| async move {
+                t.write(msg).await?;
+                Ok::<_, ()>(t)
+            },
+        ));
+        let outcome = ws::run_peer(&mut sink, &mut stream, &name, peer, auth, &app, &seen)
+            .instrument(span)
+            .await;
+        app.metrics.hocuspocus_documents.dec();
+        let _ = ended.send(Ended {
+            address,
+            generation,
+            outcome,
+        });
+    }
+}
+
+/// Turns what a room queues for a peer (y-websocket frames) into Hocuspocus frames for one
+/// address: one message per frame, each prefixed with the address.
+struct Translate {
+    address: String,
+    out: Out,
+    acks: Arc<Acks>,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl Translate {
+    async fn write(&mut self, msg: WsMessage) -> Result<(), ()> {
+        // The room's keep-alive pings: the socket pings for all its documents.
+        let WsMessage::Binary(frame) = msg else {
+            return Ok(());
+        };
+        let Ok(messages) = protocol::split_frame(&frame) else {
+            debug!("dropping a frame that does not split into messages");
+            return Ok(());
+        };
+        for (tag, message) in messages {
+            match tag {
+                // Sync, Awareness and QueryAwareness: the same message after the address.
+                0 | 1 | 3 => self.out.send(hp::wrap(&self.address, &message)).await?,
+                // The room refused a read-only client's update: Hocuspocus says so with
+                // SyncStatus(false).
+                2 if message.get(1) == Some(&0) => {
+                    self.acks.refused.fetch_add(1, Ordering::Relaxed);
+                    let status = hp::encode_sync_status(&self.address, false);
+                    self.out.send(status).await?;
+                }
+                t if t == u64::from(MSG_DURABLE_ACK) => {
+                    // Everything up to update `n` is committed: one SyncStatus(true) for each
+                    // not yet answered (refusals were answered already; counting them here
+                    // before their turn only delays an answer, never sends one early).
+                    let Some(n) = protocol::read_durable_ack(&message) else {
+                        continue;
+                    };
+                    let target = n.saturating_sub(self.acks.refused.load(Ordering::Relaxed));
+                    while self.acks.issued.load(Ordering::Relaxed) < target {
+                        self.acks.issued.fetch_add(1, Ordering::Relaxed);
+                        let status = hp::encode_sync_status(&self.address, true);
+                        self.out.send(status).await?;
+                    }
+                }
+                t if t == u64::from(MSG_STATELESS) => {
+                    if let Some(payload) = protocol::read_stateless(&message) {
+                        self.metrics.stateless_sent.inc();
+                        let frame = hp::encode_stateless(&self.address, &payload);
+                        self.out.send(frame).await?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
