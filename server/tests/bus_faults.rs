@@ -257,6 +257,7 @@ async fn messages_not_signed_with_the_cluster_key_cannot_write() {
             can_write: true,
             expires_at: None,
             seen_change: 0,
+            hocuspocus: false,
         };
         let frame = Envelope::Frame {
             from: "mallory".into(),

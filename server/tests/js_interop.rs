@@ -54,6 +54,35 @@ async fn eight_yjs_clients_on_three_documents_converge_through_random_disconnect
     server.stop().await;
 }
 
+/// Both protocols on the same documents: y-websocket clients and `@hocuspocus/provider`
+/// clients (4.x and 3.x, three documents per socket) edit at random with random disconnects;
+/// every client and fresh late clients of both kinds converge. Seeded: the seed is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn yjs_and_hocuspocus_clients_converge_through_random_disconnects() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let seed = seed() % (1 << 31);
+    let duration = std::env::var("QUIRE_INTEROP_MS").unwrap_or_else(|_| "15000".into());
+    let out = tokio::time::timeout(
+        Duration::from_secs(180),
+        node()
+            .args(["interop.mjs", "--url", &format!("ws://{}", server.addr)])
+            .args(["--seed", &seed.to_string(), "--duration", &duration])
+            .args(["--clients", "9", "--docs", "3", "--hocuspocus", "2"])
+            .args(["--prefix", "mixed"])
+            .output(),
+    )
+    .await
+    .expect("interop script finishes")
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(out.status.success(), "mixed interop failed (seed {seed})");
+    assert!(stdout.contains("\"ok\":true") && stdout.contains("\"hocuspocus\":4"));
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn javascript_and_rust_clients_converge_on_one_document() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -2,6 +2,8 @@
 import * as Y from 'yjs'
 import { WebsocketProvider } from 'y-websocket'
 import WebSocket from 'ws'
+import * as HP4 from '@hocuspocus/provider'
+import * as HP3 from 'hocuspocus-provider-v3'
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
@@ -25,16 +27,52 @@ export function args () {
   return out
 }
 
-export function connect (url, room, name) {
+export function connect (url, room, name, { params } = {}) {
   const doc = new Y.Doc()
   const provider = new WebsocketProvider(url, room, doc, {
     WebSocketPolyfill: WebSocket,
     disableBc: true,
-    maxBackoffTime: 500
+    maxBackoffTime: 500,
+    params
   })
   provider.awareness.setLocalState({ user: { name } })
   return { doc, provider, room, name }
 }
+
+// One HocuspocusProviderWebsocket (the socket several providers share), reconnecting fast.
+// `v3`: the previous major version of the provider (3.4.4) instead of the current one.
+export function hpSocket (url, { v3 = false } = {}) {
+  const M = v3 ? HP3 : HP4
+  return new M.HocuspocusProviderWebsocket({
+    url: `${url}/hocuspocus`,
+    WebSocketPolyfill: WebSocket,
+    delay: 100,
+    minDelay: 100,
+    maxDelay: 500
+  })
+}
+
+// A Hocuspocus client of `room` over `socket` (or a socket of its own).
+export function connectHp (url, room, name, { socket, token = '', v3 = false, ...rest } = {}) {
+  const M = v3 ? HP3 : HP4
+  const doc = new Y.Doc()
+  const own = !socket
+  const ws = socket ?? hpSocket(url, { v3 })
+  const provider = new M.HocuspocusProvider({ websocketProvider: ws, name: room, document: doc, token, ...rest })
+  provider.attach()
+  provider.awareness.setLocalState({ user: { name } })
+  return { kind: 'hp', doc, provider, socket: ws, ownSocket: own, room, name }
+}
+
+// The same questions for either kind of client.
+export const isOnline = (c) => c.kind === 'hp' ? c.socket.status === 'connected' : c.provider.wsconnected
+export const wantsOnline = (c) => c.kind === 'hp' ? c.socket.shouldConnect : c.provider.shouldConnect
+export const goOffline = (c) => c.kind === 'hp' ? c.socket.disconnect() : c.provider.disconnect()
+export const goOnline = (c) => c.kind === 'hp' ? c.socket.connect() : c.provider.connect()
+// Synced: y-websocket's Step 2 received; Hocuspocus' also every local change acknowledged.
+export const isSynced = (c) => c.kind === 'hp'
+  ? c.provider.isAuthenticated && c.provider.synced && !c.provider.hasUnsyncedChanges
+  : c.provider.synced
 
 export function content (doc) {
   const map = doc.getMap('map').toJSON()
@@ -70,7 +108,7 @@ export function randomEdit (rng, client) {
 
 export async function waitSynced (client, ms = 20000) {
   const deadline = Date.now() + ms
-  while (!client.provider.synced) {
+  while (!isSynced(client)) {
     if (Date.now() > deadline) throw new Error(`${client.name} did not sync`)
     await sleep(20)
   }
@@ -98,6 +136,7 @@ export function destroy (clients) {
   for (const c of clients) {
     c.provider.awareness.destroy()
     c.provider.destroy()
+    if (c.kind === 'hp') c.socket.destroy()
     c.doc.destroy()
   }
 }

@@ -1,0 +1,525 @@
+//! The Hocuspocus endpoint (`/hocuspocus`) with the real `@hocuspocus/provider` (tests/js/
+//! hocuspocus.mjs; `npm ci --prefix tests/js` first), and its bounds and close codes with raw
+//! frames.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use quire_server::auth::Permission;
+use quire_server::protocol::hocuspocus as hp;
+use quire_server::storage::{DocId, DocStore, Epoch, LogEntry, SharedStatements, StorageError};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_util::sync::CancellationToken;
+
+fn js_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/js");
+    assert!(
+        dir.join("node_modules/@hocuspocus/provider").is_dir(),
+        "the npm packages for the interop tests are missing: run `npm ci --prefix tests/js`"
+    );
+    dir
+}
+
+/// `node hocuspocus.mjs --scenario NAME --url ws://ADDR --http http://ADDR ...`, its stdout
+/// piped (and echoed), its stdin open for the scenario's cues.
+fn scenario(name: &str, addr: std::net::SocketAddr, extra: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new("node")
+        .current_dir(js_dir())
+        .args(["hocuspocus.mjs", "--scenario", name])
+        .args(["--url", &format!("ws://{addr}")])
+        .args(["--http", &format!("http://{addr}")])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node runs")
+}
+
+type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStdout>>;
+
+fn lines(child: &mut tokio::process::Child) -> Lines {
+    BufReader::new(child.stdout.take().expect("stdout")).lines()
+}
+
+/// Reads the script's output until a line equal to `cue` (or its final JSON line when `cue`
+/// is `"{"`); fails on `not ok` or an early end. Returns that line.
+async fn until_line(lines: &mut Lines, cue: &str, patience: Duration) -> String {
+    let read = tokio::time::timeout(patience, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("js: {line}");
+            assert!(!line.starts_with("not ok"), "{line}");
+            if line == cue || (cue == "{" && line.starts_with('{')) {
+                return line;
+            }
+        }
+        panic!("the script ended before `{cue}`");
+    })
+    .await;
+    read.unwrap_or_else(|_| panic!("no `{cue}` from the script in {patience:?}"))
+}
+
+async fn say(child: &mut tokio::process::Child, cue: &str) {
+    let stdin = child.stdin.as_mut().expect("stdin");
+    stdin
+        .write_all(format!("{cue}\n").as_bytes())
+        .await
+        .expect("write to the script");
+}
+
+/// Everything the provider does, in Node: connect, sync, edits and presence with a 3.x
+/// provider and a y-websocket client on the same document, read-only refusal, refusals of a
+/// bad token and of an uncovered document, token refresh against expiry (only the expired
+/// document closes), three documents over one socket, client Close, stateless both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hocuspocus_provider_works_against_quire() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = secured(dir.path());
+    // Events are recorded only with a webhook configured; nothing listens there.
+    cfg.webhooks.urls = vec!["http://127.0.0.1:9/hook".into()];
+    let server = TestServer::start(cfg).await;
+    let tokens = serde_json::json!({
+        "ann": token("ann", "hp-*", Permission::Write),
+        "bob": token("bob", "hp-*", Permission::Write),
+        "rob": token("rob", "hp-a", Permission::Read),
+    });
+    let mut js = scenario(
+        "features",
+        server.addr,
+        &["--tokens", &tokens.to_string(), "--admin", ADMIN],
+    );
+    let mut out = lines(&mut js);
+    let last = until_line(&mut out, "{", Duration::from_secs(120)).await;
+    assert!(last.contains("\"ok\":true"), "{last}");
+    assert!(js.wait().await.expect("exit").success());
+    assert!(server.metric("quire_hocuspocus_auth_failures_total").await >= 2.0);
+    assert!(server.metric("quire_tokens_expired_total").await >= 1.0);
+    assert_eq!(server.metric("quire_stateless_received_total").await, 1.0);
+    server.stop().await;
+}
+
+/// A store whose appends wait, while `hold` is set, until released: the commit is held.
+struct GatedStore {
+    inner: Arc<dyn DocStore>,
+    hold: AtomicBool,
+    held: AtomicU32,
+    release: tokio::sync::Semaphore,
+}
+
+#[async_trait]
+impl DocStore for GatedStore {
+    fn shared(&self) -> &dyn SharedStatements {
+        self.inner.shared()
+    }
+    async fn append_log(
+        &self,
+        doc: DocId,
+        fence: Option<Epoch>,
+        first: i64,
+        rows: Vec<LogEntry>,
+    ) -> Result<(), StorageError> {
+        if self.hold.load(Ordering::SeqCst) {
+            self.held.fetch_add(1, Ordering::SeqCst);
+            if let Ok(permit) = self.release.acquire().await {
+                permit.forget();
+            }
+        }
+        self.inner.append_log(doc, fence, first, rows).await
+    }
+    async fn write_snapshot(
+        &self,
+        doc: DocId,
+        fence: Option<Epoch>,
+        v: i64,
+        s: Vec<u8>,
+        upto: i64,
+    ) -> Result<quire_server::storage::SnapshotOutcome, StorageError> {
+        self.inner.write_snapshot(doc, fence, v, s, upto).await
+    }
+}
+
+/// `hasUnsyncedChanges` means "not yet durable": it stays true while the server holds the
+/// commit of the provider's edit, and turns false only after the commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn has_unsynced_changes_clears_only_after_the_commit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    init_tracing();
+    let real = open_test_stores(dir.path()).await;
+    let store = Arc::new(GatedStore {
+        inner: real.docs.clone(),
+        hold: AtomicBool::new(false),
+        held: AtomicU32::new(0),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let stores = quire_server::Stores {
+        docs: store.clone(),
+        api: real.api,
+        events_written: real.events_written,
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let shutdown = CancellationToken::new();
+    let cfg = test_config(dir.path());
+    tokio::spawn(quire_server::run_with_stores(
+        listener,
+        cfg,
+        stores,
+        shutdown.clone(),
+    ));
+
+    let mut js = scenario("unsynced", addr, &[]);
+    let mut out = lines(&mut js);
+    until_line(&mut out, "ready", PATIENCE).await;
+    store.hold.store(true, Ordering::SeqCst);
+    say(&mut js, "holding").await;
+    until_line(&mut out, "edited", PATIENCE).await;
+    assert!(
+        store.held.load(Ordering::SeqCst) >= 1,
+        "the edit's commit is what is held"
+    );
+    // Let the script see a second of holding before the release (the script checks it
+    // stayed unsynced throughout).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    say(&mut js, "releasing").await;
+    until_line(&mut out, "release-heard", PATIENCE).await;
+    store.hold.store(false, Ordering::SeqCst);
+    store.release.add_permits(1000);
+    let last = until_line(&mut out, "{", PATIENCE).await;
+    assert!(last.contains("\"ok\":true"), "{last}");
+    assert!(js.wait().await.expect("exit").success());
+    shutdown.cancel();
+}
+
+/// Providers keep editing while the server restarts; they reconnect, and a fresh provider
+/// sees every edit, made before, during and after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn providers_reconnect_after_a_restart_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let addr = server.addr;
+    let mut js = scenario("restart", addr, &[]);
+    let mut out = lines(&mut js);
+    until_line(&mut out, "ready", PATIENCE).await;
+    server.stop().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let server = TestServer::start_at(test_config(dir.path()), addr).await;
+    say(&mut js, "restarted").await;
+    let last = until_line(&mut out, "{", Duration::from_secs(60)).await;
+    assert!(last.contains("\"ok\":true"), "{last}");
+    assert!(js.wait().await.expect("exit").success());
+    server.stop().await;
+}
+
+/// SIGKILL while providers type: every edit a provider was told is synced (its unsynced count
+/// reached 0 after sending it) is there for a fresh client after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_loses_nothing_a_provider_was_told_is_synced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let seed = seed();
+    let server = ServerProcess::start(dir.path(), &[]).await;
+    let mut js = scenario("kill", server.addr, &["--seed", &(seed % 1000).to_string()]);
+    let mut out = lines(&mut js);
+    until_line(&mut out, "typing", PATIENCE).await;
+    tokio::time::sleep(Duration::from_millis(500 + seed % 1500)).await;
+    server.signal("KILL");
+    let last = until_line(&mut out, "{", PATIENCE).await;
+    drop(server);
+    let result: serde_json::Value = serde_json::from_str(&last).expect("json");
+    let server = ServerProcess::start(dir.path(), &[]).await;
+    let acked = result["acked"].as_object().expect("acked");
+    let mut checked = 0;
+    for (name, a) in acked {
+        let doc = a["doc"].as_str().expect("doc");
+        let upto = a["upto"].as_i64().expect("upto");
+        let fresh = Client::connect(&server.url(doc), 900).await;
+        let text = fresh.text();
+        for i in 0..=upto {
+            assert!(
+                text.contains(&format!("{name}-{i} ")),
+                "seed {seed}: {name}-{i} was acknowledged before the kill and is gone from {doc}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked > 10,
+        "seed {seed}: only {checked} acknowledged edits"
+    );
+    server.signal("TERM");
+}
+
+/// A raw Hocuspocus socket.
+struct Raw {
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+}
+
+impl Raw {
+    async fn open(addr: std::net::SocketAddr) -> Raw {
+        let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/hocuspocus"))
+            .await
+            .expect("connect");
+        Raw { ws }
+    }
+
+    async fn send(&mut self, frame: bytes::Bytes) {
+        self.ws.send(Message::Binary(frame)).await.expect("send");
+    }
+
+    /// The next binary frame, decoded (pings skipped); `Err` with the close code and reason
+    /// if the socket closes.
+    async fn next(&mut self) -> Result<hp::Frame, (u16, String)> {
+        loop {
+            let msg = tokio::time::timeout(PATIENCE, self.ws.next())
+                .await
+                .expect("a frame in time");
+            match msg {
+                Some(Ok(Message::Binary(data))) => return Ok(hp::decode(&data).expect("decodes")),
+                Some(Ok(Message::Close(Some(f)))) => {
+                    return Err((f.code.into(), f.reason.to_string()))
+                }
+                Some(Ok(Message::Close(None))) | None | Some(Err(_)) => {
+                    return Err((0, String::new()))
+                }
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// Frames until one for `address` of the wanted kind.
+    async fn next_for(
+        &mut self,
+        address: &str,
+        want: impl Fn(&hp::HpMessage) -> bool,
+    ) -> hp::HpMessage {
+        loop {
+            if let Ok(hp::Frame::Addressed(a)) = self.next().await {
+                if a.address == address && want(&a.message) {
+                    return a.message;
+                }
+            }
+        }
+    }
+
+    async fn closed(&mut self) -> (u16, String) {
+        loop {
+            if let Err(close) = self.next().await {
+                return close;
+            }
+        }
+    }
+}
+
+fn update(client: u64, text: &str) -> bytes::Bytes {
+    use yrs::{Doc, Text, Transact};
+    let doc = Doc::with_client_id(client);
+    let t = doc.get_or_insert_text("text");
+    let mut txn = doc.transact_mut();
+    t.insert(&mut txn, 0, text);
+    txn.encode_update_v1().into()
+}
+
+/// The protocol's edges, with raw frames: the answers a provider relies on (Authenticated,
+/// the server's Step 1 before its Step 2, SyncStatus only after the update, Pong), a Close of
+/// one document, BroadcastStateless refused, and the bounds on frames before authentication.
+#[tokio::test]
+async fn raw_frames_get_the_answers_and_bounds_hocuspocus_defines() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.limits.hocuspocus_pending_frames = 8;
+    cfg.limits.hocuspocus_max_documents = 3;
+    cfg.limits.hocuspocus_auth_timeout = Duration::from_millis(500);
+    cfg.limits.max_stateless_bytes = 100;
+    let server = TestServer::start(cfg).await;
+    let mut s = Raw::open(server.addr).await;
+
+    // A bare Ping is answered with a Pong.
+    s.send(bytes::Bytes::from_static(&[hp::types::PING])).await;
+    assert_eq!(s.next().await, Ok(hp::Frame::Pong));
+
+    // An update sent before the Auth is held, then applied; the Auth is answered first, the
+    // Step 1 with the server's own Step 1 then its Step 2, the update with SyncStatus(true).
+    let addr = "raw\0session-1";
+    s.send(hp::wrap(
+        addr,
+        &quire_server::protocol::encode_update(&update(7, "held ")),
+    ))
+    .await;
+    s.send(hp::encode_auth_with_version(addr, "", "4.8.0"))
+        .await;
+    let first = s.next().await.expect("frame");
+    assert_eq!(
+        first,
+        hp::Frame::Addressed(hp::Addressed {
+            address: addr.into(),
+            message: hp::HpMessage::Authenticated("read-write".into())
+        })
+    );
+    let status = s
+        .next_for(addr, |m| matches!(m, hp::HpMessage::SyncStatus(_)))
+        .await;
+    assert_eq!(status, hp::HpMessage::SyncStatus(true));
+    let sv = yrs::StateVector::default();
+    s.send(hp::wrap(addr, &quire_server::protocol::encode_step1(&sv)))
+        .await;
+    let step1 = s
+        .next_for(addr, |m| matches!(m, hp::HpMessage::Sync(_)))
+        .await;
+    assert!(
+        matches!(
+            step1,
+            hp::HpMessage::Sync(quire_server::protocol::Message::SyncStep1(_))
+        ),
+        "{step1:?}"
+    );
+    let step2 = s
+        .next_for(addr, |m| matches!(m, hp::HpMessage::Sync(_)))
+        .await;
+    let hp::HpMessage::Sync(quire_server::protocol::Message::SyncStep2(state)) = step2 else {
+        panic!("{step2:?}")
+    };
+    assert!(state.len() > 4, "the held update is in the document");
+
+    // Close of one document: answered, and that document's frames are held again (it needs a
+    // new Auth), while the socket stays.
+    s.send(hp::wrap(addr, &[hp::types::CLOSE as u8])).await;
+    let closed = s
+        .next_for(addr, |m| matches!(m, hp::HpMessage::Close(_)))
+        .await;
+    assert_eq!(
+        closed,
+        hp::HpMessage::Close(Some("provider_initiated".into()))
+    );
+
+    // BroadcastStateless is a server's message: the document is closed.
+    s.send(hp::encode_auth_with_version("other", "", "4.8.0"))
+        .await;
+    s.next_for("other", |m| matches!(m, hp::HpMessage::Authenticated(_)))
+        .await;
+    let mut frame = bytes::BytesMut::new();
+    hp::put_str(&mut frame, "other");
+    frame.extend_from_slice(&[hp::types::BROADCAST_STATELESS as u8, 1, b'x']);
+    s.send(frame.freeze()).await;
+    let closed = s
+        .next_for("other", |m| matches!(m, hp::HpMessage::Close(_)))
+        .await;
+    assert!(
+        matches!(closed, hp::HpMessage::Close(Some(_))),
+        "{closed:?}"
+    );
+
+    // A stateless message over max_stateless_bytes closes the socket with 1009.
+    s.send(hp::encode_auth_with_version("big", "", "4.8.0"))
+        .await;
+    s.next_for("big", |m| matches!(m, hp::HpMessage::Authenticated(_)))
+        .await;
+    s.send(hp::encode_stateless("big", &"x".repeat(101))).await;
+    assert_eq!(s.closed().await.0, 1009);
+
+    // Frames for documents never authenticated: over hocuspocus_pending_frames, 1008.
+    let mut s = Raw::open(server.addr).await;
+    for _ in 0..9 {
+        s.send(hp::wrap(
+            "pending",
+            &quire_server::protocol::encode_update(&update(8, "x")),
+        ))
+        .await;
+    }
+    assert_eq!(s.closed().await.0, 1008);
+    // More documents waiting than hocuspocus_max_documents: 1008.
+    let mut s = Raw::open(server.addr).await;
+    for doc in ["d1", "d2", "d3", "d4"] {
+        s.send(hp::wrap(doc, &[hp::types::QUERY_AWARENESS as u8]))
+            .await;
+    }
+    assert_eq!(s.closed().await.0, 1008);
+    // Held longer than hocuspocus_auth_timeout: 1008.
+    let mut s = Raw::open(server.addr).await;
+    s.send(hp::wrap("slow", &[hp::types::QUERY_AWARENESS as u8]))
+        .await;
+    let (code, reason) = s.closed().await;
+    assert_eq!(code, 1008, "{reason}");
+    // A malformed update closes the socket with 1007, like on the y-websocket endpoint.
+    let mut s = Raw::open(server.addr).await;
+    s.send(hp::encode_auth_with_version("bad", "", "4.8.0"))
+        .await;
+    s.next_for("bad", |m| matches!(m, hp::HpMessage::Authenticated(_)))
+        .await;
+    s.send(hp::wrap("bad", &[0, 2, 3, 9, 9, 9])).await;
+    assert_eq!(s.closed().await.0, 1007);
+    assert!(
+        server
+            .metric("quire_hocuspocus_pending_overflows_total")
+            .await
+            >= 3.0
+    );
+    server.stop().await;
+}
+
+/// With tokens: a document the token does not cover is refused with PermissionDenied and the
+/// socket's other document stays; a revocation closes the revoked token's documents only.
+#[tokio::test]
+async fn refusals_and_revocations_close_only_their_documents() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(secured(dir.path())).await;
+    let http = reqwest::Client::new();
+    let ann = token("ann", "team/*", Permission::Write);
+    let mut s = Raw::open(server.addr).await;
+    s.send(hp::encode_auth_with_version("team/a", &ann, "4.8.0"))
+        .await;
+    s.next_for("team/a", |m| matches!(m, hp::HpMessage::Authenticated(_)))
+        .await;
+    s.send(hp::encode_auth("private", &ann)).await;
+    let denied = s
+        .next_for("private", |m| {
+            matches!(m, hp::HpMessage::PermissionDenied(_))
+        })
+        .await;
+    assert!(matches!(denied, hp::HpMessage::PermissionDenied(_)));
+    // A second token, on a second document, then revoked: only its document closes.
+    let other = token("ann", "team/b", Permission::Write);
+    s.send(hp::encode_auth("team/b", &other)).await;
+    s.next_for("team/b", |m| matches!(m, hp::HpMessage::Authenticated(_)))
+        .await;
+    let claims = quire_server::auth::Auth::new(&[KEY.into()], None)
+        .expect("key")
+        .verify(&other, quire_server::auth::now_secs())
+        .expect("valid");
+    let resp = http
+        .post(api(&server, "/tokens/revoke"))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({ "token_id": claims.token_id }))
+        .send()
+        .await
+        .expect("revoke");
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let closed = s
+        .next_for("team/b", |m| matches!(m, hp::HpMessage::Close(_)))
+        .await;
+    assert!(
+        matches!(closed, hp::HpMessage::Close(Some(_))),
+        "{closed:?}"
+    );
+    // team/a still works: an update is acknowledged.
+    s.send(hp::wrap(
+        "team/a",
+        &quire_server::protocol::encode_update(&update(9, "ok")),
+    ))
+    .await;
+    let status = s
+        .next_for("team/a", |m| matches!(m, hp::HpMessage::SyncStatus(_)))
+        .await;
+    assert_eq!(status, hp::HpMessage::SyncStatus(true));
+    server.stop().await;
+}
