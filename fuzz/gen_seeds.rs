@@ -61,6 +61,12 @@ fn main() -> Result<()> {
     awareness_seeds(&mut seeds, &edits);
     bus_seeds(&mut seeds, &fixtures);
     http_seeds(&mut seeds, &edits);
+    let step2 = fixtures
+        .iter()
+        .find(|(n, _)| n == "sync-step2")
+        .map(|(_, f)| f.clone())
+        .unwrap_or_else(|| Bytes::from_static(&[0, 1, 2, 0, 0]));
+    hocuspocus_seeds(&mut seeds, &step2);
     seeds.finish()
 }
 
@@ -351,6 +357,7 @@ fn bus_seeds(seeds: &mut Seeds, fixtures: &[(String, Bytes)]) {
                 can_write: true,
                 expires_at: Some(1_767_225_600),
                 seen_change: 0,
+                hocuspocus: false,
             },
         ),
         (
@@ -363,6 +370,7 @@ fn bus_seeds(seeds: &mut Seeds, fixtures: &[(String, Bytes)]) {
                 can_write: false,
                 expires_at: None,
                 seen_change: 0,
+                hocuspocus: true,
             },
         ),
         (
@@ -370,6 +378,7 @@ fn bus_seeds(seeds: &mut Seeds, fixtures: &[(String, Bytes)]) {
             Envelope::Frame {
                 from: from.clone(),
                 conn: 42,
+                seq: 1,
                 data: frame,
             },
         ),
@@ -378,6 +387,7 @@ fn bus_seeds(seeds: &mut Seeds, fixtures: &[(String, Bytes)]) {
             Envelope::Alive {
                 from: from.clone(),
                 conn: 42,
+                sent: 1,
             },
         ),
         ("close", Envelope::Close { from, conn: 42 }),
@@ -385,6 +395,7 @@ fn bus_seeds(seeds: &mut Seeds, fixtures: &[(String, Bytes)]) {
             "out",
             Envelope::Out {
                 conn: 42,
+                seq: 1,
                 data: step2,
             },
         ),
@@ -399,6 +410,29 @@ fn bus_seeds(seeds: &mut Seeds, fixtures: &[(String, Bytes)]) {
     ];
     for (name, envelope) in envelopes {
         seeds.add("bus_envelope", name, &envelope.encode());
+    }
+}
+
+/// Frames a 4.x and a 3.x provider send (and some a server sends), for `hocuspocus_frame`.
+fn hocuspocus_seeds(seeds: &mut Seeds, step2: &Bytes) {
+    use quire_server::protocol::hocuspocus as hp;
+    let addr = "notes/meeting";
+    let session = "notes/meeting\0k3j2h1";
+    let frames: [(&str, Bytes); 11] = [
+        ("auth-v4", hp::encode_auth_with_version(session, "eyJ.token.sig", "4.8.0")),
+        ("auth-v3", hp::encode_auth(addr, "")),
+        ("step1", hp::wrap(addr, &protocol::encode_step1(&StateVector::default()))),
+        ("step2", hp::wrap(addr, step2)),
+        ("update", hp::wrap(session, &protocol::encode_update(&[0, 0]))),
+        ("awareness", hp::wrap(addr, &[1, 11, 1, 7, 1, 7, b'{', b'"', b'a', b'"', b':', b'1', b'}'])),
+        ("stateless", hp::encode_stateless(addr, r#"{"hello":1}"#)),
+        ("close", hp::wrap(addr, &[7])),
+        ("sync-status", hp::encode_sync_status(addr, true)),
+        ("ping", Bytes::from_static(&[9])),
+        ("authenticated", hp::encode_authenticated(addr, "read-write")),
+    ];
+    for (name, frame) in frames {
+        seeds.add("hocuspocus_frame", name, &frame);
     }
 }
 

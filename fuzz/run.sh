@@ -16,7 +16,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
 seconds="${1:-60}"
 [ $# -gt 0 ] && shift
-all_targets=(frame_decoder awareness_decoder bus_envelope room_update http_json)
+all_targets=(frame_decoder awareness_decoder bus_envelope room_update http_json hocuspocus_frame)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all_targets[@]}"); fi
 case "$seconds" in
   ''|*[!0-9]*) echo "usage: $0 [SECONDS] [TARGET...]  (targets: ${all_targets[*]})" >&2; exit 2 ;;
