@@ -82,6 +82,27 @@ for name, vals, ratio, better in table:
     note = f"{ratio} ({better} is better)" if ratio else ""
     print(f"| {name} | " + " | ".join(fmt(vals[s]) for s in servers) + f" | {note} |")
 
+# The Hocuspocus protocol: Quire's /hocuspocus endpoint against the Hocuspocus server, the same
+# load in the same flavour.
+hp_rows = [
+    ("server CPU s per 1,000 updates (200 rooms x 4 clients x 5/s)",
+     lambda s: (pick(s, "typing", rooms=200) or {}).get("server_cpu_per_1k")),
+    ("delivery p99 ms (200 x 4 x 5/s)", lambda s: (pick(s, "typing", rooms=200) or {}).get("p99_ms")),
+    ("all delivered (200 x 4 x 5/s)", lambda s: (pick(s, "typing", rooms=200) or {}).get("complete")),
+] + [
+    (f"fan-out to {n} readers, p99 ms",
+     lambda s, n=n: (pick(s, "typing", rooms=1, clients=n + 1) or {}).get("p99_ms"))
+    for n in (10, 50, 200)
+]
+if pick("quire-hocuspocus", "typing"):
+    print()
+    print("| Hocuspocus protocol | quire /hocuspocus | hocuspocus | Quire vs Hocuspocus |")
+    print("|---|---|---|---|")
+    for name, get in hp_rows:
+        q, h = get("quire-hocuspocus"), get("hocuspocus")
+        ratio = f"{q / h:.2f}x" if isinstance(q, (int, float)) and not isinstance(q, bool) and h else ""
+        print(f"| {name} | {fmt(q)} | {fmt(h)} | {ratio} |")
+
 # Plot: p99 against offered load, from the search steps.
 W, H, L, B = 640, 400, 60, 50
 colors = {"quire": "#1f77b4", "y-websocket": "#ff7f0e", "hocuspocus": "#2ca02c"}

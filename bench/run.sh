@@ -42,7 +42,7 @@ stop_server() { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null |
 
 run() { # label flavor port dir args...
   local label=$1 flavor=$2 port=$3; shift 3
-  "$BENCH" "$@" --url "ws://127.0.0.1:$port" --flavor "$flavor" --server-pid "$PID" \
+  "$BENCH" "$@" --url "ws://127.0.0.1:$port${URL_PATH:-}" --flavor "$flavor" --server-pid "$PID" \
     --label "$label" 2>&1 | tee -a "$OUT/log.txt" | grep '^{' >> "$RESULTS" || true
 }
 
@@ -78,6 +78,21 @@ for server in quire y-websocket hocuspocus; do
   stop_server
   rm -rf "$dir"
 done
+
+# Quire's Hocuspocus endpoint (/hocuspocus) with the Hocuspocus flavour, the load the
+# Hocuspocus server got above: typing and fan-out.
+port=$((port + 1)); dir=$(mktemp -d)
+start_server quire "$port" "$dir"
+echo "=== quire, Hocuspocus protocol (pid $PID) ===" >&2
+URL_PATH=/hocuspocus
+run quire-hocuspocus hocuspocus "$port" typing --rooms 200 --clients 4 --rate 5 --duration "$DUR" --prefix typing
+for n in $FAN; do
+  run quire-hocuspocus hocuspocus "$port" typing --rooms 1 --clients $((n + 1)) --writers 1 --rate 20 \
+    --duration "$DUR" --prefix "fan$n"
+done
+URL_PATH=
+stop_server
+rm -rf "$dir"
 
 python3 bench/report.py "$RESULTS" docs/bench-latency.svg
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Builds web/dist from web/src, web/static and web/pkg (the wasm-bindgen output):
-//   dist/index.html, dist/stock.html, dist/style.css
-//   dist/assets/editor.js, dist/assets/stock.js, dist/assets/quire_client_bg.wasm
+//   dist/index.html, dist/stock.html, dist/tiptap.html, dist/style.css
+//   dist/assets/editor.js, dist/assets/stock.js, dist/assets/tiptap.js,
+//   dist/assets/quire_client_bg.wasm
 // Run it from anywhere: `node web/bundle.mjs`. Re-running replaces dist/ completely.
 
 import { build } from 'esbuild'
@@ -39,7 +40,8 @@ try {
     absWorkingDir: root,
     entryPoints: {
       editor: join(root, 'src', 'editor.js'),
-      stock: join(root, 'src', 'stock.js')
+      stock: join(root, 'src', 'stock.js'),
+      tiptap: join(root, 'src', 'tiptap.js')
     },
     outdir: assets,
     bundle: true,

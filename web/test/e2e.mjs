@@ -32,7 +32,7 @@ if (!QUIRE_BIN) {
   throw new Error('QUIRE_BIN is not set: point it at the quire binary, e.g. QUIRE_BIN=target/debug/quire node --test web/test/e2e.mjs')
 }
 if (!existsSync(QUIRE_BIN)) throw new Error(`QUIRE_BIN=${QUIRE_BIN} does not exist`)
-for (const f of ['index.html', 'stock.html', 'assets/editor.js', 'assets/stock.js', 'assets/quire_client_bg.wasm']) {
+for (const f of ['index.html', 'stock.html', 'tiptap.html', 'assets/editor.js', 'assets/stock.js', 'assets/tiptap.js', 'assets/quire_client_bg.wasm']) {
   if (!existsSync(join(distDir, f))) throw new Error(`web/dist/${f} is missing: run \`node web/bundle.mjs\` first`)
 }
 
@@ -165,6 +165,42 @@ async function openStock (page, origin, doc, name) {
   await page.goto(stockUrl(origin, doc, name))
   await page.waitForFunction(() => window.quire && window.quire.provider && window.quire.provider.synced, null, { timeout: WAIT })
   await waitForText(page, '#status', 'connected')
+}
+
+/** Opens the Tiptap page (@hocuspocus/provider on /hocuspocus) and waits until it is
+ *  authenticated and synced. */
+async function openTiptap (page, origin, doc, name) {
+  const q = new URLSearchParams({ doc, name })
+  await page.goto(`${origin}/tiptap.html?${q}`)
+  await page.waitForFunction(() => window.quire && window.quire.editor && window.quire.provider, null, { timeout: WAIT })
+  await page.waitForFunction(() => window.quire.provider.isAuthenticated && window.quire.provider.isSynced, null, { timeout: WAIT })
+  await waitForText(page, '#status', 'connected')
+}
+
+/** A Tiptap page's document: the editor's text, and its paragraphs as the DOM shows them
+ *  (caret widgets removed). */
+async function readTiptap (page) {
+  return page.evaluate(() => {
+    const paragraphs = [...document.querySelectorAll('.tiptap-content > p')].map((p) => {
+      const copy = p.cloneNode(true)
+      for (const w of copy.querySelectorAll('.collaboration-carets__caret')) w.remove()
+      return copy.textContent
+    })
+    return { editor: window.quire.editor.getText({ blockSeparator: '\n' }), dom: paragraphs.join('\n') }
+  })
+}
+
+/** Waits until every Tiptap page shows the same text, containing `parts`. */
+async function waitTiptapConverged (pages, parts, timeout = WAIT) {
+  const deadline = Date.now() + timeout
+  let last = null
+  while (Date.now() < deadline) {
+    last = await Promise.all(pages.map(readTiptap))
+    const first = last[0].editor
+    if (last.every((r) => r.editor === first && r.dom === first) && parts.every((p) => first.includes(p))) return first
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  assert.fail(`Tiptap pages did not converge on ${JSON.stringify(parts)} within ${timeout} ms:\n${JSON.stringify(last, null, 2)}`)
 }
 
 async function waitForText (page, selector, expected, timeout = WAIT) {
@@ -774,4 +810,66 @@ test('the history panel saves, previews and restores a version while another tab
   } finally {
     secured.child.kill('SIGKILL')
   }
+})
+
+test('Tiptap on @hocuspocus/provider: two tabs converge with carets and are saved, beside a CodeMirror editor', { timeout: TEST_TIMEOUT }, async (t) => {
+  const doc = freshDoc('tiptap')
+  const other = freshDoc('tiptap-cm')
+  const tina = await newPage(t)
+  const theo = await newPage(t)
+  const carla = await newPage(t)
+  await openTiptap(tina, base, doc, 'Tina')
+  await openTiptap(theo, base, doc, 'Theo')
+  await openWasm(carla, base, other, 'Carla')
+
+  await tina.evaluate(() => window.quire.editor.commands.focus('end'))
+  await tina.keyboard.type('Hello from Tina.', { delay: 5 })
+  await tina.keyboard.press('Enter')
+  await tina.keyboard.type('Second line.', { delay: 5 })
+  await waitTiptapConverged([tina, theo], ['Hello from Tina.\nSecond line.'])
+
+  // All three type at once: both Tiptap tabs in their own paragraphs, the CodeMirror page on
+  // its own document over the y-websocket endpoint.
+  await tina.evaluate(() => window.quire.editor.commands.focus('end'))
+  await theo.evaluate(() => window.quire.editor.commands.setTextSelection(1))
+  await theo.evaluate(() => window.quire.editor.commands.focus())
+  await caretAtLineEnd(carla, 1)
+  const a = ' Tina keeps typing.'
+  const b = 'Theo was here. '
+  const c = 'CodeMirror, meanwhile.'
+  await Promise.all([
+    tina.keyboard.type(a, { delay: 30 }),
+    theo.keyboard.type(b, { delay: 35 }),
+    carla.keyboard.type(c, { delay: 25 })
+  ])
+  const text = await waitTiptapConverged([tina, theo], [a, b])
+  assert.equal(text, `${b}Hello from Tina.\nSecond line.${a}`)
+  await waitConverged([carla], [c])
+
+  // Carets with names, and both people listed, on each Tiptap tab.
+  await tina.waitForFunction(() => [...document.querySelectorAll('.collaboration-carets__label')].some((l) => l.textContent === 'Theo'), null, { timeout: WAIT })
+  await theo.waitForFunction(() => [...document.querySelectorAll('.collaboration-carets__label')].some((l) => l.textContent === 'Tina'), null, { timeout: WAIT })
+  for (const page of [tina, theo]) {
+    const names = await page.$$eval('#peers .peer-name', (els) => els.map((e) => e.textContent).sort())
+    assert.equal(names.length, 2, JSON.stringify(names))
+  }
+  // Saved means committed: Quire sends the provider's SyncStatus after the commit.
+  await waitSaved(tina)
+  await waitSaved(theo)
+  await waitSaved(carla)
+  await shot(tina, 'i-tiptap-tina')
+  await shot(theo, 'i-tiptap-theo')
+  await shot(carla, 'i-tiptap-beside-codemirror')
+
+  // The server holds it: the stored document as JSON, and a fresh Tiptap tab.
+  const json = await (await fetch(`${base}/api/v1/docs/${encodeURIComponent(doc)}/json`)).json()
+  assert.ok(JSON.stringify(json.default).includes('Theo was here.'), JSON.stringify(json))
+  for (const p of [tina, theo, carla]) assert.deepEqual(p.errors, [], 'uncaught errors in the page')
+  await tina.closeContext()
+  await theo.closeContext()
+  const fresh = await newPage(t)
+  await openTiptap(fresh, base, doc, 'Fay')
+  assert.equal((await readTiptap(fresh)).editor, text)
+  await carla.closeContext()
+  await fresh.closeContext()
 })
