@@ -41,7 +41,7 @@ use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tracing::{debug, info_span, warn, Instrument};
 
@@ -52,7 +52,7 @@ use crate::limits::{Bucket, PeerRates};
 use crate::protocol::hocuspocus::{self as hp, types};
 use crate::protocol::{self, MSG_DURABLE_ACK, MSG_STATELESS};
 use crate::room::join::next_peer_id;
-use crate::room::{CloseReason, DocName, PeerAuth, PeerId, RoomCmd};
+use crate::room::{CloseReason, DocName, PeerAuth, PeerId};
 use crate::ws::{self, Counted, LastSeen};
 use crate::AppState;
 
@@ -123,6 +123,7 @@ async fn serve(socket: WebSocket, ip: Option<IpAddr>, app: AppState) {
             stateless: Bucket::full(limits.stateless_per_second.saturating_mul(2)),
             held_frames: 0,
             held_bytes: 0,
+            closed: Default::default(),
             next_gen: 0,
         };
         let outcome = tokio::select! {
@@ -150,6 +151,18 @@ struct Out {
 }
 
 impl Out {
+    /// Queues a frame if there is room for it now (false: the queue is full, or the socket
+    /// gone).
+    fn try_send(&self, frame: Bytes) -> bool {
+        let n = u32::try_from(frame.len())
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.max);
+        match self.budget.clone().try_acquire_many_owned(n) {
+            Ok(permit) => self.tx.try_send((frame, permit)).is_ok(),
+            Err(_) => false,
+        }
+    }
+
     /// Queues a frame; fails only once the socket is gone.
     async fn send(&self, frame: Bytes) -> Result<(), ()> {
         let n = u32::try_from(frame.len())
@@ -216,35 +229,33 @@ enum DocState {
         since: Instant,
     },
     Open(Session),
-    /// A token refresh that had to restart a relayed session: the new one starts when the
-    /// old one has ended; frames meanwhile are held.
-    Restarting {
-        /// The generation of the session being replaced.
-        old: u64,
-        next: Session,
-        frames: Vec<Bytes>,
-    },
+    /// Refused (`PermissionDenied`) or closed by the server (`Close`): the provider keeps
+    /// sending its presence renewals and edits for it until it reconnects or attaches the
+    /// document again, and those are dropped instead of held. A new `Auth` is a fresh attempt.
+    Closed,
 }
 
 /// An authenticated document of the socket: the channel to its session task.
 struct Session {
     name: DocName,
-    peer: PeerId,
-    tx: Option<mpsc::Sender<Bytes>>,
+    tx: mpsc::Sender<Bytes>,
     /// Tells this session's end from an earlier one's for the same address.
     generation: u64,
-    auth: PeerAuth,
+    /// The session's current credential; a refresh replaces it, and the session hands it to
+    /// its room.
+    auth: tokio::sync::watch::Sender<PeerAuth>,
     /// Updates (and Sync Step 2s) sent to the room: the counter of the acknowledgement
     /// requested after each.
     updates: u64,
     acks: Arc<Acks>,
-    /// The client's last awareness message, replayed if the session restarts.
-    awareness: Option<Bytes>,
 }
 
-/// The SyncStatus count of one address, kept across a session restart.
+/// The SyncStatus count of one session.
 #[derive(Default)]
 struct Acks {
+    /// Acknowledgements requested from the room (the socket's count of updates sent): an
+    /// echo claiming more is not believed.
+    requested: AtomicU64,
     /// `SyncStatus(true)` sent.
     issued: AtomicU64,
     /// Updates the room refused (read-only), each answered `SyncStatus(false)`.
@@ -281,6 +292,8 @@ struct Conn {
     /// Frames (and their bytes) held for addresses not yet authenticated.
     held_frames: usize,
     held_bytes: usize,
+    /// Closed addresses, oldest first (see [`Conn::tombstone`]).
+    closed: std::collections::VecDeque<String>,
     next_gen: u64,
 }
 
@@ -340,10 +353,19 @@ impl Conn {
             .min()
     }
 
+    /// Queues one of the socket's own answers (Pong, Authenticated, PermissionDenied,
+    /// Close) without waiting: the read loop must not stop on a client that does not read, so
+    /// a full outbound queue closes the socket with 1013, as it closes a y-websocket one.
     async fn send(&self, frame: Bytes) -> Result<(), CloseReason> {
-        // The writer is gone only when the socket is: the read loop ends with it.
-        let _ = self.out.send(frame).await;
-        Ok(())
+        if self.out.try_send(frame) {
+            Ok(())
+        } else {
+            self.app.metrics.broadcast_overflows.inc();
+            Err(CloseReason::new(
+                close::TRY_AGAIN_LATER,
+                "outbound queue full; reconnect",
+            ))
+        }
     }
 
     fn malformed(&self, detail: String) -> CloseReason {
@@ -369,7 +391,6 @@ impl Conn {
         };
         match self.docs.get(&head.address) {
             Some(DocState::Open(_)) => self.on_open_frame(head, data).await,
-            Some(DocState::Restarting { .. }) => self.hold(head.address, data),
             _ if head.kind == types::AUTH => match hp::decode(&data) {
                 Ok(hp::Frame::Addressed(hp::Addressed {
                     message: hp::HpMessage::Token { token, .. },
@@ -379,6 +400,14 @@ impl Conn {
                 Ok(_) => Ok(()),
                 Err(e) => Err(self.malformed(e.to_string())),
             },
+            Some(DocState::Closed) => Ok(()),
+            _ if head.kind == types::CLOSE => {
+                // The provider gave up on a document still waiting for its Auth.
+                if let Some(DocState::Held { frames, .. }) = self.docs.remove(&head.address) {
+                    self.release(&frames);
+                }
+                Ok(())
+            }
             _ => self.hold(head.address, data),
         }
     }
@@ -391,7 +420,7 @@ impl Conn {
             self.app.metrics.hocuspocus_pending_overflows.inc();
             Err(CloseReason::new(close::POLICY, why))
         };
-        if !self.docs.contains_key(&address) && self.docs.len() >= limits.hocuspocus_max_documents {
+        if !self.docs.contains_key(&address) && self.live() >= limits.hocuspocus_max_documents {
             return overflow("too many documents on this connection");
         }
         if self.held_frames >= limits.hocuspocus_pending_frames
@@ -405,13 +434,33 @@ impl Conn {
             frames: Vec::new(),
             since: Instant::now(),
         });
-        match state {
-            DocState::Held { frames, .. } | DocState::Restarting { frames, .. } => {
-                frames.push(data)
-            }
-            DocState::Open(_) => {}
+        if let DocState::Held { frames, .. } = state {
+            frames.push(data);
         }
         Ok(())
+    }
+
+    /// Addresses open or waiting for their Auth (not the closed ones).
+    fn live(&self) -> usize {
+        self.docs
+            .values()
+            .filter(|d| !matches!(d, DocState::Closed))
+            .count()
+    }
+
+    /// Forgets `address`, remembering it as closed, so the frames the provider still sends
+    /// for it are dropped; the oldest closed addresses are forgotten past
+    /// `hocuspocus_max_documents` of them.
+    fn tombstone(&mut self, address: &str) {
+        self.docs.insert(address.to_owned(), DocState::Closed);
+        self.closed.push_back(address.to_owned());
+        while self.closed.len() > self.app.config.limits.hocuspocus_max_documents {
+            if let Some(old) = self.closed.pop_front() {
+                if matches!(self.docs.get(&old), Some(DocState::Closed)) {
+                    self.docs.remove(&old);
+                }
+            }
+        }
     }
 
     /// Takes the frames held for `address` out of the socket's count.
@@ -460,8 +509,7 @@ impl Conn {
             Ok(name) => name,
             Err(e) => return self.deny(&address, &e.to_string()).await,
         };
-        let open = self.docs.len();
-        if open >= self.app.config.limits.hocuspocus_max_documents {
+        if self.live() >= self.app.config.limits.hocuspocus_max_documents {
             let why = "too many documents on this connection";
             return self.deny(&address, why).await;
         }
@@ -476,8 +524,7 @@ impl Conn {
             "readonly"
         };
         self.send(hp::encode_authenticated(&address, scope)).await?;
-        let session = self.new_session(name, auth, Arc::default(), 0);
-        self.start(address.clone(), session, Vec::new());
+        self.start(address.clone(), name, auth);
         for frame in held {
             Box::pin(self.on_frame(frame)).await?;
         }
@@ -486,45 +533,32 @@ impl Conn {
 
     /// Refuses a document with `PermissionDenied`. Nothing of the address is kept: another
     /// `Auth` is a fresh attempt.
-    async fn deny(&self, address: &str, reason: &str) -> Result<(), CloseReason> {
+    async fn deny(&mut self, address: &str, reason: &str) -> Result<(), CloseReason> {
         self.app.metrics.hocuspocus_auth_failures.inc();
         debug!(%address, %reason, "document refused");
+        self.tombstone(address);
         self.send(hp::encode_permission_denied(address, reason))
             .await
     }
 
-    fn new_session(
-        &mut self,
-        name: DocName,
-        auth: PeerAuth,
-        acks: Arc<Acks>,
-        updates: u64,
-    ) -> Session {
+    /// Starts a session for `address`: its task, one peer of the document's room.
+    fn start(&mut self, address: String, name: DocName, auth: PeerAuth) {
+        let (tx, rx) = mpsc::channel(SESSION_INBOX);
+        let (auth_tx, auth_rx) = tokio::sync::watch::channel(auth.clone());
         self.next_gen += 1;
-        Session {
-            name,
-            peer: next_peer_id(),
-            tx: None,
+        let session = Session {
+            name: name.clone(),
+            tx,
             generation: self.next_gen,
-            auth,
-            updates,
-            acks,
-            awareness: None,
-        }
-    }
-
-    /// Starts `session`'s task for `address`, its first inbound frames `first`.
-    fn start(&mut self, address: String, mut session: Session, first: Vec<Bytes>) {
-        let (tx, rx) = mpsc::channel(SESSION_INBOX.max(first.len()));
-        for frame in first {
-            let _ = tx.try_send(frame);
-        }
-        session.tx = Some(tx);
+            auth: auth_tx,
+            updates: 0,
+            acks: Arc::default(),
+        };
         let task = SessionTask {
             address: address.clone(),
-            name: session.name.clone(),
-            peer: session.peer,
-            auth: session.auth.clone(),
+            name,
+            peer: next_peer_id(),
+            auth,
             generation: session.generation,
             acks: session.acks.clone(),
             app: self.app.clone(),
@@ -532,8 +566,7 @@ impl Conn {
             seen: self.seen.clone(),
             ended: self.ended_tx.clone(),
         };
-        self.app.metrics.hocuspocus_documents.inc();
-        self.app.connections.spawn(task.run(rx));
+        self.app.connections.spawn(task.run(rx, auth_rx));
         self.docs.insert(address, DocState::Open(session));
     }
 
@@ -546,6 +579,17 @@ impl Conn {
             return Ok(());
         };
         let message = || data.slice(head.message_at..);
+        // Exactly one message after the address: the bytes go to the room as they are, and
+        // anything appended (a durable-ack request of the client's own, say) must not.
+        if matches!(
+            head.kind,
+            types::SYNC | types::SYNC_REPLY | types::AWARENESS | types::QUERY_AWARENESS
+        ) {
+            let one = protocol::split_frame(&message()).is_ok_and(|m| m.len() == 1);
+            if !one {
+                return Err(self.malformed("not one message after the address".into()));
+            }
+        }
         match head.kind {
             types::SYNC | types::SYNC_REPLY => {
                 if head.subtype == Some(0) {
@@ -565,15 +609,15 @@ impl Conn {
                 session.forward(sync).await;
                 if matches!(head.subtype, Some(1) | Some(2)) {
                     session.updates += 1;
-                    let ack = protocol::encode_durable_ack(session.updates);
-                    session.forward(ack).await;
+                    let n = session.updates;
+                    session.acks.requested.store(n, Ordering::Relaxed);
+                    session.forward(protocol::encode_durable_ack(n)).await;
                 }
             }
             types::AWARENESS => {
                 self.rates
                     .check_counts(0, 1, now_ms, limits)
                     .inspect_err(|_| metrics.rate_limited.inc())?;
-                session.awareness = Some(message());
                 session.forward(message()).await;
             }
             types::QUERY_AWARENESS => {
@@ -599,12 +643,13 @@ impl Conn {
                     Ok(_) => return Ok(()),
                     Err(e) => return Err(self.malformed(e.to_string())),
                 };
-                let (name, user) = (session.name.clone(), session.auth.user.clone());
+                let (name, user) = (session.name.clone(), session.auth.borrow().user.clone());
                 return self.on_stateless(&name, user.as_deref(), &payload).await;
             }
             types::CLOSE => {
                 // The provider is done with this document; the socket stays. Hocuspocus
-                // answers with a Close too (the provider ignores it).
+                // answers with a Close too (the provider ignores it). The provider sends
+                // nothing more for it: no need to remember it as closed.
                 self.docs.remove(&head.address);
                 let close = hp::encode_close(&head.address, "provider_initiated");
                 return self.send(close).await;
@@ -659,58 +704,33 @@ impl Conn {
     }
 
     /// A new token for an open document (the provider's `sendToken()`): checked like the
-    /// first; if it does not cover the document any more, the document is closed.
+    /// first; if it does not cover the document any more, the document is closed. Otherwise
+    /// the session hands it to its room (on this node or, relayed, the owner's), which takes
+    /// its permission and expiry in place of the old ones.
     async fn refresh(&mut self, address: String, token: &str) -> Result<(), CloseReason> {
         let Some(DocState::Open(session)) = self.docs.get(&address) else {
             return Ok(());
         };
-        let (name, peer) = (session.name.clone(), session.peer);
-        let auth = match self.check(&name, token).await {
-            Ok(auth) => auth,
+        let name = session.name.clone();
+        match self.check(&name, token).await {
+            Ok(auth) => {
+                if let Some(DocState::Open(session)) = self.docs.get(&address) {
+                    let _ = session.auth.send(auth);
+                }
+                Ok(())
+            }
             Err(Refusal::Deny(reason)) => {
                 self.app.metrics.hocuspocus_auth_failures.inc();
-                return self
-                    .close_doc(&address, &format!("Unauthorized: {reason}"))
-                    .await;
+                self.close_doc(&address, &format!("Unauthorized: {reason}"))
+                    .await
             }
-            Err(Refusal::Close(reason)) => return Err(reason),
-        };
-        // The room on this node takes the new credential in place.
-        if let Some(room) = self.app.registry.get(&name) {
-            let (reply, answer) = oneshot::channel();
-            let cmd = RoomCmd::Reauth {
-                peer,
-                auth: auth.clone(),
-                reply,
-            };
-            if room.command(cmd).await.is_ok() && answer.await == Ok(true) {
-                if let Some(DocState::Open(session)) = self.docs.get_mut(&address) {
-                    session.auth = auth;
-                }
-                return Ok(());
-            }
+            Err(Refusal::Close(reason)) => Err(reason),
         }
-        // Relayed to the node that owns the document: a new session with the new credential,
-        // once the old one has left. It replays the client's awareness, and asks for the whole
-        // document (a Sync Step 1 with an empty state vector) so nothing broadcast between
-        // the two is missed.
-        let Some(DocState::Open(old)) = self.docs.remove(&address) else {
-            return Ok(());
-        };
-        let mut next = self.new_session(name, auth, old.acks.clone(), old.updates);
-        next.awareness = old.awareness.clone();
-        let restarting = DocState::Restarting {
-            old: old.generation,
-            next,
-            frames: Vec::new(),
-        };
-        self.docs.insert(address, restarting);
-        Ok(())
     }
 
     /// Closes one document of the socket with a `Close` message; the others stay.
     async fn close_doc(&mut self, address: &str, reason: &str) -> Result<(), CloseReason> {
-        self.docs.remove(address);
+        self.tombstone(address);
         self.send(hp::encode_close(address, reason)).await
     }
 
@@ -724,28 +744,16 @@ impl Conn {
         } = ended;
         match self.docs.get(&address) {
             Some(DocState::Open(s)) if s.generation == generation => {}
-            Some(DocState::Restarting { old, .. }) if *old == generation => {
-                let Some(DocState::Restarting { next, frames, .. }) = self.docs.remove(&address)
-                else {
-                    return Ok(());
-                };
-                self.release(&frames);
-                let mut first: Vec<Bytes> = next.awareness.iter().cloned().collect();
-                first.push(protocol::encode_step1(&yrs::StateVector::default()));
-                self.start(address.clone(), next, first);
-                for frame in frames {
-                    Box::pin(self.on_frame(frame)).await?;
-                }
-                return Ok(());
-            }
             // Closed by the client, or replaced: nothing to tell.
             _ => return Ok(()),
         }
-        self.docs.remove(&address);
         match outcome {
-            None => Ok(()),
+            None => {
+                self.docs.remove(&address);
+                Ok(())
+            }
             Some(reason) if closes_the_document_only(reason.code) => {
-                self.send(hp::encode_close(&address, &reason.reason)).await
+                self.close_doc(&address, &reason.reason).await
             }
             Some(reason) => Err(reason),
         }
@@ -772,9 +780,7 @@ impl Session {
     /// Hands a y-websocket message to the session. If the session has ended, its end is on
     /// its way to the socket, which acts on that.
     async fn forward(&self, message: Bytes) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(message).await;
-        }
+        let _ = self.tx.send(message).await;
     }
 }
 
@@ -794,7 +800,11 @@ struct SessionTask {
 
 impl SessionTask {
     /// One document of the socket as a peer of its room, until either ends.
-    async fn run(self, mut rx: mpsc::Receiver<Bytes>) {
+    async fn run(
+        self,
+        mut rx: mpsc::Receiver<Bytes>,
+        mut reauth: tokio::sync::watch::Receiver<PeerAuth>,
+    ) {
         let SessionTask {
             address,
             name,
@@ -807,6 +817,7 @@ impl SessionTask {
             seen,
             ended,
         } = self;
+        let _counted = Counted::new(&app.metrics.hocuspocus_documents);
         let span = info_span!("doc", doc = %name, peer);
         let mut stream = futures_util::stream::poll_fn(move |cx| {
             rx.poll_recv(cx)
@@ -825,10 +836,10 @@ impl SessionTask {
                 Ok::<_, ()>(t)
             },
         ));
-        let outcome = ws::run_peer(&mut sink, &mut stream, &name, peer, auth, &app, &seen)
+        let who = (&name, peer, auth);
+        let outcome = ws::run_peer(&mut sink, &mut stream, who, Some(&mut reauth), &app, &seen)
             .instrument(span)
             .await;
-        app.metrics.hocuspocus_documents.dec();
         let _ = ended.send(Ended {
             address,
             generation,
@@ -874,6 +885,7 @@ impl Translate {
                     let Some(n) = protocol::read_durable_ack(&message) else {
                         continue;
                     };
+                    let n = n.min(self.acks.requested.load(Ordering::Relaxed));
                     let target = n.saturating_sub(self.acks.refused.load(Ordering::Relaxed));
                     while self.acks.issued.load(Ordering::Relaxed) < target {
                         self.acks.issued.fetch_add(1, Ordering::Relaxed);

@@ -191,9 +191,8 @@ async fn find_owner(app: &AppState, name: &DocName) -> Result<(DocId, String), C
 pub(crate) async fn relay_to_owner<S, R>(
     sink: &mut S,
     stream: &mut R,
-    name: &DocName,
-    peer: PeerId,
-    auth: PeerAuth,
+    (name, peer, auth): (&DocName, PeerId, PeerAuth),
+    reauth: Option<&mut Reauth>,
     app: &AppState,
     bus: &Arc<Bus>,
 ) -> Option<CloseReason>
@@ -228,7 +227,7 @@ where
     let (outcome, link) = if bus.send(&link.owner, open).await.is_err() {
         (Some(lost_link()), link)
     } else {
-        pump(sink, stream, inbox, link, (doc, &auth, app)).await
+        pump(sink, stream, inbox, link, reauth, (doc, &auth, app)).await
     };
     drop(watching);
     bus.unregister_relay(conn);
@@ -251,12 +250,27 @@ struct Link<'a> {
     sent: u64,
 }
 
+/// A client's refreshed credentials, as its connection learns them (a Hocuspocus token
+/// refresh); the latest is what counts.
+pub(crate) type Reauth = tokio::sync::watch::Receiver<PeerAuth>;
+
+/// The next credential `reauth` brings; never, without one.
+pub(crate) async fn next_auth(reauth: &mut Option<&mut Reauth>) -> PeerAuth {
+    if let Some(rx) = reauth {
+        if rx.changed().await.is_ok() {
+            return rx.borrow_and_update().clone();
+        }
+    }
+    std::future::pending().await
+}
+
 /// Moves frames both ways until one side closes; then gives the link back for the `Close`.
 async fn pump<'a, S, R>(
     sink: &mut S,
     stream: &mut R,
     inbox: queue::QueueRx,
     mut link: Link<'a>,
+    mut reauth: Option<&mut Reauth>,
     (doc, auth, app): (DocId, &PeerAuth, &AppState),
 ) -> (Option<CloseReason>, Link<'a>)
 where
@@ -264,8 +278,24 @@ where
     R: Stream<Item = Result<WsMessage, axum::Error>> + Unpin,
 {
     let mut tick = tokio::time::interval_at(Instant::now() + ALIVE_EVERY, ALIVE_EVERY);
+    // The credential the revocation checks look at: the latest refresh's.
+    let mut auth = auth.clone();
     let outcome = loop {
         tokio::select! {
+            fresh = next_auth(&mut reauth) => {
+                let reauth = Envelope::Reauth {
+                    from: link.from.clone(),
+                    conn: link.conn,
+                    user: fresh.user.as_deref().map(str::to_owned),
+                    can_write: fresh.can_write,
+                    expires_at: fresh.expires_at,
+                    seen_change: fresh.seen_change,
+                };
+                auth = fresh;
+                if link.bus.send(&link.owner, reauth).await.is_err() {
+                    break Some(lost_link());
+                }
+            }
             frame = stream.next() => match frame {
                 Some(Ok(WsMessage::Binary(data))) => {
                     link.sent += 1;
@@ -295,7 +325,7 @@ where
                 Next::Closed => break Some(moved()),
             },
             _ = tick.tick() => {
-                if let Some(reason) = still_relayed(&link, doc, auth, app).await {
+                if let Some(reason) = still_relayed(&link, doc, &auth, app).await {
                     break Some(reason);
                 }
             }
@@ -353,6 +383,7 @@ pub async fn serve_remote(bus: Arc<Bus>, registry: Arc<Registry>, open: RemoteOp
         code: reason.code,
         reason: reason.reason.to_string(),
     };
+    let hocuspocus = auth.hocuspocus;
     let (room, out_rx) = match join_room(&registry, &name, peer, auth).await {
         Ok(joined) => joined,
         Err(reason) => {
@@ -399,6 +430,14 @@ pub async fn serve_remote(bus: Arc<Bus>, registry: Arc<Registry>, open: RemoteOp
                     break Some(CloseReason::new(close::TRY_AGAIN_LATER, "inbound queue full; reconnect"));
                 }
                 Some(RemoteIn::Gap) => break Some(bus.lost()),
+                Some(RemoteIn::Reauth(mut auth)) => {
+                    auth.hocuspocus = hocuspocus;
+                    let (reply, _) = tokio::sync::oneshot::channel();
+                    let reauth = crate::room::RoomCmd::Reauth { peer, auth, reply };
+                    if room.command(reauth).await.is_err() {
+                        break Some(queue::closed_reason());
+                    }
+                }
                 Some(RemoteIn::Alive) => {
                     last_heard = Instant::now();
                     if bus.send(&from, Envelope::Beat { conn, sent }).await.is_err() {

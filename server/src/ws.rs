@@ -18,10 +18,10 @@ use tracing::{debug, info_span, Instrument};
 
 use crate::close;
 use crate::limits::PeerRates;
-use crate::relay::relay_to_owner;
+use crate::relay::{next_auth, relay_to_owner, Reauth};
 use crate::room::join::{join, join_close, next_peer_id, to_peer_msgs};
 use crate::room::queue::{self, Next, QueueRx};
-use crate::room::{CloseReason, DocName, JoinError, PeerAuth, RoomHandle};
+use crate::room::{CloseReason, DocName, JoinError, PeerAuth, RoomCmd, RoomHandle};
 use crate::AppState;
 
 /// How long a close frame may take to leave before the socket is dropped.
@@ -95,7 +95,8 @@ fn serve_inner(
     async move {
         let _counted = Counted::new(&app.metrics.connections);
         let seen = LastSeen::new();
-        let outcome = run_peer(&mut sink, &mut stream, &name, peer, auth, &app, &seen).await;
+        let who = (&name, peer, auth);
+        let outcome = run_peer(&mut sink, &mut stream, who, None, &app, &seen).await;
         // Boxed, like the other steps taken once: an idle connection's future has no room
         // for them.
         Box::pin(finish(sink, stream, outcome)).await
@@ -107,12 +108,14 @@ fn serve_inner(
 /// ends, and leaves. Returns why it ended (`None`: the client closed); the caller closes the
 /// transport. A WebSocket of the y-websocket endpoint is one such client; each document of a
 /// Hocuspocus socket is another (`crate::hocuspocus`), with channels for `sink` and `stream`.
+///
+/// `reauth` brings the client's refreshed credentials (a Hocuspocus token refresh), which the
+/// room (or, relayed, the owner's) takes in place of the first.
 pub(crate) async fn run_peer<S, R>(
     sink: &mut S,
     stream: &mut R,
-    name: &DocName,
-    peer: u64,
-    auth: PeerAuth,
+    (name, peer, auth): (&DocName, u64, PeerAuth),
+    mut reauth: Option<&mut Reauth>,
     app: &AppState,
     seen: &LastSeen,
 ) -> Option<CloseReason>
@@ -128,7 +131,8 @@ where
             // Another node owns the document: relay this client to it through the bus.
             return match &app.bus {
                 Some(bus) => {
-                    Box::pin(relay_to_owner(sink, stream, name, peer, auth, app, bus)).await
+                    let who = (name, peer, auth);
+                    Box::pin(relay_to_owner(sink, stream, who, reauth, app, bus)).await
                 }
                 None => None,
             };
@@ -143,9 +147,23 @@ where
             return Some(CloseReason::new(close::FORBIDDEN, "access revoked"));
         }
     }
+    let reauthing = async {
+        loop {
+            let auth = next_auth(&mut reauth).await;
+            let (reply, _) = tokio::sync::oneshot::channel();
+            if room
+                .command(RoomCmd::Reauth { peer, auth, reply })
+                .await
+                .is_err()
+            {
+                return queue::closed_reason();
+            }
+        }
+    };
     let outcome = tokio::select! {
         r = read_frames(stream, &room, peer, app, seen) => r,
         w = write_frames(sink, &out_rx, app, seen) => w,
+        gone = reauthing => Some(gone),
     };
     Box::pin(room.leave(peer)).await;
     outcome

@@ -458,6 +458,18 @@ async fn raw_frames_get_the_answers_and_bounds_hocuspocus_defines() {
         .await;
     s.send(hp::wrap("bad", &[0, 2, 3, 9, 9, 9])).await;
     assert_eq!(s.closed().await.0, 1007);
+    // So does a second message after the first: a durable-ack request of the client's own
+    // claiming a huge count (its echo would have been turned into that many SyncStatus).
+    let mut s = Raw::open(server.addr).await;
+    s.send(hp::encode_auth_with_version("acks", "", "4.8.0"))
+        .await;
+    s.next_for("acks", |m| matches!(m, hp::HpMessage::Authenticated(_)))
+        .await;
+    let mut both = quire_server::protocol::encode_update(&update(10, "x")).to_vec();
+    both.extend_from_slice(&quire_server::protocol::encode_durable_ack(u64::MAX));
+    s.send(hp::wrap("acks", &both)).await;
+    let (code, reason) = s.closed().await;
+    assert_eq!(code, 1007, "{reason}");
     assert!(
         server
             .metric("quire_hocuspocus_pending_overflows_total")
@@ -472,7 +484,9 @@ async fn raw_frames_get_the_answers_and_bounds_hocuspocus_defines() {
 #[tokio::test]
 async fn refusals_and_revocations_close_only_their_documents() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(secured(dir.path())).await;
+    let mut cfg = secured(dir.path());
+    cfg.limits.hocuspocus_auth_timeout = Duration::from_millis(500);
+    let server = TestServer::start(cfg).await;
     let http = reqwest::Client::new();
     let ann = token("ann", "team/*", Permission::Write);
     let mut s = Raw::open(server.addr).await;
@@ -487,6 +501,16 @@ async fn refusals_and_revocations_close_only_their_documents() {
         })
         .await;
     assert!(matches!(denied, hp::HpMessage::PermissionDenied(_)));
+    // The provider goes on sending for the refused document (presence renewals, edits):
+    // dropped, not held until the socket times out.
+    for _ in 0..5 {
+        s.send(hp::wrap(
+            "private",
+            &quire_server::protocol::encode_update(&update(11, "x")),
+        ))
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
     // A second token, on a second document, then revoked: only its document closes.
     let other = token("ann", "team/b", Permission::Write);
     s.send(hp::encode_auth("team/b", &other)).await;

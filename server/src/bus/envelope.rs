@@ -15,6 +15,7 @@ const BEAT: u8 = 7;
 const CHANGED: u8 = 8;
 const REQUEST: u8 = 9;
 const RESPONSE: u8 = 10;
+const REAUTH: u8 = 11;
 
 /// Length of the signature in front of every message.
 const MAC_LEN: usize = 32;
@@ -100,6 +101,16 @@ pub enum Envelope {
         headers: Vec<(String, String)>,
         body: Bytes,
     },
+    /// A relayed client's new credential (a Hocuspocus token refresh): the owner replaces the
+    /// remote peer's permission and expiry, as it would a local one's.
+    Reauth {
+        from: String,
+        conn: u64,
+        user: Option<String>,
+        can_write: bool,
+        expires_at: Option<i64>,
+        seen_change: i64,
+    },
     /// The owner's answer to `Request` `id`.
     Response {
         id: u64,
@@ -122,6 +133,7 @@ pub enum Kind {
     Changed,
     Request,
     Response,
+    Reauth,
 }
 
 fn put_str(b: &mut BytesMut, s: &str) {
@@ -180,6 +192,7 @@ impl Envelope {
             Envelope::Changed { .. } => Kind::Changed,
             Envelope::Request { .. } => Kind::Request,
             Envelope::Response { .. } => Kind::Response,
+            Envelope::Reauth { .. } => Kind::Reauth,
         }
     }
 
@@ -303,6 +316,34 @@ impl Envelope {
                 put_headers(&mut b, headers);
                 b.put_slice(body);
             }
+            Envelope::Reauth {
+                from,
+                conn,
+                user,
+                can_write,
+                expires_at,
+                seen_change,
+            } => {
+                b.put_u8(REAUTH);
+                b.put_u64(*conn);
+                put_str(&mut b, from);
+                b.put_u8(u8::from(*can_write));
+                match user {
+                    Some(u) => {
+                        b.put_u8(1);
+                        put_str(&mut b, u);
+                    }
+                    None => b.put_u8(0),
+                }
+                match expires_at {
+                    Some(exp) => {
+                        b.put_u8(1);
+                        b.put_i64(*exp);
+                    }
+                    None => b.put_u8(0),
+                }
+                b.put_i64(*seen_change);
+            }
             Envelope::Response {
                 id,
                 status,
@@ -349,14 +390,12 @@ impl Envelope {
                 // (Absent from an earlier version's message: every role change then applies.)
                 let seen_change = match b.remaining() {
                     0 => 0,
-                    8 | 9 => b.get_i64(),
+                    8.. => b.get_i64(),
                     _ => return None,
                 };
-                // Flags, after the change id (absent: a y-websocket client).
-                let hocuspocus = match b.remaining() {
-                    0 => false,
-                    _ => b.get_u8() & 1 == 1,
-                };
+                // Flags, after the change id (absent: a y-websocket client); anything after
+                // them is a later version's and ignored.
+                let hocuspocus = b.remaining() > 0 && b.get_u8() & 1 == 1;
                 Envelope::Open {
                     from,
                     conn,
@@ -437,6 +476,36 @@ impl Envelope {
                 headers: get_headers(&mut b)?,
                 body: b,
             },
+            REAUTH => {
+                let from = get_str(&mut b)?;
+                if b.remaining() < 2 {
+                    return None;
+                }
+                let can_write = b.get_u8() == 1;
+                let user = match b.get_u8() {
+                    1 => Some(get_str(&mut b)?),
+                    _ => None,
+                };
+                if b.remaining() < 1 {
+                    return None;
+                }
+                let expires_at = match b.get_u8() {
+                    1 if b.remaining() >= 8 => Some(b.get_i64()),
+                    1 => return None,
+                    _ => None,
+                };
+                if b.remaining() != 8 {
+                    return None;
+                }
+                Envelope::Reauth {
+                    from,
+                    conn,
+                    user,
+                    can_write,
+                    expires_at,
+                    seen_change: b.get_i64(),
+                }
+            }
             RESPONSE => {
                 if b.remaining() < 2 {
                     return None;
@@ -543,6 +612,22 @@ mod tests {
                 expires_at: None,
                 seen_change: 3,
                 hocuspocus: false,
+            },
+            Envelope::Reauth {
+                from: "n1".into(),
+                conn: 9,
+                user: Some("ann".into()),
+                can_write: false,
+                expires_at: Some(1_800_000_000),
+                seen_change: 4,
+            },
+            Envelope::Reauth {
+                from: "n1".into(),
+                conn: 9,
+                user: None,
+                can_write: true,
+                expires_at: None,
+                seen_change: 0,
             },
             Envelope::Frame {
                 from: "n2".into(),

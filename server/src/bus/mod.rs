@@ -145,6 +145,8 @@ pub enum RemoteIn {
     Overflow,
     /// A frame from the relaying node was lost: close it with 1012 so it resyncs.
     Gap,
+    /// The client's credential was refreshed: its new permission and expiry.
+    Reauth(PeerAuth),
 }
 
 /// This node's end of the bus.
@@ -628,6 +630,25 @@ impl Bus {
             Envelope::Close { from, conn } => {
                 if let Some(remote) = lock(&self.remotes).remove(&(from, conn)) {
                     let _ = remote.tx.send(RemoteIn::Close);
+                }
+            }
+            Envelope::Reauth {
+                from,
+                conn,
+                user,
+                can_write,
+                expires_at,
+                seen_change,
+            } => {
+                if let Some(remote) = lock(&self.remotes).get(&(from, conn)) {
+                    let auth = PeerAuth {
+                        user: user.map(Into::into),
+                        can_write,
+                        expires_at,
+                        seen_change,
+                        ..PeerAuth::default()
+                    };
+                    let _ = remote.tx.send(RemoteIn::Reauth(auth));
                 }
             }
             Envelope::Request {
