@@ -321,6 +321,14 @@ impl Raw {
     }
 }
 
+/// The next SyncStatus or Close for `address`.
+async fn status_or_close(s: &mut Raw, address: &str) -> hp::HpMessage {
+    s.next_for(address, |m| {
+        matches!(m, hp::HpMessage::SyncStatus(_) | hp::HpMessage::Close(_))
+    })
+    .await
+}
+
 fn update(client: u64, text: &str) -> bytes::Bytes {
     use yrs::{Doc, Text, Transact};
     let doc = Doc::with_client_id(client);
@@ -546,4 +554,86 @@ async fn refusals_and_revocations_close_only_their_documents() {
         .await;
     assert_eq!(status, hp::HpMessage::SyncStatus(true));
     server.stop().await;
+}
+
+/// Several nodes: a Hocuspocus document relayed to the node that owns it keeps working past
+/// its first token's expiry once the provider has sent a fresh one (the refresh reaches the
+/// owner's room as a bus `Reauth`); without it the owner would close it at the expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_refresh_reaches_the_owner_of_a_relayed_document() {
+    if !in_postgres_pass() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = pg_database_url(dir.path());
+    let nats = Nats::start().await;
+    let mut nodes = Vec::new();
+    for id in ["node-a", "node-b"] {
+        let args = [
+            "--node-id",
+            id,
+            "--bus",
+            &nats.url,
+            "--cluster-key",
+            CLUSTER_KEY,
+            "--auth-key",
+            KEY,
+        ];
+        nodes.push(ServerProcess::start_url(&url, &args).await);
+    }
+    let auth = quire_server::auth::Auth::new(&[KEY.into()], None).expect("key");
+    let issue = |ttl: i64| {
+        auth.issue(
+            "ann",
+            "relayed",
+            Permission::Write,
+            ttl,
+            quire_server::auth::now_secs(),
+        )
+        .expect("issue")
+        .0
+    };
+    // node-a owns the document: a client there first.
+    let long = issue(3600);
+    let mut owner_side =
+        Client::connect(&format!("{}?token={long}", nodes[0].url("relayed")), 1).await;
+    // A Hocuspocus socket on node-b, with a token that expires in 2 s.
+    let mut s = Raw::open(nodes[1].addr).await;
+    s.send(hp::encode_auth_with_version("relayed", &issue(2), "4.8.0"))
+        .await;
+    s.next_for("relayed", |m| matches!(m, hp::HpMessage::Authenticated(_)))
+        .await;
+    s.send(hp::wrap(
+        "relayed",
+        &quire_server::protocol::encode_update(&update(21, "one ")),
+    ))
+    .await;
+    assert_eq!(
+        status_or_close(&mut s, "relayed").await,
+        hp::HpMessage::SyncStatus(true)
+    );
+    // The refresh, then past the first token's expiry.
+    s.send(hp::encode_auth_with_version("relayed", &long, "4.8.0"))
+        .await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    s.send(hp::wrap(
+        "relayed",
+        &quire_server::protocol::encode_update(&update(22, "two ")),
+    ))
+    .await;
+    assert_eq!(
+        status_or_close(&mut s, "relayed").await,
+        hp::HpMessage::SyncStatus(true),
+        "the relayed document stays open past the old token's expiry"
+    );
+    let both = owner_side
+        .pump_until(PATIENCE, |c| {
+            c.text().contains("one") && c.text().contains("two")
+        })
+        .await;
+    assert!(
+        both,
+        "the owner's client sees both edits: {}",
+        owner_side.text()
+    );
 }
