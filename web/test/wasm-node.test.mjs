@@ -12,6 +12,7 @@ import { fileURLToPath } from 'node:url'
 import { WebSocket } from 'ws'
 import * as Y from 'yjs'
 import { WebsocketProvider } from 'y-websocket'
+import { HocuspocusProvider } from '@hocuspocus/provider'
 import init, { QuireClient } from '../pkg/quire_client.js'
 
 globalThis.WebSocket = WebSocket
@@ -205,6 +206,31 @@ test('awareness: states reach peers and are removed when a client leaves', async
   await until('removal at b', () => !b.getStates().has(a.clientId))
   assert.ok(events.some((e) => e.change.removed.includes(a.clientId)))
   b.destroy()
+})
+
+test('the WASM client and a Hocuspocus provider on one document see each other\'s edits and presence', async () => {
+  const doc = fresh('hocuspocus')
+  const a = client(doc)
+  await within('wasm synced', a.whenSynced())
+  const ydoc = new Y.Doc()
+  const provider = new HocuspocusProvider({
+    url: `${server.url}/hocuspocus`, name: doc, document: ydoc, WebSocketPolyfill: WebSocket
+  })
+  await until('provider synced', () => provider.isSynced && !provider.hasUnsyncedChanges)
+  const text = ydoc.getText('content')
+  a.getText('content').insert(0, 'from wasm ')
+  await until('the provider sees the WASM edit', () => text.toString() === 'from wasm ')
+  text.insert(text.length, 'from hocuspocus')
+  await until('the WASM client sees the provider\'s edit', () => a.getText('content').toString() === 'from wasm from hocuspocus')
+  await until('the provider\'s edit committed', () => !provider.hasUnsyncedChanges)
+  await within('the WASM edit saved', a.whenSaved())
+  a.setLocalState({ user: { name: 'Wasm' } })
+  provider.setAwarenessField('user', { name: 'Hocus' })
+  await until('presence at the provider', () => [...provider.awareness.getStates().values()].some((s) => s.user?.name === 'Wasm'))
+  await until('presence at the WASM client', () => [...a.getStates().values()].some((s) => s?.user?.name === 'Hocus'))
+  provider.destroy()
+  ydoc.destroy()
+  a.destroy()
 })
 
 test('edits made offline are kept and merged on reconnect', async () => {
