@@ -579,14 +579,22 @@ impl Conn {
             return Ok(());
         };
         let message = || data.slice(head.message_at..);
+        // SyncReply is Sync with another type: the same y-websocket message once retyped.
+        let retyped = || {
+            let mut buf = BytesMut::with_capacity(data.len());
+            protocol::put_var(&mut buf, 0);
+            buf.extend_from_slice(&data[head.message_at + 1..]);
+            buf.freeze()
+        };
         // Exactly one message after the address: the bytes go to the room as they are, and
         // anything appended (a durable-ack request of the client's own, say) must not.
-        if matches!(
-            head.kind,
-            types::SYNC | types::SYNC_REPLY | types::AWARENESS | types::QUERY_AWARENESS
-        ) {
-            let one = protocol::split_frame(&message()).is_ok_and(|m| m.len() == 1);
-            if !one {
+        let checked = match head.kind {
+            types::SYNC_REPLY => Some(retyped()),
+            types::SYNC | types::AWARENESS | types::QUERY_AWARENESS => Some(message()),
+            _ => None,
+        };
+        if let Some(one) = &checked {
+            if !protocol::split_frame(one).is_ok_and(|m| m.len() == 1) {
                 return Err(self.malformed("not one message after the address".into()));
             }
         }
@@ -597,16 +605,7 @@ impl Conn {
                         .check_counts(1, 0, now_ms, limits)
                         .inspect_err(|_| metrics.rate_limited.inc())?;
                 }
-                let sync = if head.kind == types::SYNC {
-                    message()
-                } else {
-                    // SyncReply is Sync with another type: the same y-websocket message.
-                    let mut buf = BytesMut::with_capacity(data.len());
-                    protocol::put_var(&mut buf, 0);
-                    buf.extend_from_slice(&data[head.message_at + 1..]);
-                    buf.freeze()
-                };
-                session.forward(sync).await;
+                session.forward(checked.unwrap_or_else(message)).await;
                 if matches!(head.subtype, Some(1) | Some(2)) {
                     session.updates += 1;
                     let n = session.updates;

@@ -304,10 +304,12 @@ impl Raw {
         want: impl Fn(&hp::HpMessage) -> bool,
     ) -> hp::HpMessage {
         loop {
-            if let Ok(hp::Frame::Addressed(a)) = self.next().await {
-                if a.address == address && want(&a.message) {
-                    return a.message;
+            match self.next().await {
+                Ok(hp::Frame::Addressed(a)) if a.address == address && want(&a.message) => {
+                    return a.message
                 }
+                Ok(_) => {}
+                Err(close) => panic!("the socket closed while waiting for {address}: {close:?}"),
             }
         }
     }
@@ -398,6 +400,14 @@ async fn raw_frames_get_the_answers_and_bounds_hocuspocus_defines() {
         panic!("{step2:?}")
     };
     assert!(state.len() > 4, "the held update is in the document");
+    // SyncReply (4), a server's form of Sync, is handled as Sync.
+    let mut reply = vec![4u8];
+    reply.extend_from_slice(&quire_server::protocol::encode_update(&update(12, "reply "))[1..]);
+    s.send(hp::wrap(addr, &reply)).await;
+    assert_eq!(
+        status_or_close(&mut s, addr).await,
+        hp::HpMessage::SyncStatus(true)
+    );
 
     // Close of one document: answered, and that document's frames are held again (it needs a
     // new Auth), while the socket stays.

@@ -196,6 +196,51 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
     assert_eq!(b.metric("quire_forwarded_requests_total").await, 1.0);
     check("POST", "/api/v1/docs/{name}/update");
 
+    // A stateless message posted on B reaches a Hocuspocus client of the owner's room.
+    {
+        use futures_util::{SinkExt, StreamExt};
+        use quire_server::protocol::hocuspocus as hp;
+        use tokio_tungstenite::tungstenite::Message;
+        let hocuspocus = format!("ws://{}/hocuspocus", a.addr);
+        let (mut ws, _) = tokio_tungstenite::connect_async(hocuspocus)
+            .await
+            .expect("connect");
+        let auth = hp::encode_auth_with_version("svc", "", "4.8.0");
+        ws.send(Message::Binary(auth)).await.expect("auth");
+        type Ws = tokio_tungstenite::WebSocketStream<
+            tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+        >;
+        async fn next(ws: &mut Ws, want: fn(&hp::HpMessage) -> bool) -> hp::HpMessage {
+            loop {
+                let msg = tokio::time::timeout(PATIENCE, ws.next())
+                    .await
+                    .expect("a frame in time");
+                if let Some(Ok(Message::Binary(data))) = msg {
+                    if let Ok(hp::Frame::Addressed(m)) = hp::decode(&data) {
+                        if want(&m.message) {
+                            return m.message;
+                        }
+                    }
+                }
+            }
+        }
+        next(&mut ws, |m| matches!(m, hp::HpMessage::Authenticated(_))).await;
+        let (status, sent) = call(
+            &http,
+            b,
+            "POST",
+            &format!("/docs/{id}/stateless"),
+            Some(json!({"payload": "{\"ping\":1}"})),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{sent}");
+        assert_eq!(sent, json!({"delivered": 1}));
+        let got = next(&mut ws, |m| matches!(m, hp::HpMessage::Stateless(_))).await;
+        assert_eq!(got, hp::HpMessage::Stateless("{\"ping\":1}".into()));
+    }
+    check("POST", "/api/v1/docs/{name}/stateless");
+
     // Metadata and access: the database answers, whichever node asks. Reads give the same
     // body on the owner and on B; writes made on B or C are what A reads back.
     for path in [

@@ -631,9 +631,9 @@ pub struct StatelessSent {
 /// `stateless` event), as a Hocuspocus server's `broadcastStateless` does. y-websocket clients
 /// have no such message and get nothing. Not stored: clients connected later do not get it.
 #[utoipa::path(post, path = "/api/v1/docs/{name}/stateless",
-    params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded")),
+    params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded"), ("Idempotency-Key" = Option<String>, Header)),
     request_body = StatelessMessage,
-    responses((status = 200, body = StatelessSent), BadRequest, Unauthorized, Forbidden, NotFound, Gone, TooLarge))]
+    responses((status = 200, body = StatelessSent), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, TooLarge, NotJson, Unprocessable))]
 async fn post_stateless(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
