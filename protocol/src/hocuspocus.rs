@@ -177,19 +177,23 @@ pub fn head(frame: &Bytes) -> Result<Option<Head>, crate::DecodeError> {
 
 /// Decodes one frame: an addressed message with nothing after it, or a Ping or Pong.
 pub fn decode(frame: &Bytes) -> Result<Frame, crate::DecodeError> {
-    match frame.as_ref() {
-        [] => return Err(crate::DecodeError::Empty),
-        [types::PING] => return Ok(Frame::Ping),
-        [types::PONG] => return Ok(Frame::Pong),
-        _ => {}
-    }
+    let Some(Head {
+        address,
+        kind,
+        message_at: at,
+        ..
+    }) = head(frame)?
+    else {
+        return Ok(if frame.as_ref() == [types::PING] {
+            Frame::Ping
+        } else {
+            Frame::Pong
+        });
+    };
+    // Past the type `head` read.
     let mut cur = Cursor::new(frame);
-    let address = cur
-        .read_string()
-        .map_err(|e| crate::malformed(0, format!("address: {e}")))?
-        .to_owned();
-    let at = cur.next;
-    let kind: u64 = cur.read_var().map_err(|e| crate::malformed(at, e))?;
+    cur.next = at;
+    let _kind: u64 = cur.read_var().map_err(|e| crate::malformed(at, e))?;
     let body = frame.slice(cur.next..);
     let string = |cur: &mut Cursor<'_>| -> Result<String, crate::DecodeError> {
         let at = cur.next;

@@ -28,28 +28,36 @@ fn node() -> tokio::process::Command {
     cmd
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eight_yjs_clients_on_three_documents_converge_through_random_disconnects() {
+/// Runs `interop.mjs` (random edits and disconnects, then convergence with late clients)
+/// against a fresh server with `extra` arguments; returns its output once it succeeded, and
+/// the server for checks of its own.
+async fn interop(default_ms: &str, extra: &[&str]) -> (String, TestServer, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start(test_config(dir.path())).await;
     let seed = seed() % (1 << 31);
-    let duration = std::env::var("QUIRE_INTEROP_MS").unwrap_or_else(|_| "20000".into());
+    let duration = std::env::var("QUIRE_INTEROP_MS").unwrap_or_else(|_| default_ms.into());
     let out = tokio::time::timeout(
         Duration::from_secs(180),
         node()
             .args(["interop.mjs", "--url", &format!("ws://{}", server.addr)])
             .args(["--seed", &seed.to_string(), "--duration", &duration])
-            .args(["--clients", "8", "--docs", "3"])
+            .args(extra)
             .output(),
     )
     .await
     .expect("interop script finishes")
     .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}{stderr}");
     assert!(out.status.success(), "interop failed (seed {seed})");
     assert!(stdout.contains("\"ok\":true"));
+    (stdout, server, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_yjs_clients_on_three_documents_converge_through_random_disconnects() {
+    let (_, server, _dir) = interop("20000", &["--clients", "8", "--docs", "3"]).await;
     assert!(server.metric("quire_updates_logged_total").await > 100.0);
     server.stop().await;
 }
@@ -59,27 +67,21 @@ async fn eight_yjs_clients_on_three_documents_converge_through_random_disconnect
 /// every client and fresh late clients of both kinds converge. Seeded: the seed is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn yjs_and_hocuspocus_clients_converge_through_random_disconnects() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(test_config(dir.path())).await;
-    let seed = seed() % (1 << 31);
-    let duration = std::env::var("QUIRE_INTEROP_MS").unwrap_or_else(|_| "15000".into());
-    let out = tokio::time::timeout(
-        Duration::from_secs(180),
-        node()
-            .args(["interop.mjs", "--url", &format!("ws://{}", server.addr)])
-            .args(["--seed", &seed.to_string(), "--duration", &duration])
-            .args(["--clients", "9", "--docs", "3", "--hocuspocus", "2"])
-            .args(["--prefix", "mixed"])
-            .output(),
-    )
-    .await
-    .expect("interop script finishes")
-    .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}{stderr}");
-    assert!(out.status.success(), "mixed interop failed (seed {seed})");
-    assert!(stdout.contains("\"ok\":true") && stdout.contains("\"hocuspocus\":4"));
+    let args = [
+        "--clients",
+        "9",
+        "--docs",
+        "3",
+        "--hocuspocus",
+        "2",
+        "--prefix",
+        "mixed",
+    ];
+    let (stdout, server, _dir) = interop("15000", &args).await;
+    assert!(
+        stdout.contains("\"hocuspocus\":4"),
+        "four Hocuspocus clients took part"
+    );
     server.stop().await;
 }
 
