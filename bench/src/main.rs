@@ -21,6 +21,7 @@
 //! The generator is cheap by design: clients never apply what they receive; they decode only
 //! the update's block ids to find which send it was.
 
+mod large;
 mod wire;
 
 use std::collections::HashMap;
@@ -58,6 +59,8 @@ enum Scenario {
     Coldload(ColdArgs),
     /// The editing trace as sessions of one author each; then the history routes, timed.
     History(HistoryArgs),
+    /// Many clients opening one large document at the same moment.
+    Storm(large::StormArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -131,6 +134,10 @@ struct TypingArgs {
     /// File the soak samples go to, one JSON object per line
     #[arg(long, default_value = "soak.jsonl")]
     samples: std::path::PathBuf,
+    /// Large documents: first upload a seeded document of this many MiB (encoded) into every
+    /// room, so the clients type into it
+    #[arg(long)]
+    seed_mb: Option<f64>,
 }
 
 #[derive(clap::Args, Clone)]
@@ -198,6 +205,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::History(args) => history(args).await?,
         Scenario::Idle(args) => idle(args).await?,
         Scenario::Coldload(args) => coldload(args).await?,
+        Scenario::Storm(args) => large::storm(args).await?,
     }
     Ok(())
 }
@@ -368,6 +376,16 @@ impl TypingResult {
 async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
     let c = &args.common;
     let writers = args.writers.unwrap_or(args.clients).min(args.clients);
+    if let Some(mb) = args.seed_mb {
+        let (updates, _, size) = large::seeded_updates((mb * 1048576.0) as usize, 512 * 1024, 1);
+        let expect = size * 95 / 100;
+        for room in 0..args.rooms {
+            let doc = format!("{}-{room}", c.prefix);
+            large::upload(c, &doc, &updates, expect, Duration::from_secs(300))
+                .await
+                .with_context(|| format!("seed {doc}"))?;
+        }
+    }
     let cpu_start = own_cpu_seconds();
     let connect_started = Instant::now();
     let mut sockets = Vec::with_capacity(args.rooms * args.clients);

@@ -40,12 +40,31 @@ const READ_BUFFER: usize = 8 * 1024;
 /// scenario fails (with 10,000 connections opening at once, a slow server takes seconds).
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-fn client_config() -> WebSocketConfig {
-    WebSocketConfig::default().read_buffer_size(READ_BUFFER)
+/// Bytes read from a socket at most per read by a client that receives a large document: the
+/// memset matters less than the number of reads there.
+pub const BULK_READ_BUFFER: usize = 256 * 1024;
+
+fn client_config(read_buffer: usize) -> WebSocketConfig {
+    // No size limit on what a server sends (a large document's Step 2 is one message), as in
+    // a browser.
+    WebSocketConfig::default()
+        .read_buffer_size(read_buffer)
+        .max_message_size(None)
+        .max_frame_size(None)
 }
 
 /// Opens a socket to `doc` and sends the opening messages (Auth for Hocuspocus, Sync step 1).
 pub async fn connect(base: &str, doc: &str, flavor: Flavor) -> anyhow::Result<Ws> {
+    connect_with(base, doc, flavor, READ_BUFFER).await
+}
+
+/// [`connect`] with a read buffer of `read_buffer` bytes.
+pub async fn connect_with(
+    base: &str,
+    doc: &str,
+    flavor: Flavor,
+    read_buffer: usize,
+) -> anyhow::Result<Ws> {
     let base = base.trim_end_matches('/');
     let url = match flavor {
         Flavor::YWebsocket => format!("{base}/{doc}"),
@@ -54,7 +73,7 @@ pub async fn connect(base: &str, doc: &str, flavor: Flavor) -> anyhow::Result<Ws
     // TCP_NODELAY, as browsers do for WebSockets.
     let (mut ws, _) = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
-        tokio_tungstenite::connect_async_with_config(&url, Some(client_config()), true),
+        tokio_tungstenite::connect_async_with_config(&url, Some(client_config(read_buffer)), true),
     )
     .await
     .map_err(|_| anyhow::anyhow!("{url}: no WebSocket handshake within {HANDSHAKE_TIMEOUT:?}"))??;

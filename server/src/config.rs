@@ -71,11 +71,13 @@ impl<'de> Deserialize<'de> for Secret {
     }
 }
 
-/// The SQLite writer's group-commit window: when other documents' writes are expected to
-/// arrive within `delay` (at least `siblings` of them, judged from the recent rate of writes
-/// and how many documents made them), the writer waits that long before committing, so they
-/// share the transaction and its fsync. A lone busy document never waits (its next write
-/// cannot come before this commit answers), nor does a quiet store.
+/// The SQLite writer's group-commit window: when writes of other documents are expected soon
+/// (judged from the recent rate of writes and how many documents made them), the writer holds
+/// a commit open until `siblings` of them are expected, at most `delay`, so they share the
+/// transaction and its fsync. It does not wait when not even one is expected within `delay`;
+/// a lone busy document never waits (its next write cannot come before this commit answers),
+/// nor does a quiet store. The busier the store, the shorter the wait: at 800 writes/s over
+/// 200 documents the default holds a commit 10 ms, at 4,000 writes/s 2 ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommitWindowSettings {
     pub delay: Duration,
@@ -85,8 +87,8 @@ pub struct CommitWindowSettings {
 impl Default for CommitWindowSettings {
     fn default() -> Self {
         CommitWindowSettings {
-            delay: Duration::from_millis(1),
-            siblings: 2,
+            delay: Duration::from_millis(10),
+            siblings: 8,
         }
     }
 }
@@ -122,12 +124,12 @@ pub struct Settings {
     /// SQLite `synchronous` pragma [default: full]
     #[arg(long, env = "QUIRE_SQLITE_SYNCHRONOUS", value_enum)]
     pub sqlite_synchronous: Option<SqliteSync>,
-    /// How long the SQLite writer holds a commit open for more documents' writes when the
-    /// store is busy; 0 commits at once [default: 1ms]
+    /// Longest the SQLite writer holds a commit open for other documents' writes to share
+    /// its fsync; 0 commits at once [default: 10ms]
     #[arg(long, env = "QUIRE_SQLITE_COMMIT_DELAY")]
     pub sqlite_commit_delay: Option<HumanDuration>,
-    /// Writes from other documents expected during the delay for the writer to wait
-    /// [default: 2]
+    /// Writes of other documents the SQLite writer waits for before committing, at most
+    /// the commit delay [default: 8]
     #[arg(long, env = "QUIRE_SQLITE_COMMIT_SIBLINGS")]
     pub sqlite_commit_siblings: Option<u32>,
     /// Log format [default: text]

@@ -111,10 +111,11 @@ impl CommitWindow {
         }
     }
 
-    /// How long to hold the commit of a batch whose first request arrived at `now`: the
-    /// delay if at least `siblings` writes of documents other than one in flight are expected
-    /// within it. Each document has one write in flight at a time, so a write's own document
-    /// cannot add to the batch: only the others can, in proportion (docs - 1) / docs.
+    /// How long to hold the commit of a batch whose first request arrived at `now`: until
+    /// `siblings` writes of documents other than one in flight are expected, at most the
+    /// delay; not at all if fewer than one is expected within the delay. Each document has
+    /// one write in flight at a time, so a write's own document cannot add to the batch: only
+    /// the others can, in proportion (docs - 1) / docs.
     fn wait(&self, now: Instant) -> Option<Duration> {
         let delay = self.settings.delay;
         if delay.is_zero() {
@@ -133,9 +134,12 @@ impl CommitWindow {
         if docs < 2 {
             return None;
         }
-        let others = 1.0 - 1.0 / docs as f64;
-        let expected = rate * delay.as_secs_f64() * others;
-        (expected >= f64::from(self.settings.siblings)).then_some(delay)
+        let others = rate * (1.0 - 1.0 / docs as f64);
+        if others * delay.as_secs_f64() < 1.0 {
+            return None;
+        }
+        let wanted = f64::from(self.settings.siblings.max(1)) / others;
+        Some(Duration::from_secs_f64(wanted).min(delay))
     }
 }
 
@@ -848,45 +852,54 @@ mod tests {
         }
     }
 
+    /// `wait`'s answer in whole microseconds (the rates are measured, so not exact).
+    fn wait_us(w: &CommitWindow, at: Instant) -> Option<u128> {
+        w.wait(at).map(|d| d.as_micros())
+    }
+
     #[test]
-    fn the_window_opens_only_when_other_documents_are_expected_within_it() {
+    fn the_window_waits_for_the_siblings_expected_at_most_the_delay() {
         let t0 = Instant::now();
         // Before a full period has been measured: commit at once.
-        let w = CommitWindow::new(window(1, 2), t0);
+        let w = CommitWindow::new(window(10, 8), t0);
         assert_eq!(w.wait(t0 + 5 * MS), None);
 
-        // 4,000 writes/s from 200 documents: four expected within 1 ms.
-        let mut w = CommitWindow::new(window(1, 2), t0);
+        // 4,000 writes/s from 200 documents: eight others are expected within about 2 ms.
+        let mut w = CommitWindow::new(window(10, 8), t0);
         busy(&mut w, t0, 1..201, 400);
-        assert_eq!(w.wait(t0 + 101 * MS), Some(MS));
-        // Fewer expected than `siblings`: 1,000 writes/s is one per millisecond.
-        let mut w = CommitWindow::new(window(1, 2), t0);
-        busy(&mut w, t0, 1..201, 100);
+        assert_eq!(wait_us(&w, t0 + 101 * MS), Some(2010));
+        // 800 writes/s: eight would take 10.05 ms, so the delay caps the wait.
+        let mut w = CommitWindow::new(window(10, 8), t0);
+        busy(&mut w, t0, 1..201, 80);
+        assert_eq!(w.wait(t0 + 101 * MS), Some(10 * MS));
+        // 50 writes/s: not even one expected within 10 ms, so no wait at all.
+        let mut w = CommitWindow::new(window(10, 8), t0);
+        busy(&mut w, t0, 1..201, 5);
         assert_eq!(w.wait(t0 + 101 * MS), None);
         // ... unless the window is wider.
-        let mut w = CommitWindow::new(window(3, 2), t0);
-        busy(&mut w, t0, 1..201, 100);
-        assert_eq!(w.wait(t0 + 101 * MS), Some(3 * MS));
-        // Two documents at 3,000 writes/s: only the other one can join, 1.5 expected.
-        let mut w = CommitWindow::new(window(1, 2), t0);
+        let mut w = CommitWindow::new(window(30, 8), t0);
+        busy(&mut w, t0, 1..201, 5);
+        assert_eq!(w.wait(t0 + 101 * MS), Some(30 * MS));
+        // Two documents at 3,000 writes/s: only the other one can join, 1,500 a second.
+        let mut w = CommitWindow::new(window(10, 8), t0);
         busy(&mut w, t0, 1..3, 300);
-        assert_eq!(w.wait(t0 + 101 * MS), None);
+        assert_eq!(wait_us(&w, t0 + 101 * MS), Some(5333));
     }
 
     #[test]
     fn a_lone_document_a_quiet_store_and_a_zero_delay_never_wait() {
         let t0 = Instant::now();
         // One document at 10,000 writes/s: its next write cannot come before this commit.
-        let mut w = CommitWindow::new(window(1, 0), t0);
+        let mut w = CommitWindow::new(window(10, 1), t0);
         busy(&mut w, t0, 7..8, 1000);
         assert_eq!(w.wait(t0 + 101 * MS), None);
         // A busy store that went quiet: the last period's rate is stale.
-        let mut w = CommitWindow::new(window(1, 2), t0);
+        let mut w = CommitWindow::new(window(10, 8), t0);
         busy(&mut w, t0, 1..201, 400);
-        assert_eq!(w.wait(t0 + 101 * MS), Some(MS));
+        assert_eq!(wait_us(&w, t0 + 101 * MS), Some(2010));
         assert_eq!(w.wait(t0 + 1300 * MS), None);
         // Delay 0 turns the window off.
-        let mut w = CommitWindow::new(window(0, 0), t0);
+        let mut w = CommitWindow::new(window(0, 8), t0);
         busy(&mut w, t0, 1..201, 400);
         assert_eq!(w.wait(t0 + 101 * MS), None);
     }
@@ -917,7 +930,8 @@ mod tests {
     #[tokio::test]
     async fn a_busy_store_holds_its_commits_open_for_other_documents() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = store_with(&dir, window(200, 1)).await;
+        // Siblings far beyond what four documents can send: every wait is the whole delay.
+        let store = store_with(&dir, window(200, 1000)).await;
         let mut docs = Vec::new();
         for name in ["a", "b", "c", "d"] {
             docs.push(store.load(name).await.expect("load").id);

@@ -1,0 +1,151 @@
+//! The floor: the least a y-websocket-compatible server can do, the limit Quire is measured
+//! against in `bench/run.sh`.
+//!
+//! tokio, the y-websocket framing, one yrs `Doc` per room in memory; nothing else: no
+//! storage, no limits, no authentication, no awareness bookkeeping, no metrics, one task per
+//! connection. A client's Sync Step 1 gets the room's Step 2 (and the server's own Step 1 is
+//! sent on connect, as the reference server does); an update is applied to the room's `Doc`
+//! and, if it changed anything, encoded once and queued to every other peer; awareness is
+//! relayed as is; a durable-ack request (tag 102) is echoed at once (nothing is ever durable
+//! here). Rooms live until the process ends.
+//!
+//! Usage: `quire-floor [ADDR]` (default `127.0.0.1:1234`). Not for production: it exists to be
+//! measured.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use quire_protocol::{self as protocol, Message};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use yrs::updates::decoder::Decode;
+use yrs::{Doc, ReadTxn, Transact, Update};
+
+/// One document: its `Doc` and the outbound queues of its connections.
+#[derive(Default)]
+struct Room {
+    doc: Doc,
+    peers: HashMap<u64, mpsc::UnboundedSender<Bytes>>,
+}
+
+type Rooms = Arc<Mutex<HashMap<String, Arc<Mutex<Room>>>>>;
+
+static NEXT_PEER: AtomicU64 = AtomicU64::new(1);
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let addr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:1234".to_owned());
+    let listener = TcpListener::bind(&addr).await?;
+    eprintln!("quire-floor listening on ws://{addr}");
+    let rooms: Rooms = Arc::default();
+    loop {
+        let (tcp, _) = listener.accept().await?;
+        let rooms = rooms.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve(tcp, rooms).await {
+                eprintln!("connection: {e}");
+            }
+        });
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+// The handshake callback's error type is tungstenite's, not ours.
+#[allow(clippy::result_large_err)]
+async fn serve(tcp: TcpStream, rooms: Rooms) -> anyhow::Result<()> {
+    tcp.set_nodelay(true)?;
+    let mut path = String::new();
+    let ws = tokio_tungstenite::accept_hdr_async(tcp, |req: &Request, resp: Response| {
+        path = req.uri().path().trim_start_matches('/').to_owned();
+        Ok(resp)
+    })
+    .await?;
+    let room = lock(&rooms).entry(path).or_default().clone();
+    let peer = NEXT_PEER.fetch_add(1, Ordering::Relaxed);
+    let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
+    let hello = {
+        let mut r = lock(&room);
+        r.peers.insert(peer, tx);
+        let sv = r.doc.transact().state_vector();
+        protocol::encode_step1(&sv)
+    };
+    let (mut sink, mut stream) = ws.split();
+    let result = async {
+        sink.send(WsMessage::Binary(hello)).await?;
+        loop {
+            tokio::select! {
+                out = rx.recv() => {
+                    let Some(frame) = out else { return Ok(()) };
+                    sink.feed(WsMessage::Binary(frame)).await?;
+                    // Whatever else is queued goes out in the same flush.
+                    while let Ok(frame) = rx.try_recv() {
+                        sink.feed(WsMessage::Binary(frame)).await?;
+                    }
+                    sink.flush().await?;
+                }
+                msg = stream.next() => match msg {
+                    Some(Ok(WsMessage::Binary(frame))) => {
+                        for reply in on_frame(&room, peer, &frame)? {
+                            sink.feed(WsMessage::Binary(reply)).await?;
+                        }
+                        sink.flush().await?;
+                    }
+                    Some(Ok(WsMessage::Close(_))) | None => return Ok(()),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(anyhow::Error::from(e)),
+                },
+            }
+        }
+    }
+    .await;
+    lock(&room).peers.remove(&peer);
+    result
+}
+
+/// Handles one frame from `peer`; returns the replies for it.
+fn on_frame(room: &Mutex<Room>, peer: u64, frame: &Bytes) -> anyhow::Result<Vec<Bytes>> {
+    let mut replies = Vec::new();
+    for msg in protocol::decode_frame(frame)? {
+        match msg {
+            Message::SyncStep1(sv) => {
+                let r = lock(room);
+                let diff = r.doc.transact().encode_state_as_update_v1(&sv);
+                replies.push(protocol::encode_step2(&diff));
+            }
+            Message::SyncStep2(update) | Message::Update(update) => {
+                let decoded = Update::decode_v1(&update)?;
+                let r = lock(room);
+                let changed = {
+                    let mut txn = r.doc.transact_mut();
+                    txn.apply_update(decoded)?;
+                    !txn.insert_set().is_empty() || !txn.delete_set().is_empty()
+                };
+                if changed {
+                    broadcast(&r, peer, protocol::encode_update(&update));
+                }
+            }
+            Message::Awareness { raw, .. } => broadcast(&lock(room), peer, raw),
+            Message::DurableAck { raw } => replies.push(raw),
+            _ => {}
+        }
+    }
+    Ok(replies)
+}
+
+fn broadcast(room: &Room, from: u64, frame: Bytes) {
+    for (id, tx) in &room.peers {
+        if *id != from {
+            let _ = tx.send(frame.clone());
+        }
+    }
+}
