@@ -685,7 +685,7 @@ mod tests {
         assert_eq!(cfg.idle_timeout, Duration::from_secs(90));
         assert_eq!(cfg.sqlite_synchronous, SqliteSync::Full);
         assert_eq!(cfg.sqlite_commit.delay, Duration::from_millis(3));
-        assert_eq!(cfg.sqlite_commit.siblings, 2);
+        assert_eq!(cfg.sqlite_commit.siblings, 8);
     }
 
     #[test]

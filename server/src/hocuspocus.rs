@@ -35,9 +35,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{Message as WsMessage, WebSocket};
-use axum::extract::{ConnectInfo, State, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, State};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
@@ -47,13 +45,14 @@ use tracing::{debug, info_span, warn, Instrument};
 
 use crate::auth::Principal;
 use crate::close;
+use crate::http::upgrade::{Socket, UpgradeRejection, WsUpgrade};
 use crate::http::{socket_permission, too_many, verify_credential, VerifyError};
 use crate::limits::{Bucket, PeerRates};
 use crate::protocol::hocuspocus::{self as hp, types};
 use crate::protocol::{self, MSG_DURABLE_ACK, MSG_STATELESS};
 use crate::room::join::next_peer_id;
 use crate::room::{CloseReason, DocName, PeerAuth, PeerId};
-use crate::ws::{self, Counted, LastSeen};
+use crate::ws::{self, Counted, Fragmenting, LastSeen, WsError, WsMessage};
 use crate::AppState;
 
 /// Frames one document's session may have waiting for its room before the socket stops
@@ -67,7 +66,7 @@ const MAX_FRAMES_PER_FLUSH: usize = 64;
 pub async fn socket(
     State(app): State<AppState>,
     connect_info: Option<axum::Extension<ConnectInfo<std::net::SocketAddr>>>,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    ws: Result<WsUpgrade, UpgradeRejection>,
 ) -> Response {
     let ip = connect_info.map(|c| c.0 .0.ip());
     if let Some(ip) = ip {
@@ -84,20 +83,17 @@ pub async fn socket(
         Ok(ws) => ws,
         Err(rejection) => return rejection.into_response(),
     };
-    let limits = &app.config.limits;
     let tracker = app.connections.clone();
-    ws.max_message_size(limits.max_message_size)
-        .max_frame_size(limits.max_message_size)
-        .read_buffer_size(limits.ws_read_buffer)
-        .write_buffer_size(crate::http::WRITE_BUFFER)
+    ws.config(crate::http::socket_config(&app.config.limits))
         .on_upgrade(move |socket| tracker.track_future(serve(socket, ip, app)))
 }
 
-async fn serve(socket: WebSocket, ip: Option<IpAddr>, app: AppState) {
+async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
     let span = info_span!("hocuspocus", addr = ?ip);
     async move {
         let _counted = Counted::new(&app.metrics.hocuspocus_sockets);
-        let (mut sink, mut stream) = socket.split();
+        let (sink, mut stream) = socket.split();
+        let mut sink = Fragmenting::new(sink);
         let limits = &app.config.limits;
         let (out_tx, out_rx) = mpsc::channel(limits.peer_queue.max(4));
         let max = u32::try_from(limits.peer_queue_bytes)
@@ -297,11 +293,6 @@ struct Conn {
     next_gen: u64,
 }
 
-fn is_too_big(e: &axum::Error) -> bool {
-    let text = e.to_string();
-    text.contains("Space limit exceeded") || text.contains("too big") || text.contains("too long")
-}
-
 impl Conn {
     async fn read(&mut self, stream: &mut ws::Stream) -> Option<CloseReason> {
         loop {
@@ -315,9 +306,10 @@ impl Conn {
                             close::UNSUPPORTED_DATA,
                             "text frames are not part of the protocol",
                         )),
-                        Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => Ok(()),
+                        // (Reads never yield raw frames.)
+                        Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => Ok(()),
                         Some(Ok(WsMessage::Close(_))) | None => return None,
-                        Some(Err(e)) if is_too_big(&e) => {
+                        Some(Err(e)) if ws::is_too_big(&e) => {
                             Err(CloseReason::new(close::MESSAGE_TOO_BIG, "message too big"))
                         }
                         Some(Err(e)) => {
@@ -820,7 +812,7 @@ impl SessionTask {
         let span = info_span!("doc", doc = %name, peer);
         let mut stream = futures_util::stream::poll_fn(move |cx| {
             rx.poll_recv(cx)
-                .map(|frame| frame.map(|f| Ok::<_, axum::Error>(WsMessage::Binary(f))))
+                .map(|frame| frame.map(|f| Ok::<_, WsError>(WsMessage::Binary(f))))
         });
         let translate = Translate {
             address: address.clone(),

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::ws::Message as WsMessage;
+use crate::ws::{WsError, WsMessage};
 use bytes::Bytes;
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
 use tokio::time::Instant;
@@ -198,7 +198,7 @@ pub(crate) async fn relay_to_owner<S, R>(
 ) -> Option<CloseReason>
 where
     S: Sink<WsMessage> + Unpin,
-    R: Stream<Item = Result<WsMessage, axum::Error>> + Unpin,
+    R: Stream<Item = Result<WsMessage, WsError>> + Unpin,
 {
     let (doc, owner) = match find_owner(app, name).await {
         Ok(found) => found,
@@ -275,7 +275,7 @@ async fn pump<'a, S, R>(
 ) -> (Option<CloseReason>, Link<'a>)
 where
     S: Sink<WsMessage> + Unpin,
-    R: Stream<Item = Result<WsMessage, axum::Error>> + Unpin,
+    R: Stream<Item = Result<WsMessage, WsError>> + Unpin,
 {
     let mut tick = tokio::time::interval_at(Instant::now() + ALIVE_EVERY, ALIVE_EVERY);
     // The credential the revocation checks look at: the latest refresh's.
@@ -311,7 +311,7 @@ where
                         "text frames are not part of the protocol",
                     ))
                 }
-                Some(Ok(WsMessage::Ping(_))) | Some(Ok(WsMessage::Pong(_))) => {}
+                Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => {}
                 Some(Ok(WsMessage::Close(_))) | Some(Err(_)) | None => break None,
             },
             msg = inbox.recv() => match msg {

@@ -6,17 +6,23 @@
 //! peer with 1013 instead of waiting for it.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{ready, Context, Poll};
 
-use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket};
 use bytes::Bytes;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use prometheus::IntGauge;
 use tokio::time::{Duration, Instant};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+pub(crate) use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
 use tracing::{debug, info_span, Instrument};
 
 use crate::close;
+use crate::http::upgrade::Socket;
 use crate::limits::PeerRates;
 use crate::relay::{next_auth, relay_to_owner, Reauth};
 use crate::room::join::{join, join_close, next_peer_id, to_peer_msgs};
@@ -33,8 +39,85 @@ const BACKPRESSURE_CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most queued frames written with one flush.
 const MAX_FRAMES_PER_FLUSH: usize = 64;
 
-pub(crate) type Sink = SplitSink<WebSocket, WsMessage>;
-pub(crate) type Stream = SplitStream<WebSocket>;
+/// Largest WebSocket frame sent: a longer message (a whole document's Sync Step 2) leaves as
+/// fragments, each a slice of the one buffer the room shares among its peers. tungstenite
+/// copies a message whole into the connection's write buffer, which keeps that capacity
+/// afterwards, and moves what is left of it forward after every partial write: 150 clients
+/// opening a 20 MB document held 150 copies (3 GB) and spent most of their CPU moving them.
+pub(crate) const FRAGMENT_BYTES: usize = 64 * 1024;
+
+pub(crate) type Sink = Fragmenting<SplitSink<Socket, WsMessage>>;
+pub(crate) type Stream = SplitStream<Socket>;
+
+/// A sink that sends binary messages longer than [`FRAGMENT_BYTES`] as a fragmented message
+/// (a Binary frame, then Continuation frames, the last one final); nothing else is sent
+/// between the fragments of one message.
+pub(crate) struct Fragmenting<S> {
+    inner: S,
+    /// The message being fragmented and how much of it has been sent.
+    rest: Option<(Bytes, usize)>,
+}
+
+impl<S: futures_util::Sink<WsMessage> + Unpin> Fragmenting<S> {
+    pub(crate) fn new(inner: S) -> Fragmenting<S> {
+        Fragmenting { inner, rest: None }
+    }
+
+    /// Hands the pending fragments to the inner sink, as far as it takes them.
+    fn poll_fragments(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        while let Some((message, at)) = &mut self.rest {
+            ready!(Pin::new(&mut self.inner).poll_ready(cx))?;
+            let end = (*at + FRAGMENT_BYTES).min(message.len());
+            let opcode = if *at == 0 {
+                OpCode::Data(Data::Binary)
+            } else {
+                OpCode::Data(Data::Continue)
+            };
+            let last = end == message.len();
+            let frame = Frame::message(message.slice(*at..end), opcode, last);
+            *at = end;
+            if last {
+                self.rest = None;
+            }
+            Pin::new(&mut self.inner).start_send(WsMessage::Frame(frame))?;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: futures_util::Sink<WsMessage> + Unpin> futures_util::Sink<WsMessage> for Fragmenting<S> {
+    type Error = S::Error;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        let this = self.get_mut();
+        ready!(this.poll_fragments(cx))?;
+        Pin::new(&mut this.inner).poll_ready(cx)
+    }
+
+    fn start_send(self: Pin<&mut Self>, item: WsMessage) -> Result<(), S::Error> {
+        let this = self.get_mut();
+        match item {
+            WsMessage::Binary(message) if message.len() > FRAGMENT_BYTES => {
+                // poll_ready returned Ready, so no earlier message is still pending.
+                this.rest = Some((message, 0));
+                Ok(())
+            }
+            other => Pin::new(&mut this.inner).start_send(other),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        let this = self.get_mut();
+        ready!(this.poll_fragments(cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        let this = self.get_mut();
+        ready!(this.poll_fragments(cx))?;
+        Pin::new(&mut this.inner).poll_close(cx)
+    }
+}
 
 /// Serves one upgraded connection to document `name` until it closes.
 ///
@@ -44,13 +127,13 @@ pub(crate) type Stream = SplitStream<WebSocket>;
 /// block and not one wrapped in another: an outer block keeps its own copy of everything it
 /// hands the inner one (112 bytes per connection here, measured with `size_of_val`).
 #[allow(clippy::boxed_local)] // deliberately boxed: see `Conn`
-pub fn serve(socket: WebSocket, conn: Box<Conn>) -> impl Future<Output = ()> + Send {
+pub fn serve(socket: Socket, conn: Box<Conn>) -> impl Future<Output = ()> + Send {
     let Conn { name, auth, app } = *conn;
     let peer = next_peer_id();
     let user = auth.user.as_deref().unwrap_or("-").to_owned();
     let span = info_span!("conn", doc = %name, peer, user = %user);
     let (sink, stream) = socket.split();
-    serve_inner(sink, stream, name, peer, auth, app)
+    serve_inner(Fragmenting::new(sink), stream, name, peer, auth, app)
         .map(|reason| debug!(code = reason.code, reason = %reason.reason, "closed"))
         .instrument(span)
 }
@@ -121,7 +204,7 @@ pub(crate) async fn run_peer<S, R>(
 ) -> Option<CloseReason>
 where
     S: futures_util::Sink<WsMessage> + Unpin + Send,
-    R: futures_util::Stream<Item = Result<WsMessage, axum::Error>> + Unpin + Send,
+    R: futures_util::Stream<Item = Result<WsMessage, WsError>> + Unpin + Send,
 {
     // Boxed: joining happens once, and its future is larger than the rest of the
     // connection's.
@@ -205,7 +288,7 @@ async fn read_frames<R>(
     seen: &LastSeen,
 ) -> Option<CloseReason>
 where
-    R: futures_util::Stream<Item = Result<WsMessage, axum::Error>> + Unpin,
+    R: futures_util::Stream<Item = Result<WsMessage, WsError>> + Unpin,
 {
     let limits = &app.config.limits;
     let mut rates = PeerRates::new(limits);
@@ -240,17 +323,14 @@ where
                     "text frames are not part of the protocol",
                 ))
             }
-            Ok(WsMessage::Ping(_)) | Ok(WsMessage::Pong(_)) => {}
+            // (Reads never yield raw frames.)
+            Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_)) => {}
             Ok(WsMessage::Close(_)) => return None,
             Err(e) => {
-                let text = e.to_string();
-                if text.contains("Space limit exceeded")
-                    || text.contains("too big")
-                    || text.contains("too long")
-                {
+                if is_too_big(&e) {
                     return Some(CloseReason::new(close::MESSAGE_TOO_BIG, "message too big"));
                 }
-                debug!(error = %text, "read error");
+                debug!(error = %e, "read error");
                 return None;
             }
         }
@@ -332,7 +412,7 @@ pub(crate) async fn finish(
         match outcome {
             Some(reason) => {
                 let frame = WsMessage::Close(Some(CloseFrame {
-                    code: reason.code,
+                    code: reason.code.into(),
                     reason: reason.reason.to_string().into(),
                 }));
                 let patience = if reason.code == close::TRY_AGAIN_LATER {
@@ -356,6 +436,11 @@ pub(crate) async fn finish(
             None => CloseReason::new(1000, "closed by peer"),
         }
     }
+}
+
+/// Whether a read failed on a message or frame over the configured bounds.
+pub(crate) fn is_too_big(e: &WsError) -> bool {
+    matches!(e, WsError::Capacity(_))
 }
 
 /// Close reasons must fit a control frame (123 bytes).

@@ -7,14 +7,15 @@ mod extract;
 mod history;
 mod idempotency;
 pub mod owner;
+pub(crate) mod upgrade;
 
-use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::{Request, State, WebSocketUpgrade};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tower::ServiceExt;
 use tower_http::services::ServeDir;
 
@@ -332,7 +333,7 @@ async fn document_socket(
     connect_info: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
     uri: Uri,
     headers: HeaderMap,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    ws: Result<upgrade::WsUpgrade, upgrade::UpgradeRejection>,
 ) -> Response {
     let ip = connect_info.map(|c| c.0 .0.ip());
     if let Some(ip) = ip {
@@ -377,19 +378,25 @@ async fn document_socket(
         Err(rejection) => return rejection.into_response(),
     };
     let ws = if via_protocol {
-        ws.protocols(["quire"])
+        ws.protocol("quire")
     } else {
         ws
     };
-    let limits = &app.config.limits;
     let tracker = app.connections.clone();
     let conn = Box::new(crate::ws::Conn {
         name,
         auth,
         app: app.clone(),
     });
-    ws.max_message_size(limits.max_message_size)
-        .max_frame_size(limits.max_message_size)
+    ws.config(socket_config(&app.config.limits))
+        .on_upgrade(move |socket| tracker.track_future(crate::ws::serve(socket, conn)))
+}
+
+/// The WebSocket settings of a client connection (either protocol).
+pub(crate) fn socket_config(limits: &crate::config::Limits) -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(limits.max_message_size))
+        .max_frame_size(Some(limits.max_message_size))
         // tungstenite reads in 128 KiB chunks by default, allocated up front: per idle
         // connection that was most of its memory. Small reads cost more syscalls on large
         // messages only (8,192 for a 1 MiB initial sync at 128 bytes), which are rare.
@@ -397,7 +404,6 @@ async fn document_socket(
         // Frames collect in the write buffer until the connection flushes its burst (or the
         // buffer reaches this size), so a burst leaves in one write.
         .write_buffer_size(WRITE_BUFFER)
-        .on_upgrade(move |socket| tracker.track_future(crate::ws::serve(socket, conn)))
 }
 
 /// What `principal` may do on document `name` over a socket: read at least, or 403.
