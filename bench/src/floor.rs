@@ -9,6 +9,13 @@
 //! relayed as is; a durable-ack request (tag 102) is echoed at once (nothing is ever durable
 //! here). Rooms live until the process ends.
 //!
+//! Two things keep a join storm (many clients opening one large document) from measuring
+//! waste instead of the floor: the answer to an empty state vector (the whole document) is
+//! encoded once per document version and shared, and a message over 64 KiB leaves as
+//! WebSocket fragments of that one buffer (tungstenite copies a whole message into each
+//! connection's write buffer otherwise). Quire does both; the floor's storm figure is then
+//! the cost of moving the bytes.
+//!
 //! Usage: `quire-floor [ADDR]` (default `127.0.0.1:1234`). Not for production: it exists to be
 //! measured.
 
@@ -22,6 +29,8 @@ use quire_protocol::{self as protocol, Message};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::Frame;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use yrs::updates::decoder::Decode;
 use yrs::{Doc, ReadTxn, Transact, Update};
@@ -31,6 +40,34 @@ use yrs::{Doc, ReadTxn, Transact, Update};
 struct Room {
     doc: Doc,
     peers: HashMap<u64, mpsc::UnboundedSender<Bytes>>,
+    /// The Sync Step 2 answering an empty state vector, until the document changes.
+    whole: Option<Bytes>,
+}
+
+/// Messages longer than this leave as fragments.
+const FRAGMENT: usize = 64 * 1024;
+
+/// Queues `frame` on `sink` as one message, fragmented if long.
+async fn feed<S>(sink: &mut S, frame: Bytes) -> Result<(), S::Error>
+where
+    S: futures_util::Sink<WsMessage> + Unpin,
+{
+    if frame.len() <= FRAGMENT {
+        return sink.feed(WsMessage::Binary(frame)).await;
+    }
+    let mut at = 0;
+    while at < frame.len() {
+        let end = (at + FRAGMENT).min(frame.len());
+        let opcode = if at == 0 {
+            OpCode::Data(Data::Binary)
+        } else {
+            OpCode::Data(Data::Continue)
+        };
+        let part = Frame::message(frame.slice(at..end), opcode, end == frame.len());
+        sink.feed(WsMessage::Frame(part)).await?;
+        at = end;
+    }
+    Ok(())
 }
 
 type Rooms = Arc<Mutex<HashMap<String, Arc<Mutex<Room>>>>>;
@@ -86,17 +123,17 @@ async fn serve(tcp: TcpStream, rooms: Rooms) -> anyhow::Result<()> {
             tokio::select! {
                 out = rx.recv() => {
                     let Some(frame) = out else { return Ok(()) };
-                    sink.feed(WsMessage::Binary(frame)).await?;
+                    feed(&mut sink, frame).await?;
                     // Whatever else is queued goes out in the same flush.
                     while let Ok(frame) = rx.try_recv() {
-                        sink.feed(WsMessage::Binary(frame)).await?;
+                        feed(&mut sink, frame).await?;
                     }
                     sink.flush().await?;
                 }
                 msg = stream.next() => match msg {
                     Some(Ok(WsMessage::Binary(frame))) => {
                         for reply in on_frame(&room, peer, &frame)? {
-                            sink.feed(WsMessage::Binary(reply)).await?;
+                            feed(&mut sink, reply).await?;
                         }
                         sink.flush().await?;
                     }
@@ -118,19 +155,28 @@ fn on_frame(room: &Mutex<Room>, peer: u64, frame: &Bytes) -> anyhow::Result<Vec<
     for msg in protocol::decode_frame(frame)? {
         match msg {
             Message::SyncStep1(sv) => {
-                let r = lock(room);
-                let diff = r.doc.transact().encode_state_as_update_v1(&sv);
-                replies.push(protocol::encode_step2(&diff));
+                let mut r = lock(room);
+                let encode = |doc: &Doc| {
+                    protocol::encode_step2(&doc.transact().encode_state_as_update_v1(&sv))
+                };
+                let reply = if sv.is_empty() {
+                    let Room { doc, whole, .. } = &mut *r;
+                    whole.get_or_insert_with(|| encode(doc)).clone()
+                } else {
+                    encode(&r.doc)
+                };
+                replies.push(reply);
             }
             Message::SyncStep2(update) | Message::Update(update) => {
                 let decoded = Update::decode_v1(&update)?;
-                let r = lock(room);
+                let mut r = lock(room);
                 let changed = {
                     let mut txn = r.doc.transact_mut();
                     txn.apply_update(decoded)?;
                     !txn.insert_set().is_empty() || !txn.delete_set().is_empty()
                 };
                 if changed {
+                    r.whole = None;
                     broadcast(&r, peer, protocol::encode_update(&update));
                 }
             }

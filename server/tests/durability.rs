@@ -110,7 +110,8 @@ async fn compaction_keeps_the_content_and_shrinks_the_log() {
     assert_eq!(log_rows(db, "compact").await, 5);
     let pool = open_db(db).await;
     let (seq, size): (i64, i64) = sqlx::query_as(
-        "SELECT snapshot_seq, CAST(length(snapshot) AS BIGINT) FROM documents WHERE name = 'compact'",
+        "SELECT d.snapshot_seq, CAST(length(s.snapshot) AS BIGINT) FROM documents d \
+         JOIN doc_snapshots s ON s.doc_id = d.id WHERE d.name = 'compact'",
     )
     .fetch_one(&pool)
     .await
@@ -339,16 +340,21 @@ async fn a_failed_load_refuses_with_1011_and_never_overwrites_stored_data() {
     server.stop().await; // final snapshot written
 
     let pool = open_db(db).await;
-    let (good,): (Vec<u8>,) =
-        sqlx::query_as("SELECT snapshot FROM documents WHERE name = 'fragile'")
-            .fetch_one(&pool)
-            .await
-            .expect("snapshot");
-    sqlx::query("UPDATE documents SET snapshot = $1 WHERE name = 'fragile'")
-        .bind(vec![0xffu8; 4])
-        .execute(&pool)
-        .await
-        .expect("corrupt");
+    let (good,): (Vec<u8>,) = sqlx::query_as(
+        "SELECT snapshot FROM doc_snapshots \
+             WHERE doc_id = (SELECT id FROM documents WHERE name = 'fragile')",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("snapshot");
+    sqlx::query(
+        "UPDATE doc_snapshots SET snapshot = $1 \
+         WHERE doc_id = (SELECT id FROM documents WHERE name = 'fragile')",
+    )
+    .bind(vec![0xffu8; 4])
+    .execute(&pool)
+    .await
+    .expect("corrupt");
 
     let server = TestServer::start(cfg).await;
     let mut refused = Client::connect_unsynced(&server.url("fragile"), 2).await;
@@ -359,19 +365,24 @@ async fn a_failed_load_refuses_with_1011_and_never_overwrites_stored_data() {
     again.insert(0, "overwrite?").await;
     assert_eq!(again.wait_closed().await, Some(1011));
     assert!(server.metric("quire_room_load_failures_total").await >= 1.0);
-    let (still,): (Vec<u8>,) =
-        sqlx::query_as("SELECT snapshot FROM documents WHERE name = 'fragile'")
-            .fetch_one(&pool)
-            .await
-            .expect("snapshot");
+    let (still,): (Vec<u8>,) = sqlx::query_as(
+        "SELECT snapshot FROM doc_snapshots \
+             WHERE doc_id = (SELECT id FROM documents WHERE name = 'fragile')",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("snapshot");
     assert_eq!(still, vec![0xff; 4], "the stored row was not touched");
 
     // Repair, wait out the retry delay, and the document loads.
-    sqlx::query("UPDATE documents SET snapshot = $1 WHERE name = 'fragile'")
-        .bind(&good)
-        .execute(&pool)
-        .await
-        .expect("repair");
+    sqlx::query(
+        "UPDATE doc_snapshots SET snapshot = $1 \
+         WHERE doc_id = (SELECT id FROM documents WHERE name = 'fragile')",
+    )
+    .bind(&good)
+    .execute(&pool)
+    .await
+    .expect("repair");
     pool.close().await;
     let ok = tokio::time::timeout(PATIENCE, async {
         loop {

@@ -355,9 +355,9 @@ where
         let (base_seq, base) =
             if snapshot_seq <= seq && snapshot_seq > 0 && snapshot_seq >= version_seq {
                 let state: Option<Vec<u8>> =
-                    sqlx::query_scalar("SELECT snapshot FROM documents WHERE id = $1")
+                    sqlx::query_scalar("SELECT snapshot FROM doc_snapshots WHERE doc_id = $1")
                         .bind(doc)
-                        .fetch_one(&mut *tx)
+                        .fetch_optional(&mut *tx)
                         .await?;
                 (snapshot_seq, state)
             } else if let Some((id, vseq)) = version {

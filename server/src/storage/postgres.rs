@@ -218,14 +218,13 @@ impl DocStore for PgStore {
         // With a fence, the lease row is locked and its epoch checked in the same statement:
         // a grant to another node waits for this transaction, or this one sees the new epoch.
         let new_version: Option<i64> = sqlx::query_scalar(
-            "UPDATE documents SET snapshot = $1, snapshot_seq = $2, \
+            "UPDATE documents SET snapshot_seq = $1, \
              snapshot_version = snapshot_version + 1 \
-             WHERE id = $3 AND snapshot_version = $4 \
-               AND ($5::bigint IS NULL OR EXISTS ( \
-                 SELECT 1 FROM room_leases WHERE doc_id = $3 AND epoch = $5 FOR SHARE)) \
+             WHERE id = $2 AND snapshot_version = $3 \
+               AND ($4::bigint IS NULL OR EXISTS ( \
+                 SELECT 1 FROM room_leases WHERE doc_id = $2 AND epoch = $4 FOR SHARE)) \
              RETURNING snapshot_version",
         )
-        .bind(snapshot.as_slice())
         .bind(upto_seq)
         .bind(doc)
         .bind(expected_version)
@@ -241,6 +240,16 @@ impl DocStore for PgStore {
                 e => Err(e),
             };
         };
+        // The snapshot's bytes live apart from the row (migrations/postgres/0007), written under
+        // the row lock the UPDATE above holds.
+        sqlx::query(
+            "INSERT INTO doc_snapshots (doc_id, snapshot) VALUES ($1, $2) \
+             ON CONFLICT (doc_id) DO UPDATE SET snapshot = excluded.snapshot",
+        )
+        .bind(doc)
+        .bind(snapshot.as_slice())
+        .execute(&mut *tx)
+        .await?;
         if !self.api.keeps_history() {
             sqlx::query("DELETE FROM doc_updates WHERE doc_id = $1 AND seq <= $2")
                 .bind(doc)

@@ -37,8 +37,9 @@ where
         loop {
             let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
             let row = sqlx::query(
-                "SELECT id, snapshot_version, snapshot, snapshot_seq, deleted_at \
-                 FROM documents WHERE name = $1",
+                "SELECT d.id, d.snapshot_version, s.snapshot, d.snapshot_seq, d.deleted_at \
+                 FROM documents d LEFT JOIN doc_snapshots s ON s.doc_id = d.id \
+                 WHERE d.name = $1",
             )
             .bind(name)
             .fetch_optional(&mut *tx)

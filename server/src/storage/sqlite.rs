@@ -689,12 +689,11 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
             delete_covered,
         } => {
             let done = sqlx::query(
-                "UPDATE documents SET snapshot = ?1, snapshot_seq = ?2, \
+                "UPDATE documents SET snapshot_seq = ?1, \
                  snapshot_version = snapshot_version + 1 \
-                 WHERE id = ?3 AND snapshot_version = ?4 \
-                   AND (?5 IS NULL OR (SELECT epoch FROM room_leases WHERE doc_id = ?3) = ?5)",
+                 WHERE id = ?2 AND snapshot_version = ?3 \
+                   AND (?4 IS NULL OR (SELECT epoch FROM room_leases WHERE doc_id = ?2) = ?4)",
             )
-            .bind(snapshot.as_slice())
             .bind(upto_seq)
             .bind(doc)
             .bind(expected_version)
@@ -714,6 +713,15 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
                     e => Err(e),
                 };
             }
+            // The snapshot's bytes live apart from the row (migrations/sqlite/0007).
+            sqlx::query(
+                "INSERT INTO doc_snapshots (doc_id, snapshot) VALUES (?1, ?2) \
+                 ON CONFLICT (doc_id) DO UPDATE SET snapshot = excluded.snapshot",
+            )
+            .bind(doc)
+            .bind(snapshot.as_slice())
+            .execute(&mut *conn)
+            .await?;
             if *delete_covered {
                 sqlx::query("DELETE FROM doc_updates WHERE doc_id = ? AND seq <= ?")
                     .bind(doc)
