@@ -32,7 +32,11 @@ pub fn seeded_updates(bytes: usize, chunk: usize, seed: u64) -> (Vec<Vec<u8>>, S
     let mut updates: Vec<Vec<u8>> = Vec::new();
     let mut total = 0;
     while total < bytes {
-        let doc = Doc::with_client_id(seed % 1000 * 1_000_000 + updates.len() as u64 + 1);
+        // Client ids of their own (above 2^40), apart from the typing clients' (1,000,000 + i):
+        // a typing client that reused a seeded id would send clocks the document already has,
+        // and its updates would change nothing.
+        let doc =
+            Doc::with_client_id((1 << 40) + seed % 1000 * 1_000_000 + updates.len() as u64 + 1);
         let text = doc.get_or_insert_text("text");
         let mut txn = doc.transact_mut();
         let (mut len, mut cursor, mut in_chunk): (u32, u32, usize) = (0, 0, 0);

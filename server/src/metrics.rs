@@ -15,6 +15,7 @@ pub struct Metrics {
     pub commit_failures: IntCounter,
     pub broadcast_overflows: IntCounter,
     pub snapshots: IntCounter,
+    pub snapshots_encoded_apart: IntCounter,
     pub snapshot_conflicts: IntCounter,
     pub fenced_writes: IntCounter,
     pub lease_losses: IntCounter,
@@ -102,6 +103,10 @@ impl Metrics {
                 "Connections closed with 1013 because their outbound queue was full",
             ),
             snapshots: counter("snapshots_total", "Snapshots written"),
+            snapshots_encoded_apart: counter(
+                "snapshots_encoded_apart_total",
+                "Snapshots of large documents encoded on a blocking thread while appends went on",
+            ),
             snapshot_conflicts: counter(
                 "snapshot_conflicts_total",
                 "Snapshot writes refused by the optimistic version check",

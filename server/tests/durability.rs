@@ -506,3 +506,90 @@ async fn a_stale_append_racing_a_snapshot_is_refused_or_kept_never_lost() {
         }
     }
 }
+
+/// The text storage holds for `name` now: its snapshot and the log rows after it, replayed.
+async fn stored_text(db: &std::path::Path, name: &str) -> String {
+    let pool = open_db(db).await;
+    let (id, seq): (i64, i64) =
+        sqlx::query_as("SELECT id, snapshot_seq FROM documents WHERE name = $1")
+            .bind(name)
+            .fetch_one(&pool)
+            .await
+            .expect("row");
+    let snapshot: Option<(Vec<u8>,)> =
+        sqlx::query_as("SELECT snapshot FROM doc_snapshots WHERE doc_id = $1")
+            .bind(id)
+            .fetch_optional(&pool)
+            .await
+            .expect("snapshot");
+    let rows: Vec<(Vec<u8>,)> =
+        sqlx::query_as("SELECT data FROM doc_updates WHERE doc_id = $1 AND seq > $2 ORDER BY seq")
+            .bind(id)
+            .bind(seq)
+            .fetch_all(&pool)
+            .await
+            .expect("rows");
+    pool.close().await;
+    let doc = Doc::new();
+    let text = doc.get_or_insert_text("text");
+    let mut txn = doc.transact_mut();
+    if let Some((s,)) = snapshot {
+        txn.apply_update(Update::decode_v2(&s).expect("v2"))
+            .expect("applies");
+    }
+    for (row,) in rows {
+        txn.apply_update(Update::decode_v1(&row).expect("v1"))
+            .expect("applies");
+    }
+    text.get_string(&txn)
+}
+
+/// A large document's snapshot is encoded on a blocking thread while appends go on, and
+/// covers only the rows it was encoded from: what storage holds (read from the rows, not from
+/// the room) is everything acknowledged, after snapshots that overlapped many appends.
+#[tokio::test]
+async fn snapshots_encoded_while_appends_go_on_lose_no_row() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path();
+    let mut cfg = test_config(db);
+    // A snapshot is due after every few commits, whatever the log's size.
+    cfg.room.snapshot_updates = 4;
+    cfg.room.snapshot_log_percent = 0;
+    let server = TestServer::start(cfg).await;
+    let url = server.url("large");
+    let mut c = Client::connect(&url, 1).await;
+    // Over the size snapshotted away from the room (1 MiB).
+    let chunk = "x".repeat(64 * 1024);
+    for _ in 0..18 {
+        c.insert(0, &chunk).await;
+    }
+    c.durable_ack(1).await;
+    let apart_before = server.metric("quire_snapshots_encoded_apart_total").await;
+    // Small edits in bursts, one acknowledgement per burst, until three snapshots have been
+    // encoded away from the room: commits go on while each is encoded.
+    let mut apart = 0.0;
+    let mut burst = 0u64;
+    while apart < 3.0 {
+        assert!(
+            burst < 5_000,
+            "only {apart} snapshots encoded away from the room"
+        );
+        for i in 0..5 {
+            c.insert(i, "ab").await;
+        }
+        c.durable_ack(burst + 2).await;
+        burst += 1;
+        apart = server.metric("quire_snapshots_encoded_apart_total").await - apart_before;
+    }
+    assert_eq!(server.metric("quire_snapshot_conflicts_total").await, 0.0);
+    // Storage holds every acknowledged edit, whatever snapshot is being encoded or written
+    // (read from the rows, not from the room).
+    let (stored, text) = (stored_text(db, "large").await, c.text());
+    assert!(
+        stored == text,
+        "storage holds {} characters, the client {}",
+        stored.len(),
+        text.len()
+    );
+    server.stop().await;
+}

@@ -48,6 +48,37 @@ pub(super) fn replay<'a>(
     Ok(doc)
 }
 
+/// The committed state at one position, owned, to encode a snapshot from on a blocking
+/// thread while the room goes on ([`CommittedCopy::source`]).
+pub(super) struct SnapshotSource {
+    snapshot: Option<Bytes>,
+    data: Bytes,
+    rows: Vec<(i64, usize)>,
+}
+
+impl SnapshotSource {
+    /// Replays the state and encodes it as a snapshot (Yjs v2). An error if it does not
+    /// replay, if an update in it waits on missing dependencies (yrs may panic encoding
+    /// that; see the room's `spawn_snapshot`), or if encoding panics all the same.
+    pub(super) fn encode(self) -> Result<Vec<u8>, String> {
+        let mut start = 0;
+        let rows = self.rows.iter().map(|&(seq, end)| {
+            let row = &self.data[start..end];
+            start = end;
+            (seq, row)
+        });
+        let doc = replay(self.snapshot.as_deref(), rows)?;
+        if doc.transact().has_missing_updates() {
+            return Err("an update waits on missing dependencies".into());
+        }
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            doc.transact()
+                .encode_state_as_update_v2(&StateVector::default())
+        }))
+        .map_err(|_| "yrs panicked encoding the document".to_owned())
+    }
+}
+
 /// The committed copy replayed for reads, with the whole-document Sync Step 2 once encoded.
 struct View {
     doc: Doc,
@@ -126,15 +157,17 @@ impl CommittedCopy {
         self.push(rows);
     }
 
-    /// A snapshot covering the log up to `upto_seq` was written.
-    pub(super) fn snapshotted(&mut self, snapshot: Bytes, upto_seq: i64) {
+    /// A snapshot covering the log up to `upto_seq` was written; `last_seq` is the room's
+    /// highest committed row now (later than `upto_seq` when the snapshot was encoded off
+    /// the room while appends went on).
+    pub(super) fn snapshotted(&mut self, snapshot: Bytes, upto_seq: i64, last_seq: i64) {
         self.view = None;
         self.unreplayable = false;
         self.snapshot = Some(snapshot);
         self.snapshot_seq = upto_seq;
         if self.given_up {
-            // The room snapshots with nothing in flight: no row after `upto_seq` was missed.
-            self.given_up = false;
+            // Usable again only if no row after `upto_seq` was dropped while given up.
+            self.given_up = last_seq > upto_seq;
             return;
         }
         let kept = self.rows.partition_point(|(seq, _)| *seq <= upto_seq);
@@ -149,6 +182,17 @@ impl CommittedCopy {
         for (_, end) in &mut self.rows {
             *end -= cut;
         }
+    }
+
+    /// What a snapshot encoded away from the room replays: the snapshot and the rows after
+    /// it, up to the room's last committed row (`None` if the copy was given up). Costs a copy
+    /// of the rows, which snapshots keep few.
+    pub(super) fn source(&self) -> Option<SnapshotSource> {
+        (!self.given_up).then(|| SnapshotSource {
+            snapshot: self.snapshot.clone(),
+            data: Bytes::copy_from_slice(&self.data),
+            rows: self.rows.clone(),
+        })
     }
 
     /// Bytes held (snapshot and rows).
@@ -250,7 +294,7 @@ mod tests {
         let c = source.edit(2, "c");
         copy.committed(3, [c.as_slice()]);
         // A snapshot covering rows up to 2: row 3 stays.
-        copy.snapshotted(snapshot, 2);
+        copy.snapshotted(snapshot, 2, 3);
         assert_eq!(copy.rows, vec![(3, c.len())]);
         assert_eq!(copy.doc().map(text_of).as_deref(), Some("abc"));
         let d = source.edit(3, "d");
@@ -273,7 +317,30 @@ mod tests {
         copy.committed(2, [second.as_slice()]);
         assert!(copy.doc().is_none(), "given up");
         assert_eq!(copy.bytes(), 0);
-        copy.snapshotted(source.snapshot(), 2);
+        assert!(copy.source().is_none(), "nothing to encode a snapshot from");
+        // A snapshot encoded before row 2 (off the room) does not make the copy whole: row 2
+        // was dropped while given up.
+        copy.snapshotted(source.snapshot(), 1, 2);
+        assert!(copy.doc().is_none(), "still given up");
+        copy.snapshotted(source.snapshot(), 2, 2);
         assert_eq!(copy.doc().map(text_of).as_deref(), Some("first second"));
+    }
+
+    #[test]
+    fn a_snapshot_encoded_from_the_source_holds_the_committed_state() {
+        let source = Source(Doc::with_client_id(1));
+        let mut copy = empty(1 << 20);
+        let a = source.edit(0, "abc");
+        copy.committed(1, [a.as_slice()]);
+        copy.snapshotted(source.snapshot(), 1, 1);
+        let (d, e) = (source.edit(3, "d"), source.edit(0, "e"));
+        copy.committed(2, [d.as_slice(), e.as_slice()]);
+        let encoded = copy.source().expect("a source").encode().expect("encodes");
+        let doc = replay(Some(&encoded), []).expect("replays");
+        assert_eq!(text_of(&doc), "eabcd");
+        assert_eq!(
+            doc.transact().state_vector(),
+            source.0.transact().state_vector()
+        );
     }
 }

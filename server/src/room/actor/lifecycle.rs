@@ -369,6 +369,9 @@ impl Room {
         self.since_snapshot_updates = stored.updates.len() as u64;
         self.since_snapshot_bytes = stored.updates.iter().map(|(_, u)| u.len() as u64).sum();
         self.committed = CommittedCopy::take(&mut stored, committed_copy_limit(&self.registry));
+        // A snapshot encoded from the old copy is not written (its task finishes unheard).
+        self.encoding = None;
+        self.encoded = None;
         if !is_empty_update(&diff) {
             self.broadcast(&protocol::encode_update(&diff), None);
         }

@@ -13,7 +13,9 @@
 //! - When the append commits, the room broadcasts those updates, echoes durable
 //!   acknowledgements that were waiting for them, and answers Sync/Step1 requests that were
 //!   deferred because the `Doc` held uncommitted data. Then it starts the next batch.
-//! - Snapshots are written between appends, when the `Doc` is exactly the committed state.
+//! - Snapshots are written between appends, when the `Doc` is exactly the committed state. A
+//!   large document's snapshot is encoded on a blocking thread from the committed copy while
+//!   appends go on, and written at the next free slot (`snapshots.rs`).
 //! - While storage is stalled (an append failed or passed its deadline and is being retried),
 //!   the waiting reads are answered from the committed copy (`committed.rs`) instead.
 
@@ -173,6 +175,8 @@ enum Inflight {
     Snapshot {
         upto_seq: i64,
         size: u64,
+        /// Bytes logged since the last snapshot that this one covers.
+        covered_bytes: u64,
         /// What is being written, for the committed copy once it is.
         data: Bytes,
         task: StorageOp<SnapshotOutcome>,
@@ -312,6 +316,10 @@ struct Room {
     snapshot_failed: bool,
     /// yrs could not encode the document for a snapshot (see `spawn_snapshot`).
     unencodable: bool,
+    /// A snapshot of a large document being encoded on a blocking thread while appends go on,
+    /// and one encoded that waits for the storage slot (`snapshots.rs`).
+    encoding: Option<snapshots::Encoding>,
+    encoded: Option<snapshots::Encoded>,
     queued: VecDeque<Queued>,
     inflight: Option<Inflight>,
     staged: Option<AppliedBatch>,
@@ -390,6 +398,8 @@ impl Room {
             versions: versions::VersionClock::default(),
             snapshot_failed: false,
             unencodable: false,
+            encoding: None,
+            encoded: None,
             queued: VecDeque::new(),
             inflight: None,
             staged: None,
@@ -466,6 +476,10 @@ impl Room {
                 } else {
                     Exit::Failed(reason)
                 })
+            }
+            encoded = snapshots::wait_encoding(&mut self.encoding), if self.encoding.is_some() => {
+                self.on_encoded(encoded);
+                None
             }
             _ = sleep_until(self.renew_at), if self.fence.is_some() && self.renewing.is_none() => {
                 self.start_renewal();

@@ -447,16 +447,20 @@ impl Room {
                 Inflight::Snapshot {
                     upto_seq,
                     size,
+                    covered_bytes,
                     data,
                     ..
                 },
                 OpResult::Snapshot(res),
-            ) => self.on_snapshot_done(upto_seq, size, data, res).await?,
+            ) => {
+                self.on_snapshot_done(upto_seq, size, covered_bytes, data, res)
+                    .await?
+            }
             (_, _) => return Err("internal: operation result does not match".into()),
         }
         // (An append being retried is in flight again: nothing starts behind it.)
         if self.inflight.is_none() && self.staged.is_none() && self.snapshot_due() {
-            self.inflight = self.spawn_snapshot();
+            self.start_snapshot();
         }
         if self.inflight.is_some() {
             self.answer_deferred();

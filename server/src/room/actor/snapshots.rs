@@ -1,7 +1,47 @@
 //! Snapshots: when one is due (by bytes or count logged since the last), encoding the whole
 //! document and writing it with the optimistic version check, between appends.
+//!
+//! A small document is encoded in the room, between appends, in a fraction of a millisecond.
+//! A large one (at least [`ENCODE_APART_BYTES`] stored) took the room tens of milliseconds
+//! (60 to 90 ms for 20 MB), during which nothing was applied, committed or delivered: it is
+//! encoded on a blocking thread instead, from the committed copy (the snapshot and the rows
+//! after it, exactly what storage holds), while appends go on; the bytes are written at the
+//! next free storage slot with the usual version check, covering the log up to the row the
+//! copy ended at. That costs a replay of the document on the blocking thread (about four
+//! times the encode's CPU), never the room's time.
 
 use super::*;
+use crate::room::committed::SnapshotSource;
+
+/// Documents with at least this many bytes stored (snapshot and log) are snapshotted away
+/// from the room.
+pub(super) const ENCODE_APART_BYTES: u64 = 1 << 20;
+
+/// A snapshot being encoded on a blocking thread.
+pub(super) struct Encoding {
+    /// The log position the copy ended at, the snapshot version and the bytes logged since
+    /// the last snapshot, when it started.
+    upto_seq: i64,
+    version: i64,
+    covered_bytes: u64,
+    task: tokio::task::JoinHandle<Result<Vec<u8>, String>>,
+}
+
+/// A snapshot encoded away from the room, waiting to be written.
+pub(super) struct Encoded {
+    upto_seq: i64,
+    covered_bytes: u64,
+    data: Vec<u8>,
+}
+
+pub(super) type EncodingResult = Result<Result<Vec<u8>, String>, tokio::task::JoinError>;
+
+pub(super) async fn wait_encoding(encoding: &mut Option<Encoding>) -> EncodingResult {
+    match encoding {
+        Some(e) => (&mut e.task).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Whether a snapshot is due, given what was logged since the last one and that snapshot's
 /// size: by bytes logged at once, by update count only once the log is also a fair share of
@@ -21,8 +61,12 @@ pub(super) fn snapshot_due(
 
 impl Room {
     pub(super) fn snapshot_due(&self) -> bool {
+        if self.encoded.is_some() {
+            return true; // written at the next free slot
+        }
         let c = &self.registry.config;
-        !self.snapshot_failed
+        self.encoding.is_none()
+            && !self.snapshot_failed
             && self.reload_needed.is_none()
             && !(self.unencodable && self.doc.transact().has_missing_updates())
             && snapshot_due(
@@ -31,6 +75,73 @@ impl Room {
                 self.since_snapshot_bytes,
                 self.stored_bytes.saturating_sub(self.since_snapshot_bytes),
             )
+    }
+
+    /// Starts the snapshot that is due (nothing in flight, nothing staged): writes one encoded
+    /// away from the room, starts encoding a large document away from it, or encodes a small
+    /// one here and writes it.
+    pub(super) fn start_snapshot(&mut self) {
+        if let Some(Encoded {
+            upto_seq,
+            covered_bytes,
+            data,
+        }) = self.encoded.take()
+        {
+            self.inflight = Some(self.snapshot_write(data, upto_seq, covered_bytes));
+            return;
+        }
+        if self.stored_bytes >= ENCODE_APART_BYTES {
+            if let Some(source) = self.committed.source() {
+                self.encode_apart(source);
+                return;
+            }
+        }
+        self.inflight = self.spawn_snapshot();
+    }
+
+    fn encode_apart(&mut self, source: SnapshotSource) {
+        self.registry.metrics.snapshots_encoded_apart.inc();
+        let task = tokio::task::spawn_blocking(move || source.encode());
+        self.encoding = Some(Encoding {
+            upto_seq: self.last_seq,
+            version: self.snapshot_version,
+            covered_bytes: self.since_snapshot_bytes,
+            task,
+        });
+    }
+
+    /// A snapshot encoded away from the room: written at once if the storage slot is free,
+    /// else after the append in flight.
+    pub(super) fn on_encoded(&mut self, result: EncodingResult) {
+        let Some(encoding) = self.encoding.take() else {
+            return;
+        };
+        debug!(
+            upto_seq = encoding.upto_seq,
+            ok = matches!(result, Ok(Ok(_))),
+            "snapshot encoded away from the room"
+        );
+        match result {
+            Ok(Ok(data)) if encoding.version == self.snapshot_version => {
+                self.encoded = Some(Encoded {
+                    upto_seq: encoding.upto_seq,
+                    covered_bytes: encoding.covered_bytes,
+                    data,
+                });
+                if self.inflight.is_none() && self.staged.is_none() {
+                    self.start_snapshot();
+                }
+            }
+            Ok(Ok(_)) => debug!("a snapshot encoded for an older version is dropped"),
+            Ok(Err(e)) => {
+                warn!(error = %e, "snapshot not encoded; trying again after the next commit");
+                self.snapshot_failed = true;
+            }
+            Err(e) => {
+                warn!(error = %e, "the snapshot encoding task failed; trying again after the next commit");
+                self.snapshot_failed = true;
+            }
+        }
     }
 
     /// Encodes the whole document (v2, compact) and writes it with the version check. Called
@@ -62,10 +173,16 @@ impl Room {
             }
         };
         self.unencodable = false;
+        Some(self.snapshot_write(data, self.last_seq, self.since_snapshot_bytes))
+    }
+
+    /// Writes an encoded snapshot covering the log up to `upto_seq` (and `covered_bytes` of
+    /// what was logged since the last one) with the version check.
+    fn snapshot_write(&self, data: Vec<u8>, upto_seq: i64, covered_bytes: u64) -> Inflight {
         let size = data.len() as u64;
         let kept = Bytes::copy_from_slice(&data);
         let store = self.registry.store.clone();
-        let (doc, version, upto_seq) = (self.doc_id, self.snapshot_version, self.last_seq);
+        let (doc, version) = (self.doc_id, self.snapshot_version);
         let fence = self.fence;
         let (limit, metrics) = (
             self.registry.config.storage_timeout,
@@ -75,12 +192,13 @@ impl Room {
             let write = store.write_snapshot(doc, fence, version, data, upto_seq);
             within(limit, &metrics, "snapshot", write).await
         });
-        Some(Inflight::Snapshot {
+        Inflight::Snapshot {
             upto_seq,
             size,
+            covered_bytes,
             data: kept,
             task,
-        })
+        }
     }
 
     /// A snapshot before unloading, so the next load replays nothing.
@@ -92,6 +210,9 @@ impl Room {
         {
             return;
         }
+        // Leaving: whatever is being encoded away from the room is not waited for.
+        self.encoding = None;
+        self.encoded = None;
         self.inflight = self.spawn_snapshot();
         while self.inflight.is_some() {
             let res = wait_inflight(&mut self.inflight).await;
@@ -108,19 +229,21 @@ impl Room {
         &mut self,
         upto_seq: i64,
         size: u64,
+        covered_bytes: u64,
         data: Bytes,
         res: Result<SnapshotOutcome, StorageError>,
     ) -> Result<(), String> {
         match res {
             Ok(SnapshotOutcome::Written { new_version }) => {
                 self.registry.metrics.snapshots.inc();
-                self.committed.snapshotted(data, upto_seq);
+                self.committed.snapshotted(data, upto_seq, self.last_seq);
                 debug!(upto_seq, size, "snapshot written");
                 self.snapshot_version = new_version;
+                // Rows committed while it was encoded away from the room stay in the log.
                 let logged_after = (self.last_seq - upto_seq) as u64;
                 self.since_snapshot_updates = logged_after;
-                self.since_snapshot_bytes = 0;
-                self.stored_bytes = size;
+                self.since_snapshot_bytes = self.since_snapshot_bytes.saturating_sub(covered_bytes);
+                self.stored_bytes = size + self.since_snapshot_bytes;
             }
             Ok(SnapshotOutcome::Conflict) => {
                 self.registry.metrics.snapshot_conflicts.inc();
