@@ -6,8 +6,10 @@ import json
 import sys
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-servers = ["quire", "y-websocket", "hocuspocus"]
-peers = servers[1:]
+servers = ["quire", "floor", "y-websocket", "hocuspocus"]
+# The floor (bench/src/floor.rs) is shown beside the peers but is not one of them: it is the
+# limit, not a server anyone runs.
+peers = ["y-websocket", "hocuspocus"]
 
 
 def pick(label, scenario, **match):
@@ -44,7 +46,7 @@ def fmt(v):
 table = []
 # The typing run without acks is the same load for every server; Quire's run with a durable-ack
 # request after every update is reported beside it.
-plain = lambda s: pick(s, "typing", rooms=200, ack_p99_ms=None) or {}
+plain = lambda s: pick(s, "typing", rooms=200, rate=5.0, ack_p99_ms=None) or {}
 acked = lambda s: next((r for r in rows if r.get("label") == s and r.get("scenario") == "typing"
                         and r.get("rooms") == 200 and r.get("ack_p99_ms") is not None), {})
 table.append(fig("server CPU s per 1,000 updates (200 rooms x 4 clients x 5/s)", "lower",
@@ -86,9 +88,11 @@ for name, vals, ratio, better in table:
 # load in the same flavour.
 hp_rows = [
     ("server CPU s per 1,000 updates (200 rooms x 4 clients x 5/s)",
-     lambda s: (pick(s, "typing", rooms=200) or {}).get("server_cpu_per_1k")),
-    ("delivery p99 ms (200 x 4 x 5/s)", lambda s: (pick(s, "typing", rooms=200) or {}).get("p99_ms")),
-    ("all delivered (200 x 4 x 5/s)", lambda s: (pick(s, "typing", rooms=200) or {}).get("complete")),
+     lambda s: (pick(s, "typing", rooms=200, rate=5.0) or {}).get("server_cpu_per_1k")),
+    ("delivery p99 ms (200 x 4 x 5/s)",
+     lambda s: (pick(s, "typing", rooms=200, rate=5.0) or {}).get("p99_ms")),
+    ("all delivered (200 x 4 x 5/s)",
+     lambda s: (pick(s, "typing", rooms=200, rate=5.0) or {}).get("complete")),
 ] + [
     (f"fan-out to {n} readers, p99 ms",
      lambda s, n=n: (pick(s, "typing", rooms=1, clients=n + 1) or {}).get("p99_ms"))
@@ -103,9 +107,61 @@ if pick("quire-hocuspocus", "typing"):
         ratio = f"{q / h:.2f}x" if isinstance(q, (int, float)) and not isinstance(q, bool) and h else ""
         print(f"| {name} | {fmt(q)} | {fmt(h)} | {ratio} |")
 
+# Round two: CPU per update at three loads against the floor, the join storm, large documents.
+two = ["floor", "quire", "quire-normal", "y-websocket", "hocuspocus"]
+loads = [("light", 200, 1.0), ("medium", 100, 3.0), ("heavy", 200, 5.0)]
+
+
+def load_row(s, rooms, rate):
+    return next((r for r in rows if r.get("label") == s and r.get("scenario") == "typing"
+                 and r.get("rooms") == rooms and r.get("rate") == rate and r.get("clients") == 4
+                 and r.get("ack_p99_ms") is None), {})
+
+
+def ratio(a, b):
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
+    return f"{a / b:.2f}x" if ok and b else ""
+
+
+print()
+print("| round two | " + " | ".join(two) + " | Quire vs y-websocket | normal vs floor |")
+print("|---|" + "---|" * len(two) + "---|---|")
+for name, rooms, rate in loads:
+    for what, key, unit in (("server CPU µs per update", "server_cpu_per_1k", 1000),
+                            ("delivery p99 ms", "p99_ms", 1)):
+        vals = {s: load_row(s, rooms, rate).get(key) for s in two}
+        vals = {s: (v * unit if isinstance(v, (int, float)) else v) for s, v in vals.items()}
+        label = f"{what}, {name} ({rooms} x 4 x {rate:g}/s)"
+        print(f"| {label} | " + " | ".join(fmt(vals[s]) for s in two)
+              + f" | {ratio(vals['quire'], vals['y-websocket'])}"
+              + f" | {ratio(vals['quire-normal'], vals['floor']) if key == 'server_cpu_per_1k' else ''} |")
+storm = lambda s: pick(s, "storm", uploaded=True) or {}
+for what, get in (
+    ("join storm p50 ms", lambda s: storm(s).get("p50_ms")),
+    ("join storm p99 ms", lambda s: storm(s).get("p99_ms")),
+    ("join storm: peak RSS above the loaded document, MiB",
+     lambda s: (storm(s)["peak_rss_kib"] - storm(s)["rss_before_kib"]) / 1024
+     if storm(s).get("peak_rss_kib") and storm(s).get("rss_before_kib") else None),
+    ("RSS with the large document loaded / its encoded size",
+     lambda s: (storm(s)["rss_before_kib"] - storm(s)["rss_fresh_kib"]) * 1024 / storm(s)["doc_bytes"]
+     if storm(s).get("rss_before_kib") and storm(s).get("rss_fresh_kib") else None),
+    ("4 clients typing into the large document, delivery p99 ms",
+     lambda s: (pick(s, "typing", rooms=1, clients=4) or {}).get("p99_ms")),
+):
+    vals = {s: get(s) for s in two}
+    print(f"| {what} | " + " | ".join(fmt(vals[s]) for s in two)
+          + f" | {ratio(vals['quire'], vals['y-websocket'])} | |")
+snap = pick("quire-snapshots", "typing") or {}
+restart = pick("quire-restart", "storm") or {}
+if snap or restart:
+    print()
+    print(f"Quire, large document with a snapshot every 50 updates: delivery p99 {fmt(snap.get('p99_ms'))} ms, "
+          f"max {fmt(snap.get('max_ms'))} ms; first client after a restart synced in "
+          f"{fmt(restart.get('p50_ms'))} ms")
+
 # Plot: p99 against offered load, from the search steps.
 W, H, L, B = 640, 400, 60, 50
-colors = {"quire": "#1f77b4", "y-websocket": "#ff7f0e", "hocuspocus": "#2ca02c"}
+colors = {"quire": "#1f77b4", "floor": "#7f7f7f", "y-websocket": "#ff7f0e", "hocuspocus": "#2ca02c"}
 pts = {s: [(r["offered_per_s"], r["p99_ms"]) for r in rows
            if r.get("label") == s and r.get("scenario") == "search-step"] for s in servers}
 xmax = max([x for p in pts.values() for x, _ in p] + [1])

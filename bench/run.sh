@@ -19,14 +19,22 @@ BENCH="$RELEASE/quire-bench"
 
 if [ "$MODE" = quick ]; then
   DUR=5s; FAN="10 50"; IDLE="2000"; SEARCH_STEPS=4; REFINE=1
+  STORM_CLIENTS=20; SEED_MB=2
 else
   DUR=20s; FAN="10 50 200"; IDLE="2000 5000 10000"; SEARCH_STEPS=10; REFINE=3
+  STORM_CLIENTS=150; SEED_MB=20
 fi
+# The three loads of CPU per update (rooms, clients, updates/s per client): light, medium and
+# the heavy one every earlier run used.
+LOADS="light:200:4:1 medium:100:4:3 heavy:200:4:5"
 
 start_server() { # name port dir -> sets PID
   case "$1" in
     quire) "$RELEASE/quire" serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
-             --log warn >"$3/log" 2>&1 & ;;
+             --log warn $QUIRE_ARGS >"$3/log" 2>&1 & ;;
+    quire-normal) "$RELEASE/quire" serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
+             --log warn --sqlite-synchronous normal >"$3/log" 2>&1 & ;;
+    floor) "$RELEASE/quire-floor" "127.0.0.1:$2" >"$3/log" 2>&1 & ;;
     y-websocket) node bench/peers/y-websocket.mjs "$2" >"$3/log" 2>&1 & ;;
     hocuspocus) node bench/peers/hocuspocus.mjs "$2" "$3/hocuspocus.db" >"$3/log" 2>&1 & ;;
   esac
@@ -46,15 +54,47 @@ run() { # label flavor port dir args...
     --label "$label" 2>&1 | tee -a "$OUT/log.txt" | grep '^{' >> "$RESULTS" || true
 }
 
+QUIRE_ARGS=
 port=4600
-for server in quire y-websocket hocuspocus; do
+# The floor (bench/src/floor.rs: the least a y-websocket server can do, in memory) runs beside
+# the peers; Quire also with synchronous=normal, for the CPU figures.
+for server in floor quire quire-normal y-websocket hocuspocus; do
   flavor=y-websocket; [ "$server" = hocuspocus ] && flavor=hocuspocus
   port=$((port + 1)); dir=$(mktemp -d)
   start_server "$server" "$port" "$dir"
   echo "=== $server (pid $PID) ===" >&2
-  # The same load for every server (the CPU and latency figures compare this run); then, for
-  # Quire only, the same load with a durable-ack request (tag 102) after every update.
-  run "$server" "$flavor" "$port" typing --rooms 200 --clients 4 --rate 5 --duration "$DUR" --prefix typing
+  # The same loads for every server (the CPU and latency figures compare this run), each on a
+  # fresh process; then, for Quire only, the heavy load with a durable-ack request (tag 102)
+  # after every update.
+  for load in $LOADS; do
+    IFS=: read -r name rooms clients rate <<<"$load"
+    stop_server; start_server "$server" "$port" "$dir"
+    run "$server" "$flavor" "$port" typing --rooms "$rooms" --clients "$clients" --rate "$rate" \
+      --duration "$DUR" --prefix "$name"
+  done
+  if [ "$server" = quire-normal ]; then
+    stop_server; rm -rf "$dir"; continue
+  fi
+  # Join storm: the clients open one large document at the same moment (fresh process).
+  stop_server; start_server "$server" "$port" "$dir"
+  run "$server" "$flavor" "$port" storm --clients "$STORM_CLIENTS" --doc-mb "$SEED_MB" --prefix storm
+  if [ "$server" = quire ]; then
+    # The same document after a restart: how long its first client waits for it to load.
+    stop_server; start_server "$server" "$port" "$dir"
+    run quire-restart "$flavor" "$port" storm --clients 1 --doc-mb "$SEED_MB" --no-upload --prefix storm
+  fi
+  # Large document: 4 clients typing into it.
+  stop_server; start_server "$server" "$port" "$dir"
+  run "$server" "$flavor" "$port" typing --rooms 1 --clients 4 --rate 5 --duration "$DUR" \
+    --seed-mb "$SEED_MB" --prefix large
+  if [ "$server" = quire ]; then
+    # ... with a snapshot due every 50 updates, so several are written during the run.
+    stop_server; QUIRE_ARGS="--snapshot-updates 50 --snapshot-log-percent 0"
+    start_server "$server" "$port" "$dir"; QUIRE_ARGS=
+    run quire-snapshots "$flavor" "$port" typing --rooms 1 --clients 4 --rate 5 --duration "$DUR" \
+      --seed-mb "$SEED_MB" --prefix large
+  fi
+  stop_server; start_server "$server" "$port" "$dir"
   if [ "$server" = quire ]; then
     run "$server" "$flavor" "$port" typing --rooms 200 --clients 4 --rate 5 --duration "$DUR" --ack \
       --prefix typingack

@@ -183,6 +183,26 @@ async fn every_scenario_runs_against_quire_and_reports() {
     assert!(i["kib_per_conn"].as_f64().is_some(), "{i}");
     all.extend(idle);
 
+    let storm = bench(server.addr, "storm --clients 6 --doc-mb 0.3 --prefix storm").await;
+    let st = one(&storm, "storm");
+    assert_eq!(st["text_ok"], true, "{st}");
+    assert_eq!(st["short_syncs"], 0, "{st}");
+    assert!(st["p99_ms"].as_f64().is_some_and(|p| p > 0.0), "{st}");
+    assert!(st["peak_rss_kib"].as_u64().is_some(), "{st}");
+    all.extend(storm);
+
+    // Typing into a seeded document: every send is delivered (the seeded document's client
+    // ids are apart from the typing clients').
+    let large = bench(
+        server.addr,
+        "typing --rooms 1 --clients 3 --rate 10 --duration 1s --warmup 0s --seed-mb 0.3 \
+         --prefix large",
+    )
+    .await;
+    let l = one(&large, "typing");
+    assert_eq!(l["complete"], true, "{l}");
+    all.extend(large);
+
     let trace = write_trace(dir.path());
     let trace = trace.to_str().expect("utf-8 path");
     assert!(
@@ -232,6 +252,40 @@ async fn every_scenario_runs_against_quire_and_reports() {
     );
     let table = String::from_utf8_lossy(&report.stdout);
     assert!(table.contains("editing-trace ingest"), "{table}");
+    assert!(table.contains("join storm p99 ms"), "{table}");
     let plot = std::fs::read_to_string(&svg).expect("plot written");
     assert!(plot.contains("<svg"), "an SVG plot");
+}
+
+/// The floor server relays like a y-websocket server: every send delivered, and a join storm
+/// gets the whole document.
+#[tokio::test]
+async fn the_floor_relays_and_answers_a_join_storm() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let mut floor = tokio::process::Command::new(env!("CARGO_BIN_EXE_quire-floor"))
+        .arg(port.to_string())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn quire-floor");
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(port).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let typing = bench(
+        port,
+        "typing --rooms 2 --clients 3 --rate 10 --duration 1s --warmup 0s --prefix typing",
+    )
+    .await;
+    let t = one(&typing, "typing");
+    assert_eq!(t["complete"], true, "{t}");
+    assert_eq!(t["delivered"], t["expected"], "{t}");
+    let storm = bench(port, "storm --clients 6 --doc-mb 0.3 --prefix storm").await;
+    let st = one(&storm, "storm");
+    assert_eq!(st["text_ok"], true, "{st}");
+    assert_eq!(st["short_syncs"], 0, "{st}");
+    let _ = floor.kill().await;
 }
