@@ -151,6 +151,12 @@ for what, get in (
     vals = {s: get(s) for s in two}
     print(f"| {what} | " + " | ".join(fmt(vals[s]) for s in two)
           + f" | {ratio(vals['quire'], vals['y-websocket'])} | |")
+one_core = {s: (pick(f"{s}-1core", "search") or {}).get("best_rate_per_s") for s in two}
+if any(one_core.values()):
+    best = max([v for s, v in one_core.items() if s in peers and v] or [0])
+    print(f"| highest rate with p99 < 50 ms, each server on one core (updates/s) | "
+          + " | ".join(fmt(one_core[s]) for s in two)
+          + f" | {ratio(one_core['quire'], best) if best else ''} (vs best peer) | |")
 snap = pick("quire-snapshots", "typing") or {}
 restart = pick("quire-restart", "storm") or {}
 if snap or restart:
@@ -158,6 +164,24 @@ if snap or restart:
     print(f"Quire, large document with a snapshot every 50 updates: delivery p99 {fmt(snap.get('p99_ms'))} ms, "
           f"max {fmt(snap.get('max_ms'))} ms; first client after a restart synced in "
           f"{fmt(restart.get('p50_ms'))} ms")
+
+# Nodes under the same CPU quota (bench/nodes.sh).
+# (The latest run of each configuration: bench/nodes.sh may be run again for some.)
+nodes = {(n, how): next((r.get("best_rate_per_s") for r in reversed(rows)
+                         if r.get("label") == f"nodes{n}-{how}" and r.get("scenario") == "search"),
+                        None)
+         for n in (1, 2, 3) for how in ("by-document", "spread")}
+if any(nodes.values()):
+    one = nodes[(1, "by-document")]
+    print()
+    print("| nodes (same CPU quota each) | clients of a document on one node | spread over nodes |")
+    print("|---|---|---|")
+    for n in (1, 2, 3):
+        cells = []
+        for how in ("by-document", "spread"):
+            v = nodes[(n, how)]
+            cells.append(f"{fmt(v)} ({ratio(v, one)})" if v and one else fmt(v))
+        print(f"| {n} | " + " | ".join(cells) + " |")
 
 # Plot: p99 against offered load, from the search steps.
 W, H, L, B = 640, 400, 60, 50

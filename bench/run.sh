@@ -28,31 +28,7 @@ fi
 # the heavy one every earlier run used.
 LOADS="light:200:4:1 medium:100:4:3 heavy:200:4:5"
 
-start_server() { # name port dir -> sets PID
-  case "$1" in
-    quire) "$RELEASE/quire" serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
-             --log warn $QUIRE_ARGS >"$3/log" 2>&1 & ;;
-    quire-normal) "$RELEASE/quire" serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
-             --log warn --sqlite-synchronous normal >"$3/log" 2>&1 & ;;
-    floor) "$RELEASE/quire-floor" "127.0.0.1:$2" >"$3/log" 2>&1 & ;;
-    y-websocket) node bench/peers/y-websocket.mjs "$2" >"$3/log" 2>&1 & ;;
-    hocuspocus) node bench/peers/hocuspocus.mjs "$2" "$3/hocuspocus.db" >"$3/log" 2>&1 & ;;
-  esac
-  PID=$!
-  for _ in $(seq 50); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "$1 did not start" >&2; return 1
-}
-
-stop_server() { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; }
-
-run() { # label flavor port dir args...
-  local label=$1 flavor=$2 port=$3; shift 3
-  "$BENCH" "$@" --url "ws://127.0.0.1:$port${URL_PATH:-}" --flavor "$flavor" --server-pid "$PID" \
-    --label "$label" 2>&1 | tee -a "$OUT/log.txt" | grep '^{' >> "$RESULTS" || true
-}
+source bench/servers.sh
 
 QUIRE_ARGS=
 port=4600
@@ -92,7 +68,7 @@ for server in floor quire quire-normal y-websocket hocuspocus; do
     stop_server; QUIRE_ARGS="--snapshot-updates 50 --snapshot-log-percent 0"
     start_server "$server" "$port" "$dir"; QUIRE_ARGS=
     run quire-snapshots "$flavor" "$port" typing --rooms 1 --clients 4 --rate 5 --duration "$DUR" \
-      --seed-mb "$SEED_MB" --prefix large
+      --seed-mb "$SEED_MB" --prefix largesnap
   fi
   stop_server; start_server "$server" "$port" "$dir"
   if [ "$server" = quire ]; then
@@ -136,7 +112,12 @@ rm -rf "$dir"
 
 python3 bench/report.py "$RESULTS" docs/bench-latency.svg
 
-# The version history's figures (Quire only): bench/history.sh, in the full run.
+# The full run only: each server limited to one core (bench/cores.sh), nodes under the same
+# quota (bench/nodes.sh; PostgreSQL and NATS), and the version history's figures (Quire only,
+# bench/history.sh). The two cgroup runs need root; they say so and skip otherwise.
 if [ "$MODE" = full ]; then
+  bench/cores.sh
+  bench/nodes.sh
+  python3 bench/report.py "$RESULTS" docs/bench-latency.svg
   bench/history.sh
 fi

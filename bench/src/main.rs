@@ -138,6 +138,11 @@ struct TypingArgs {
     /// room, so the clients type into it
     #[arg(long)]
     seed_mb: Option<f64>,
+    /// With several URLs (`--url a,b,c`): every client of a document connects to the same
+    /// node, chosen by the document (as a load balancer hashing the path would), instead of
+    /// spreading a document's clients over the nodes
+    #[arg(long)]
+    by_document: bool,
 }
 
 #[derive(clap::Args, Clone)]
@@ -393,7 +398,11 @@ async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
         let doc = format!("{}-{room}", c.prefix);
         for client in 0..args.clients {
             let urls: Vec<&str> = c.url.split(',').collect();
-            let url = urls[(room + client) % urls.len()];
+            let url = if args.by_document {
+                urls[room % urls.len()]
+            } else {
+                urls[(room + client) % urls.len()]
+            };
             let ws = wire::connect(url, &doc, c.flavor)
                 .await
                 .with_context(|| format!("connect {url} {doc}"))?;

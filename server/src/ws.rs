@@ -54,8 +54,9 @@ pub(crate) type Stream = SplitStream<Socket>;
 /// between the fragments of one message.
 pub(crate) struct Fragmenting<S> {
     inner: S,
-    /// The message being fragmented and how much of it has been sent.
-    rest: Option<(Bytes, usize)>,
+    /// The message being fragmented and how much of it has been sent (boxed: an idle
+    /// connection keeps 8 bytes for it, not 40).
+    rest: Option<Box<(Bytes, usize)>>,
 }
 
 impl<S: futures_util::Sink<WsMessage> + Unpin> Fragmenting<S> {
@@ -65,7 +66,8 @@ impl<S: futures_util::Sink<WsMessage> + Unpin> Fragmenting<S> {
 
     /// Hands the pending fragments to the inner sink, as far as it takes them.
     fn poll_fragments(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        while let Some((message, at)) = &mut self.rest {
+        while let Some(rest) = &mut self.rest {
+            let (message, at) = &mut **rest;
             ready!(Pin::new(&mut self.inner).poll_ready(cx))?;
             let end = (*at + FRAGMENT_BYTES).min(message.len());
             let opcode = if *at == 0 {
@@ -99,7 +101,7 @@ impl<S: futures_util::Sink<WsMessage> + Unpin> futures_util::Sink<WsMessage> for
         match item {
             WsMessage::Binary(message) if message.len() > FRAGMENT_BYTES => {
                 // poll_ready returned Ready, so no earlier message is still pending.
-                this.rest = Some((message, 0));
+                this.rest = Some(Box::new((message, 0)));
                 Ok(())
             }
             other => Pin::new(&mut this.inner).start_send(other),

@@ -1,0 +1,29 @@
+# Shared by bench/run.sh and bench/cores.sh (sourced): starting and stopping the servers under
+# test, and running quire-bench against one. Expects RELEASE (the release build directory),
+# BENCH (quire-bench), OUT and RESULTS.
+
+start_server() { # name port dir -> sets PID
+  case "$1" in
+    quire) "$RELEASE/quire" serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
+             --log warn ${QUIRE_ARGS:-} >"$3/log" 2>&1 & ;;
+    quire-normal) "$RELEASE/quire" serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
+             --log warn --sqlite-synchronous normal >"$3/log" 2>&1 & ;;
+    floor) "$RELEASE/quire-floor" "127.0.0.1:$2" >"$3/log" 2>&1 & ;;
+    y-websocket) node bench/peers/y-websocket.mjs "$2" >"$3/log" 2>&1 & ;;
+    hocuspocus) node bench/peers/hocuspocus.mjs "$2" "$3/hocuspocus.db" >"$3/log" 2>&1 & ;;
+  esac
+  PID=$!
+  for _ in $(seq 50); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "$1 did not start" >&2; return 1
+}
+
+stop_server() { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; }
+
+run() { # label flavor port dir args...
+  local label=$1 flavor=$2 port=$3; shift 3
+  "$BENCH" "$@" --url "ws://127.0.0.1:$port${URL_PATH:-}" --flavor "$flavor" --server-pid "$PID" \
+    --label "$label" 2>&1 | tee -a "$OUT/log.txt" | grep '^{' >> "$RESULTS" || true
+}
