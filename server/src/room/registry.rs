@@ -21,6 +21,10 @@ struct Entry {
 
 /// Starts rooms on demand and forgets them when they stop. The mutex guards only the map and
 /// is never held across an `.await`.
+/// Snapshots of large documents encoded away from their rooms at one time (the others wait
+/// their turn while their rooms go on).
+const SNAPSHOT_ENCODERS: usize = 1;
+
 pub struct Registry {
     rooms: Mutex<HashMap<DocName, Entry>>,
     next_generation: AtomicU64,
@@ -34,6 +38,9 @@ pub struct Registry {
     storage_error: Mutex<String>,
     /// The role changes this node has acted on (`crate::changes`).
     pub(crate) changes: crate::changes::Seen,
+    /// Snapshots encoded away from their rooms at one time (each replays a large document:
+    /// several at once would hold that many copies of large documents in memory).
+    pub(crate) snapshot_encoders: Arc<tokio::sync::Semaphore>,
 }
 
 impl Registry {
@@ -69,6 +76,7 @@ impl Registry {
             tracker: TaskTracker::new(),
             storage_error: Mutex::new(String::new()),
             changes: crate::changes::Seen::default(),
+            snapshot_encoders: Arc::new(tokio::sync::Semaphore::new(SNAPSHOT_ENCODERS)),
         })
     }
 

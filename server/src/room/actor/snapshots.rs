@@ -17,7 +17,8 @@ use crate::room::committed::SnapshotSource;
 /// from the room.
 pub(super) const ENCODE_APART_BYTES: u64 = 1 << 20;
 
-/// A snapshot being encoded on a blocking thread.
+/// A snapshot being encoded on a blocking thread (one at a time per process: the registry's
+/// `snapshot_encoders`).
 pub(super) struct Encoding {
     /// The log position the copy ended at, the snapshot version and the bytes logged since
     /// the last snapshot, when it started.
@@ -101,7 +102,13 @@ impl Room {
 
     fn encode_apart(&mut self, source: SnapshotSource) {
         self.registry.metrics.snapshots_encoded_apart.inc();
-        let task = tokio::task::spawn_blocking(move || source.encode());
+        let permits = self.registry.snapshot_encoders.clone();
+        let task = tokio::spawn(async move {
+            let _turn = permits.acquire_owned().await.map_err(|e| e.to_string())?;
+            tokio::task::spawn_blocking(move || source.encode())
+                .await
+                .map_err(|e| format!("the encoding thread failed: {e}"))?
+        });
         self.encoding = Some(Encoding {
             upto_seq: self.last_seq,
             version: self.snapshot_version,
