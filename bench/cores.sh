@@ -6,14 +6,9 @@
 # is removed on exit. Usage: bench/cores.sh [STEPS] [REFINE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=target/bench
-RESULTS="$OUT/results.jsonl"
-mkdir -p "$OUT"
-RELEASE="${CARGO_TARGET_DIR:-target}/release"
-BENCH="$RELEASE/quire-bench"
+source bench/servers.sh
 STEPS="${1:-10}"; REFINE="${2:-3}"
 CPU=/sys/fs/cgroup/cpu
-source bench/servers.sh
 
 if [ ! -w "$CPU" ]; then
   echo "cores.sh: $CPU is not writable (root and cgroup v1 needed); skipped" >&2

@@ -16,6 +16,7 @@ TRACE="${QUIRE_TRACE:-../shared/data/editing-trace.json.gz}"
 cargo build --release -p quire-server -p quire-bench
 RELEASE="${CARGO_TARGET_DIR:-target}/release"
 BENCH="$RELEASE/quire-bench"
+source bench/servers.sh
 PORT=4690
 ADMIN=bench-admin-key-0123456789
 
@@ -24,13 +25,8 @@ start() { # dir flags...
   "$RELEASE/quire" serve --bind "127.0.0.1:$PORT" --database "sqlite://$dir/quire.db" \
     --log warn "$@" >"$dir/log" 2>&1 &
   PID=$!
-  for _ in $(seq 50); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "quire did not start" >&2; return 1
+  wait_port "$PORT" quire
 }
-stop() { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; }
 # The database's bytes once its write-ahead log is folded in, and what its log rows hold.
 size() {
   python3 - "$1/quire.db" <<'PY'
@@ -55,7 +51,7 @@ for round in 1 2 3; do
     "$BENCH" coldload --trace "$TRACE" --prefix cold --url "ws://127.0.0.1:$PORT" \
       --server-pid "$PID" --label "$label" 2>&1 | tee -a "$OUT/history-log.txt" \
       | grep '^{' >> "$RESULTS" || true
-    stop
+    stop_server
     read -r bytes rows data author < <(size "$dir")
     echo "{\"scenario\": \"history-size\", \"label\": \"$label\", \"round\": $round, \"db_bytes\": $bytes, \"log_rows\": $rows, \"log_data_bytes\": $data, \"log_author_bytes\": $author}" \
       | tee -a "$RESULTS"
@@ -68,6 +64,6 @@ start "$dir" --auth-key "k1:bench-history-secret-0123456789" --admin-key "$ADMIN
 "$BENCH" history --trace "$TRACE" --prefix hist --url "ws://127.0.0.1:$PORT" --server-pid "$PID" \
   --label quire --admin-key "$ADMIN" --sessions 100 --pause 300ms 2>&1 \
   | tee -a "$OUT/history-log.txt" | grep '^{' >> "$RESULTS" || true
-stop
+stop_server
 rm -rf "$dir"
 grep -h '"label"' "$RESULTS"

@@ -11,11 +11,7 @@
 # spread" choose the configurations.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=target/bench
-RESULTS="$OUT/results.jsonl"
-mkdir -p "$OUT"
-RELEASE="${CARGO_TARGET_DIR:-target}/release"
-BENCH="$RELEASE/quire-bench"
+source bench/servers.sh
 QUOTA="${1:-0.4}"; STEPS="${2:-10}"; REFINE="${3:-3}"
 PG="${QUIRE_BENCH_PG:-postgres://postgres@127.0.0.1:5432}"
 NATS="${QUIRE_BENCH_NATS:-nats://127.0.0.1:4222}"
@@ -48,10 +44,7 @@ for n in ${NODES:-1 2 3}; do
       "$RELEASE/quire" serve --bind "127.0.0.1:$port" --database "$PG/$DB" --bus "$NATS" \
         --cluster-key "bench-nodes-cluster-key" --node-id "bench-$i" --log warn >"$dir/log" 2>&1 &
       pid=$!; pids+=("$pid")
-      for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-        sleep 0.1
-      done
+      wait_port "$port" "node $i"
       cg="$CPU/quire-bench-node$i"; mkdir -p "$cg"; cgroups+=("$cg")
       echo 100000 > "$cg/cpu.cfs_period_us"; echo "$quota_us" > "$cg/cpu.cfs_quota_us"
       echo "$pid" > "$cg/cgroup.procs"

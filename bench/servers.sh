@@ -1,6 +1,20 @@
-# Shared by bench/run.sh and bench/cores.sh (sourced): starting and stopping the servers under
-# test, and running quire-bench against one. Expects RELEASE (the release build directory),
-# BENCH (quire-bench), OUT and RESULTS.
+# Sourced by the bench scripts (run.sh, cores.sh, nodes.sh, history.sh): where the build and
+# the results are, starting and stopping the servers under test, and running quire-bench
+# against one. Run from the repository's root.
+
+RELEASE="${RELEASE:-${CARGO_TARGET_DIR:-target}/release}"
+BENCH="${BENCH:-$RELEASE/quire-bench}"
+OUT="${OUT:-target/bench}"
+RESULTS="${RESULTS:-$OUT/results.jsonl}"
+mkdir -p "$OUT"
+
+wait_port() { # port name: until something listens on 127.0.0.1:port, at most 10 s
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "$2 did not start" >&2; return 1
+}
 
 start_server() { # name port dir -> sets PID
   case "$1" in
@@ -13,11 +27,7 @@ start_server() { # name port dir -> sets PID
     hocuspocus) node bench/peers/hocuspocus.mjs "$2" "$3/hocuspocus.db" >"$3/log" 2>&1 & ;;
   esac
   PID=$!
-  for _ in $(seq 50); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "$1 did not start" >&2; return 1
+  wait_port "$2" "$1"
 }
 
 stop_server() { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; }

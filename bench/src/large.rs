@@ -212,7 +212,9 @@ pub async fn storm(args: StormArgs) -> anyhow::Result<()> {
         let _ = lat.record(took.as_micros().max(1) as u64);
         sockets.push(ws);
     }
-    let peak = c.server_pid.and_then(peak_rss_kib);
+    let peak = c
+        .server_pid
+        .and_then(|pid| crate::proc_status_kib(pid, "VmHWM:"));
     let bench_cpu = crate::own_cpu_seconds() - cpu0;
     let server_cpu = c
         .server_pid
@@ -257,16 +259,6 @@ pub async fn storm(args: StormArgs) -> anyhow::Result<()> {
         })
     );
     Ok(())
-}
-
-/// Peak resident set size of a process in KiB (VmHWM), from /proc (Linux).
-fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
 }
 
 #[cfg(test)]

@@ -1201,10 +1201,15 @@ fn process_cpu_seconds(pid: u32) -> Option<f64> {
 
 /// Resident set size of a process in KiB, from /proc (Linux).
 fn process_rss_kib(pid: u32) -> Option<u64> {
+    proc_status_kib(pid, "VmRSS:")
+}
+
+/// A KiB field of a process's /proc status (`VmRSS:`, `VmHWM:`), Linux.
+pub(crate) fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
 }

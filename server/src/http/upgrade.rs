@@ -221,8 +221,7 @@ mod tests {
         );
         let plain = axum::http::Request::get("/doc");
         assert_eq!(check(&mut parts(plain)).err(), Some(NOT_A_WEBSOCKET));
-        let old = upgrade_request().header(header::SEC_WEBSOCKET_VERSION, "8");
-        let mut old = parts(old);
+        let mut old = parts(upgrade_request());
         old.headers
             .insert(header::SEC_WEBSOCKET_VERSION, HeaderValue::from_static("8"));
         assert_eq!(

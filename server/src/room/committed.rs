@@ -48,6 +48,19 @@ pub(super) fn replay<'a>(
     Ok(doc)
 }
 
+/// Rows stored back to back in `data`, each given by its sequence number and where it ends.
+fn split_rows<'a>(
+    data: &'a [u8],
+    rows: &'a [(i64, usize)],
+) -> impl Iterator<Item = (i64, &'a [u8])> + 'a {
+    let mut start = 0;
+    rows.iter().map(move |&(seq, end)| {
+        let row = &data[start..end];
+        start = end;
+        (seq, row)
+    })
+}
+
 /// The committed state at one position, owned, to encode a snapshot from on a blocking
 /// thread while the room goes on ([`CommittedCopy::source`]).
 pub(super) struct SnapshotSource {
@@ -61,13 +74,7 @@ impl SnapshotSource {
     /// replay, if an update in it waits on missing dependencies (yrs may panic encoding
     /// that; see the room's `spawn_snapshot`), or if encoding panics all the same.
     pub(super) fn encode(self) -> Result<Vec<u8>, String> {
-        let mut start = 0;
-        let rows = self.rows.iter().map(|&(seq, end)| {
-            let row = &self.data[start..end];
-            start = end;
-            (seq, row)
-        });
-        let doc = replay(self.snapshot.as_deref(), rows)?;
+        let doc = replay(self.snapshot.as_deref(), split_rows(&self.data, &self.rows))?;
         if doc.transact().has_missing_updates() {
             return Err("an update waits on missing dependencies".into());
         }
@@ -203,13 +210,7 @@ impl CommittedCopy {
 
     fn view(&mut self) -> Option<&mut View> {
         if self.view.is_none() && !self.given_up && !self.unreplayable {
-            let mut start = 0;
-            let rows = self.rows.iter().map(|&(seq, end)| {
-                let row = &self.data[start..end];
-                start = end;
-                (seq, row)
-            });
-            match replay(self.snapshot.as_deref(), rows) {
+            match replay(self.snapshot.as_deref(), split_rows(&self.data, &self.rows)) {
                 Ok(doc) => self.view = Some(View { doc, whole: None }),
                 Err(e) => {
                     warn!(error = %e, "the committed copy does not replay; reads wait for the commit");
