@@ -106,7 +106,7 @@ pub fn routes(app: &AppState) -> Router<AppState> {
         crate::storage::history::VersionKind, history::CreateVersion, history::DiffView,
         crate::history::TextDiff, crate::history::Run, history::Restored, history::Fork
     )),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &HeaderValues),
     security(("bearer" = []))
 )]
 pub struct ApiDoc;
@@ -126,6 +126,42 @@ impl utoipa::Modify for BearerAuth {
                     .build(),
             ),
         );
+    }
+}
+
+/// Every header parameter (Idempotency-Key, If-Match) is a string of 1 to 255 visible ASCII
+/// characters: what an HTTP header can carry and what the server accepts. Derived from
+/// `Option<String>` they would read as nullable strings of any characters, which no client can
+/// send (and a generator such as schemathesis then throws most of its inputs away).
+struct HeaderValues;
+
+impl utoipa::Modify for HeaderValues {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::ParameterIn;
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            let parameters = operations
+                .into_iter()
+                .flatten()
+                .flat_map(|op| op.parameters.iter_mut().flatten());
+            for parameter in parameters {
+                if matches!(parameter.parameter_in, ParameterIn::Header) {
+                    let schema = ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .pattern(Some("^[!-~]{1,255}$"))
+                        .min_length(Some(1))
+                        .max_length(Some(255));
+                    parameter.schema = Some(schema.into());
+                }
+            }
+        }
     }
 }
 
