@@ -143,7 +143,7 @@ pub async fn apply_change(bus: Option<&Bus>, registry: &Registry, name: &DocName
     if let Some(room) = registry.get(name) {
         let close = RoomCmd::Close {
             filter,
-            reason,
+            reason: Box::new(reason),
             unload,
         };
         let _ = room.command(close).await;

@@ -827,7 +827,7 @@ impl SessionTask {
                 Ok::<_, ()>(t)
             },
         ));
-        let who = (&name, peer, auth);
+        let who = (&name, peer, Box::new(auth));
         let outcome = ws::run_peer(&mut sink, &mut stream, who, Some(&mut reauth), &app, &seen)
             .instrument(span)
             .await;

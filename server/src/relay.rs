@@ -433,6 +433,7 @@ pub async fn serve_remote(bus: Arc<Bus>, registry: Arc<Registry>, open: RemoteOp
                 Some(RemoteIn::Reauth(mut auth)) => {
                     auth.hocuspocus = hocuspocus;
                     let (reply, _) = tokio::sync::oneshot::channel();
+                    let auth = Box::new(auth);
                     let reauth = crate::room::RoomCmd::Reauth { peer, auth, reply };
                     if room.command(reauth).await.is_err() {
                         break Some(queue::closed_reason());

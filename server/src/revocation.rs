@@ -27,7 +27,7 @@ pub async fn apply(app: &AppState, r: &Revocation) {
         for filter in filters.iter().flatten() {
             let cmd = RoomCmd::Close {
                 filter: filter.clone(),
-                reason: CloseReason::new(close::FORBIDDEN, "access revoked"),
+                reason: Box::new(CloseReason::new(close::FORBIDDEN, "access revoked")),
                 unload: false,
             };
             let room = room.clone();

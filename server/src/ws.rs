@@ -27,7 +27,7 @@ use crate::limits::PeerRates;
 use crate::relay::{next_auth, relay_to_owner, Reauth};
 use crate::room::join::{join, join_close, next_peer_id, to_peer_msgs};
 use crate::room::queue::{self, Next, QueueRx};
-use crate::room::{CloseReason, DocName, JoinError, PeerAuth, RoomCmd, RoomHandle};
+use crate::room::{CloseReason, DocName, JoinError, PeerAuth, RoomCmd, RoomHandle, TrySend};
 use crate::AppState;
 
 /// How long a close frame may take to leave before the socket is dropped.
@@ -145,7 +145,9 @@ pub fn serve(socket: Socket, conn: Box<Conn>) -> impl Future<Output = ()> + Send
 /// a box it has handed on costs 8 bytes there instead of 144.
 pub struct Conn {
     pub name: DocName,
-    pub auth: PeerAuth,
+    /// Boxed: a connection's future holds it in three places (here, the connection and its
+    /// peer), 8 bytes each instead of 72.
+    pub auth: Box<PeerAuth>,
     pub app: AppState,
 }
 
@@ -174,7 +176,7 @@ fn serve_inner(
     mut stream: Stream,
     name: DocName,
     peer: u64,
-    auth: PeerAuth,
+    auth: Box<PeerAuth>,
     app: AppState,
 ) -> impl Future<Output = CloseReason> + Send {
     async move {
@@ -199,7 +201,7 @@ fn serve_inner(
 pub(crate) async fn run_peer<S, R>(
     sink: &mut S,
     stream: &mut R,
-    (name, peer, auth): (&DocName, u64, PeerAuth),
+    (name, peer, auth): (&DocName, u64, Box<PeerAuth>),
     mut reauth: Option<&mut Reauth>,
     app: &AppState,
     seen: &LastSeen,
@@ -210,13 +212,13 @@ where
 {
     // Boxed: joining happens once, and its future is larger than the rest of the
     // connection's.
-    let (room, out_rx) = match Box::pin(join(&app.registry, name, peer, auth.clone())).await {
+    let (room, out_rx) = match Box::pin(join(&app.registry, name, peer, (*auth).clone())).await {
         Ok(joined) => joined,
         Err(JoinError::Elsewhere) if app.bus.is_some() => {
             // Another node owns the document: relay this client to it through the bus.
             return match &app.bus {
                 Some(bus) => {
-                    let who = (name, peer, auth);
+                    let who = (name, peer, *auth);
                     Box::pin(relay_to_owner(sink, stream, who, reauth, app, bus)).await
                 }
                 None => None,
@@ -233,17 +235,26 @@ where
         }
     }
     let reauthing = async {
-        loop {
-            let auth = next_auth(&mut reauth).await;
-            let (reply, _) = tokio::sync::oneshot::channel();
-            if room
-                .command(RoomCmd::Reauth { peer, auth, reply })
-                .await
-                .is_err()
-            {
-                return queue::closed_reason();
-            }
+        if reauth.is_none() {
+            // A y-websocket client never refreshes its credentials.
+            return std::future::pending().await;
         }
+        // Boxed: passing a refresh to the room takes more room than the rest of an idle
+        // connection's future, and only Hocuspocus documents need it.
+        Box::pin(async {
+            loop {
+                let auth = Box::new(next_auth(&mut reauth).await);
+                let (reply, _) = tokio::sync::oneshot::channel();
+                if room
+                    .command(RoomCmd::Reauth { peer, auth, reply })
+                    .await
+                    .is_err()
+                {
+                    return queue::closed_reason();
+                }
+            }
+        })
+        .await
     };
     let outcome = tokio::select! {
         r = read_frames(stream, &room, peer, app, seen) => r,
@@ -312,7 +323,19 @@ where
                     debug!(reason = %reason.reason, "rate limit exceeded");
                     return Some(reason);
                 }
-                if !msgs.is_empty() && room.send(peer, msgs, data.len()).await.is_err() {
+                // At once when the room has room (the usual case); the wait is boxed, so an
+                // idle connection's future has no room for it.
+                let sent = match msgs.is_empty() {
+                    true => Ok(()),
+                    false => match room.try_send(peer, msgs, data.len()) {
+                        Ok(()) => Ok(()),
+                        Err(TrySend::Full(msgs)) => {
+                            Box::pin(room.send(peer, msgs, data.len())).await
+                        }
+                        Err(TrySend::Closed) => Err(()),
+                    },
+                };
+                if sent.is_err() {
                     return Some(CloseReason::new(
                         close::INTERNAL,
                         "document closed, reconnect",

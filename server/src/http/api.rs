@@ -23,7 +23,7 @@ use super::error::{etag, ApiError, Problem};
 use super::history;
 use crate::auth::{Permission, Principal};
 use crate::bus::Change;
-use crate::room::{ApplyError, DocName, RoomCmd};
+use crate::room::{ApplyCmd, ApplyError, DocName, RoomCmd};
 use crate::storage::api::{
     DeadEvent, DocMeta, DocPatch, DocQuery, OutboxEvent, Revocation, Role, UserPatch, UserProfile,
     Versioned,
@@ -636,15 +636,17 @@ async fn post_update(
     })?;
     // An Update is consumed by the room; decode a fresh one if a retry is needed.
     let mut first = Some(update);
-    let result = ask_room(&app, &doc.name, |reply| RoomCmd::Apply {
-        raw: body.clone(),
-        update: first
-            .take()
-            .or_else(|| Update::decode_v1(&body).ok())
-            .unwrap_or_else(Update::new),
-        reply,
-        author: Some(principal.user.as_str().into()),
-        budget: None,
+    let result = ask_room(&app, &doc.name, |reply| {
+        RoomCmd::Apply(Box::new(ApplyCmd {
+            raw: body.clone(),
+            update: first
+                .take()
+                .or_else(|| Update::decode_v1(&body).ok())
+                .unwrap_or_else(Update::new),
+            reply,
+            author: Some(principal.user.as_str().into()),
+            budget: None,
+        }))
     })
     .await?;
     let seq = applied(result, |e| ApiError::bad_request("invalid-update", e))?;

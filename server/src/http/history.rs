@@ -22,7 +22,7 @@ use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::auth::{Permission, Principal};
 use crate::history::{self, Session, TextDiff};
-use crate::room::{DocName, RoomCmd};
+use crate::room::{ApplyCmd, DocName, RoomCmd};
 use crate::storage::api::DocMeta;
 use crate::storage::history::{NewVersion, StateAt, Version, VersionDelete, VersionKind};
 use crate::AppState;
@@ -498,12 +498,14 @@ async fn apply(
 ) -> ApiResult<i64> {
     let raw = bytes::Bytes::from(update);
     let author: std::sync::Arc<str> = principal.user.as_str().into();
-    let result = ask_room(app, &doc.name, |reply| RoomCmd::Apply {
-        raw: raw.clone(),
-        update: Update::decode_v1(&raw).unwrap_or_else(|_| Update::new()),
-        reply,
-        author: Some(author.clone()),
-        budget: None,
+    let result = ask_room(app, &doc.name, |reply| {
+        RoomCmd::Apply(Box::new(ApplyCmd {
+            raw: raw.clone(),
+            update: Update::decode_v1(&raw).unwrap_or_else(|_| Update::new()),
+            reply,
+            author: Some(author.clone()),
+            budget: None,
+        }))
     })
     .await?;
     applied(result, stored_invalid)

@@ -385,7 +385,7 @@ async fn document_socket(
     let tracker = app.connections.clone();
     let conn = Box::new(crate::ws::Conn {
         name,
-        auth,
+        auth: Box::new(auth),
         app: app.clone(),
     });
     ws.config(socket_config(&app.config.limits))

@@ -41,8 +41,8 @@ use super::awareness::AwarenessTable;
 use super::committed::{self, CommittedCopy};
 use super::queue::{Answer, QueueTx, SendError};
 use super::{
-    ApplyError, CloseReason, DocName, JoinError, PeerAuth, PeerFilter, PeerId, PeerLink, PeerMsg,
-    Registry, RoomCmd,
+    ApplyCmd, ApplyError, CloseReason, DocName, JoinError, PeerAuth, PeerFilter, PeerId, PeerLink,
+    PeerMsg, Registry, RoomCmd,
 };
 use crate::close;
 use crate::protocol;
@@ -541,7 +541,7 @@ impl Room {
     fn handle(&mut self, cmd: RoomCmd) -> Option<Exit> {
         match cmd {
             RoomCmd::Join { peer, reply } => {
-                let result = self.join(peer);
+                let result = self.join(*peer);
                 let _ = reply.send(result);
             }
             // The frame's budget goes back when this arm ends: its updates are counted in
@@ -561,22 +561,25 @@ impl Room {
                 reason,
                 unload,
             } => {
-                self.close_matching(&filter, reason);
+                self.close_matching(&filter, *reason);
                 if unload {
                     return Some(Exit::Deleted);
                 }
             }
             RoomCmd::ReadUpdate { since, reply } => self.read_update(since, reply),
             RoomCmd::ReadJson { reply } => self.read_json(reply),
-            RoomCmd::Apply {
-                raw,
-                update,
-                reply,
-                author,
-                ..
-            } => self.apply_from_http(raw, update, reply, author),
+            RoomCmd::Apply(apply) => {
+                let ApplyCmd {
+                    raw,
+                    update,
+                    reply,
+                    author,
+                    ..
+                } = *apply;
+                self.apply_from_http(raw, update, reply, author);
+            }
             RoomCmd::Reauth { peer, auth, reply } => {
-                let _ = reply.send(self.reauth(peer, auth));
+                let _ = reply.send(self.reauth(peer, *auth));
             }
             RoomCmd::Stateless { payload, reply } => {
                 let _ = reply.send(self.send_stateless(&payload));
@@ -647,7 +650,10 @@ mod tests {
             .expect("join");
         let close = RoomCmd::Close {
             filter: PeerFilter::UserBefore("ann".into(), 5),
-            reason: CloseReason::new(close::FORBIDDEN, "access changed; reconnect"),
+            reason: Box::new(CloseReason::new(
+                close::FORBIDDEN,
+                "access changed; reconnect",
+            )),
             unload: false,
         };
         room.command(close).await.expect("close");
