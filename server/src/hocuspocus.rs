@@ -41,7 +41,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tracing::{debug, info_span, warn, Instrument};
+use tracing::{debug, debug_span, info_span, warn, Instrument};
 
 use crate::auth::Principal;
 use crate::close;
@@ -809,7 +809,8 @@ impl SessionTask {
             ended,
         } = self;
         let _counted = Counted::new(&app.metrics.hocuspocus_documents);
-        let span = info_span!("doc", doc = %name, peer);
+        // At debug, like a y-websocket connection's (`ws::serve`).
+        let span = debug_span!("doc", doc = %name, peer);
         let mut stream = futures_util::stream::poll_fn(move |cx| {
             rx.poll_recv(cx)
                 .map(|frame| frame.map(|f| Ok::<_, WsError>(WsMessage::Binary(f))))

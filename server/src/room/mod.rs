@@ -185,9 +185,11 @@ pub enum PeerMsg {
     DurableAck(Bytes),
 }
 
+/// A command to a room.
 ///
 /// Every room's inbox holds its commands by value, in blocks of 32: the variants that carry
-/// much are boxed, so a command is no larger than the frequent `Messages` (48 bytes, not 136).
+/// much are boxed, so a command is the frequent `Messages` and its tag (56 bytes on 64-bit
+/// targets, not 136).
 pub enum RoomCmd {
     Join {
         peer: Box<PeerLink>,
@@ -445,16 +447,17 @@ mod tests {
         assert!(DocName::parse(&ok).is_ok());
     }
 }
+
 #[cfg(test)]
 mod size {
     use super::*;
 
-    /// A room's inbox holds its commands by value in blocks of 32, two per busy room: 7 KiB
+    /// A room's inbox holds its commands by value in blocks of 32, two per busy room: 8.7 KiB
     /// per room at 136 bytes a command, which is 440 bytes per connection with 20 on a room.
     #[test]
-    fn a_room_command_is_no_larger_than_a_frames_messages() {
+    fn a_room_command_is_a_frames_messages_and_a_tag() {
         let messages = std::mem::size_of::<(PeerId, Vec<PeerMsg>, Option<OwnedSemaphorePermit>)>();
-        assert_eq!(messages, 48);
-        assert!(std::mem::size_of::<RoomCmd>() <= messages + 8);
+        let tag = std::mem::size_of::<usize>();
+        assert!(std::mem::size_of::<RoomCmd>() <= messages + tag);
     }
 }
