@@ -4,7 +4,8 @@
 # cpu.cfs_quota_us, default 0.4 core), clients spread over the nodes two ways: every client
 # of a document on one node, as a load balancer hashing the path would (`--by-document`), and
 # a document's clients on different nodes (client c of room r on node (r + c) mod n), so the
-# owner relays to the others. Appends to target/bench/results.jsonl (labels "nodes<N>-<how>").
+# owner relays to the others. Appends to target/bench/results.jsonl (labels "nodes<N>-<how>",
+# with "-q<QUOTA>" when the quota is not 0.4).
 # Needs root, the cgroup v1 cpu controller, PostgreSQL (QUIRE_BENCH_PG, default
 # postgres://postgres@127.0.0.1:5432) and NATS (QUIRE_BENCH_NATS, default nats://127.0.0.1:4222).
 # Usage: bench/nodes.sh [QUOTA_CORES] [STEPS] [REFINE]; NODES="1 2 3" and HOWS="by-document
@@ -22,6 +23,8 @@ if [ ! -w "$CPU" ]; then
   exit 0
 fi
 quota_us=$(python3 -c "print(int($QUOTA * 100000))")
+# Labels name the quota when it is not the default 0.4 core.
+suffix=; [ "$QUOTA" = 0.4 ] || suffix="-q$QUOTA"
 pids=(); cgroups=()
 stop_nodes() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -55,7 +58,7 @@ for n in ${NODES:-1 2 3}; do
     echo "=== $n node(s), $QUOTA core each, clients $how ===" >&2
     "$BENCH" search --rooms 50 --clients 4 --rate 3 --step 1.6 --steps "$STEPS" \
       --refine "$REFINE" --duration 8s --warmup 2s --prefix "n$n$how" $flag --url "$url" \
-      --label "nodes$n-$how" 2>&1 | tee -a "$OUT/log.txt" | grep '^{' >> "$RESULTS" || true
+      --label "nodes$n-$how$suffix" 2>&1 | tee -a "$OUT/log.txt" | grep '^{' >> "$RESULTS" || true
     stop_nodes
   done
 done

@@ -183,6 +183,17 @@ if any(nodes.values()):
             cells.append(f"{fmt(v)} ({ratio(v, one)})" if v and one else fmt(v))
         print(f"| {n} | " + " | ".join(cells) + " |")
 
+# The same with a smaller quota (bench/nodes.sh 0.25, by document), which leaves the machine
+# room for the generator, PostgreSQL and NATS.
+small = {n: next((r.get("best_rate_per_s") for r in reversed(rows)
+                  if r.get("label") == f"nodes{n}-by-document-q0.25" and r.get("scenario") == "search"),
+                 None)
+         for n in (1, 3)}
+if small[1] and small[3]:
+    print()
+    print(f"nodes at 0.25 core each, by document: 1 node {fmt(small[1])}, 3 nodes {fmt(small[3])} "
+          f"({ratio(small[3], small[1])})")
+
 # Plot: p99 against offered load, from the search steps.
 W, H, L, B = 640, 400, 60, 50
 colors = {"quire": "#1f77b4", "floor": "#7f7f7f", "y-websocket": "#ff7f0e", "hocuspocus": "#2ca02c"}
