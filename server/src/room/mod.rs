@@ -238,8 +238,8 @@ pub enum RoomCmd {
 }
 
 /// Why [`RoomHandle::try_send`] did not queue a frame's messages.
-pub enum TrySend {
-    /// No room now: the messages, to send with [`RoomHandle::send`].
+enum TrySend {
+    /// No room now: the messages, to send after a wait.
     Full(Vec<PeerMsg>),
     /// The room has stopped.
     Closed,
@@ -319,42 +319,36 @@ impl RoomHandle {
     /// Sends a peer's messages, decoded from a frame of `bytes` bytes. Waits while the room's
     /// queue is full, in messages or in bytes (backpressure on that peer's socket). Fails only
     /// if the room has stopped.
+    ///
+    /// Queued at once when the budget and the queue allow (the usual case); only the wait is
+    /// boxed, so the returned future, which every connection's reader holds, stays small.
     pub fn send(
         &self,
         peer: PeerId,
         msgs: Vec<PeerMsg>,
         bytes: usize,
     ) -> impl Future<Output = Result<(), ()>> + Send + '_ {
-        let n = u32::try_from(bytes)
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.budget_max);
-        // At once if the budget allows (the usual case); the wait is boxed, like the
-        // channel's below, to keep every connection's future small.
-        let permit = match self.budget.clone().try_acquire_many_owned(n) {
-            Ok(permit) => Ok(permit),
-            Err(_) => Err(Box::pin(self.budget.clone().acquire_many_owned(n))),
+        let waiting = match self.try_send(peer, msgs, bytes) {
+            Ok(()) => Ok(None),
+            Err(TrySend::Full(msgs)) => Ok(Some(Box::pin(self.send_waiting(peer, msgs, bytes)))),
+            Err(TrySend::Closed) => Err(()),
         };
         async move {
-            let budget = match permit {
-                Ok(permit) => permit,
-                Err(wait) => wait.await.map_err(|_| ())?,
-            };
-            self.send_cmd(RoomCmd::Messages {
-                peer,
-                msgs,
-                budget: Some(budget),
-            })
-            .await
+            match waiting? {
+                None => Ok(()),
+                Some(wait) => wait.await,
+            }
         }
     }
 
     /// [`RoomHandle::send`] if it need not wait: `Full` gives the messages back when the
-    /// room's budget or queue has no room now (then `send` waits for it).
-    pub fn try_send(&self, peer: PeerId, msgs: Vec<PeerMsg>, bytes: usize) -> Result<(), TrySend> {
-        let n = u32::try_from(bytes)
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.budget_max);
-        let Ok(budget) = self.budget.clone().try_acquire_many_owned(n) else {
+    /// room's budget or queue has no room now.
+    fn try_send(&self, peer: PeerId, msgs: Vec<PeerMsg>, bytes: usize) -> Result<(), TrySend> {
+        let Ok(budget) = self
+            .budget
+            .clone()
+            .try_acquire_many_owned(self.budget_units(bytes))
+        else {
             return Err(TrySend::Full(msgs));
         };
         let cmd = RoomCmd::Messages {
@@ -369,6 +363,28 @@ impl RoomHandle {
             }
             Err(_) => Err(TrySend::Closed),
         }
+    }
+
+    /// [`RoomHandle::send`]'s wait: for the budget, then for a place in the queue.
+    async fn send_waiting(&self, peer: PeerId, msgs: Vec<PeerMsg>, bytes: usize) -> Result<(), ()> {
+        let budget = self
+            .budget
+            .clone()
+            .acquire_many_owned(self.budget_units(bytes));
+        let budget = budget.await.map_err(|_| ())?;
+        let cmd = RoomCmd::Messages {
+            peer,
+            msgs,
+            budget: Some(budget),
+        };
+        self.tx.send(cmd).await.map_err(|_| ())
+    }
+
+    /// A frame's or an update's share of the room's inbound byte budget.
+    fn budget_units(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes)
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.budget_max)
     }
 
     pub async fn leave(&self, peer: PeerId) {
@@ -396,9 +412,7 @@ impl RoomHandle {
     pub async fn command(&self, mut cmd: RoomCmd) -> Result<(), JoinError> {
         // An update sent over HTTP waits for the room's inbound budget like a socket's frame.
         if let RoomCmd::Apply(apply) = &mut cmd {
-            let n = u32::try_from(apply.raw.len())
-                .unwrap_or(u32::MAX)
-                .clamp(1, self.budget_max);
+            let n = self.budget_units(apply.raw.len());
             let permit = self.budget.clone().acquire_many_owned(n).await;
             apply.budget = Some(permit.map_err(|_| JoinError::Gone)?);
         }
