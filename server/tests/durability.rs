@@ -110,8 +110,9 @@ async fn compaction_keeps_the_content_and_shrinks_the_log() {
     assert_eq!(log_rows(db, "compact").await, 5);
     let pool = open_db(db).await;
     let (seq, size): (i64, i64) = sqlx::query_as(
-        "SELECT d.snapshot_seq, CAST(length(s.snapshot) AS BIGINT) FROM documents d \
-         JOIN doc_snapshots s ON s.doc_id = d.id WHERE d.name = 'compact'",
+        "SELECT d.snapshot_seq, CAST(SUM(length(p.bytes)) AS BIGINT) FROM documents d \
+         JOIN doc_snapshot_parts p ON p.doc_id = d.id AND p.generation = d.snapshot_generation \
+         WHERE d.name = 'compact' GROUP BY d.snapshot_seq",
     )
     .fetch_one(&pool)
     .await
@@ -228,13 +229,25 @@ async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
         let id = seen_by_a.id;
         let (ra, rb) = match order {
             "a-first" => {
-                let ra = a.write_snapshot(id, None, v, snap_a, 4).await.expect("a");
-                let rb = b.write_snapshot(id, None, v, snap_b, 3).await.expect("b");
+                let ra = a
+                    .write_snapshot(id, None, v, snap_a.into(), 4)
+                    .await
+                    .expect("a");
+                let rb = b
+                    .write_snapshot(id, None, v, snap_b.into(), 3)
+                    .await
+                    .expect("b");
                 (ra, rb)
             }
             "b-first" => {
-                let rb = b.write_snapshot(id, None, v, snap_b, 3).await.expect("b");
-                let ra = a.write_snapshot(id, None, v, snap_a, 4).await.expect("a");
+                let rb = b
+                    .write_snapshot(id, None, v, snap_b.into(), 3)
+                    .await
+                    .expect("b");
+                let ra = a
+                    .write_snapshot(id, None, v, snap_a.into(), 4)
+                    .await
+                    .expect("a");
                 (ra, rb)
             }
             _ => {
@@ -243,11 +256,11 @@ async fn two_snapshot_writers_forced_to_interleave_lose_no_data() {
                 let (sa, sb) = (a.clone(), b.clone());
                 let ta = tokio::spawn(async move {
                     ba.wait().await;
-                    sa.write_snapshot(id, None, v, snap_a, 4).await
+                    sa.write_snapshot(id, None, v, snap_a.into(), 4).await
                 });
                 let tb = tokio::spawn(async move {
                     bb.wait().await;
-                    sb.write_snapshot(id, None, v, snap_b, 3).await
+                    sb.write_snapshot(id, None, v, snap_b.into(), 3).await
                 });
                 (
                     ta.await.expect("join").expect("a"),
@@ -341,14 +354,15 @@ async fn a_failed_load_refuses_with_1011_and_never_overwrites_stored_data() {
 
     let pool = open_db(db).await;
     let (good,): (Vec<u8>,) = sqlx::query_as(
-        "SELECT snapshot FROM doc_snapshots \
-             WHERE doc_id = (SELECT id FROM documents WHERE name = 'fragile')",
+        "SELECT bytes FROM doc_snapshot_parts p JOIN documents d \
+             ON p.doc_id = d.id AND p.generation = d.snapshot_generation \
+             WHERE d.name = 'fragile'",
     )
     .fetch_one(&pool)
     .await
     .expect("snapshot");
     sqlx::query(
-        "UPDATE doc_snapshots SET snapshot = $1 \
+        "UPDATE doc_snapshot_parts SET bytes = $1 \
          WHERE doc_id = (SELECT id FROM documents WHERE name = 'fragile')",
     )
     .bind(vec![0xffu8; 4])
@@ -366,8 +380,9 @@ async fn a_failed_load_refuses_with_1011_and_never_overwrites_stored_data() {
     assert_eq!(again.wait_closed().await, Some(1011));
     assert!(server.metric("quire_room_load_failures_total").await >= 1.0);
     let (still,): (Vec<u8>,) = sqlx::query_as(
-        "SELECT snapshot FROM doc_snapshots \
-             WHERE doc_id = (SELECT id FROM documents WHERE name = 'fragile')",
+        "SELECT bytes FROM doc_snapshot_parts p JOIN documents d \
+             ON p.doc_id = d.id AND p.generation = d.snapshot_generation \
+             WHERE d.name = 'fragile'",
     )
     .fetch_one(&pool)
     .await
@@ -376,7 +391,7 @@ async fn a_failed_load_refuses_with_1011_and_never_overwrites_stored_data() {
 
     // Repair, wait out the retry delay, and the document loads.
     sqlx::query(
-        "UPDATE doc_snapshots SET snapshot = $1 \
+        "UPDATE doc_snapshot_parts SET bytes = $1 \
          WHERE doc_id = (SELECT id FROM documents WHERE name = 'fragile')",
     )
     .bind(&good)
@@ -438,7 +453,13 @@ async fn a_conflicting_append_fails_alone_in_a_group_commit() {
         .transact()
         .encode_state_as_update_v2(&StateVector::default());
     store
-        .write_snapshot(stale_doc.id, None, stale_doc.snapshot_version, snap, 1)
+        .write_snapshot(
+            stale_doc.id,
+            None,
+            stale_doc.snapshot_version,
+            snap.into(),
+            1,
+        )
         .await
         .expect("snapshot");
     let mut ids = Vec::new();
@@ -491,7 +512,8 @@ async fn a_stale_append_racing_a_snapshot_is_refused_or_kept_never_lost() {
         let other = text_update(2, &Doc::new(), "b");
         let (s1, s2) = (store.clone(), store.clone());
         let (id, v) = (d.id, d.snapshot_version);
-        let snapshot = tokio::spawn(async move { s1.write_snapshot(id, None, v, snap, 1).await });
+        let snapshot =
+            tokio::spawn(async move { s1.write_snapshot(id, None, v, snap.into(), 1).await });
         let stale = tokio::spawn(async move { s2.append(id, None, 1, vec![other.into()]).await });
         snapshot.await.expect("join").expect("snapshot");
         let stale = stale.await.expect("join");
@@ -510,18 +532,24 @@ async fn a_stale_append_racing_a_snapshot_is_refused_or_kept_never_lost() {
 /// The text storage holds for `name` now: its snapshot and the log rows after it, replayed.
 async fn stored_text(db: &std::path::Path, name: &str) -> String {
     let pool = open_db(db).await;
-    let (id, seq): (i64, i64) =
-        sqlx::query_as("SELECT id, snapshot_seq FROM documents WHERE name = $1")
-            .bind(name)
-            .fetch_one(&pool)
-            .await
-            .expect("row");
+    let (id, seq, generation): (i64, i64, Option<i64>) = sqlx::query_as(
+        "SELECT id, snapshot_seq, snapshot_generation FROM documents WHERE name = $1",
+    )
+    .bind(name)
+    .fetch_one(&pool)
+    .await
+    .expect("row");
+    let parts: Vec<(Vec<u8>,)> = sqlx::query_as(
+        "SELECT bytes FROM doc_snapshot_parts WHERE doc_id = $1 AND generation = $2 \
+         ORDER BY part",
+    )
+    .bind(id)
+    .bind(generation)
+    .fetch_all(&pool)
+    .await
+    .expect("snapshot");
     let snapshot: Option<(Vec<u8>,)> =
-        sqlx::query_as("SELECT snapshot FROM doc_snapshots WHERE doc_id = $1")
-            .bind(id)
-            .fetch_optional(&pool)
-            .await
-            .expect("snapshot");
+        generation.map(|_| (parts.into_iter().flat_map(|(b,)| b).collect(),));
     let rows: Vec<(Vec<u8>,)> =
         sqlx::query_as("SELECT data FROM doc_updates WHERE doc_id = $1 AND seq > $2 ORDER BY seq")
             .bind(id)
@@ -592,4 +620,103 @@ async fn snapshots_encoded_while_appends_go_on_lose_no_row() {
         text.len()
     );
     server.stop().await;
+}
+
+/// A snapshot staged in parts is read back whole once written; a staged snapshot missing a
+/// part is refused and changes nothing; the write deletes every other generation (the
+/// previous snapshot, and parts a writer staged and abandoned).
+#[tokio::test]
+async fn a_snapshot_staged_in_parts_is_read_back_whole_and_checked() {
+    use quire_server::storage::{SnapshotBytes, StagedSnapshot, SNAPSHOT_PART_BYTES};
+    let dir = tempfile::tempdir().expect("tempdir");
+    init_tracing();
+    let store = open_test_stores(dir.path()).await.docs;
+    let d = store.load("parts").await.expect("load");
+    let big: Vec<u8> = (0..2 * SNAPSHOT_PART_BYTES + 1000)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    store
+        .write_snapshot_part(d.id, 12_345, 0, bytes::Bytes::from_static(b"abandoned"))
+        .await
+        .expect("abandoned part");
+    let staged = store
+        .stage_snapshot(d.id, bytes::Bytes::from(big.clone()))
+        .await
+        .expect("staged");
+    assert_eq!((staged.parts, staged.len), (3, big.len() as i64));
+
+    let missing = StagedSnapshot { parts: 4, ..staged };
+    let refused = store
+        .write_snapshot(
+            d.id,
+            None,
+            d.snapshot_version,
+            SnapshotBytes::Staged(missing),
+            0,
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StorageError::Invalid(_))),
+        "{refused:?}"
+    );
+    let unchanged = store.load("parts").await.expect("load");
+    assert_eq!(unchanged.snapshot, None);
+    assert_eq!(unchanged.snapshot_version, d.snapshot_version);
+
+    let written = store
+        .write_snapshot(
+            d.id,
+            None,
+            d.snapshot_version,
+            SnapshotBytes::Staged(staged),
+            0,
+        )
+        .await
+        .expect("written");
+    assert_eq!(
+        written,
+        SnapshotOutcome::Written {
+            new_version: d.snapshot_version + 1
+        }
+    );
+    let loaded = store.load("parts").await.expect("load");
+    assert!(
+        loaded.snapshot.as_deref() == Some(&big[..]),
+        "read back whole"
+    );
+    let pool = open_db(dir.path()).await;
+    let rows = |pool: sqlx::AnyPool| async move {
+        let rows: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT generation, part FROM doc_snapshot_parts WHERE doc_id = $1 \
+             ORDER BY generation, part",
+        )
+        .bind(d.id)
+        .fetch_all(&pool)
+        .await
+        .expect("rows");
+        rows
+    };
+    let g = staged.generation;
+    assert_eq!(rows(pool.clone()).await, vec![(g, 0), (g, 1), (g, 2)]);
+
+    let written = store
+        .write_snapshot(
+            d.id,
+            None,
+            d.snapshot_version + 1,
+            b"small".to_vec().into(),
+            0,
+        )
+        .await
+        .expect("written");
+    assert_eq!(
+        written,
+        SnapshotOutcome::Written {
+            new_version: d.snapshot_version + 2
+        }
+    );
+    let loaded = store.load("parts").await.expect("load");
+    assert_eq!(loaded.snapshot.as_deref(), Some(&b"small"[..]));
+    assert_eq!(rows(pool.clone()).await.len(), 1);
+    pool.close().await;
 }

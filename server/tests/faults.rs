@@ -19,13 +19,19 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// The real store, with the next `fail_appends` appends failing as a disk error would, and,
-/// while `hold_appends` is set, every append waiting for a `release` permit before it runs.
+/// while `hold_appends` is set, every append waiting for a `release` permit before it runs;
+/// likewise every staged snapshot part while `hold_parts` is set (`release_parts`).
 struct FaultyStore {
     inner: Arc<dyn DocStore>,
     fail_appends: AtomicU32,
     appends_tried: AtomicU32,
     hold_appends: AtomicBool,
     release: tokio::sync::Semaphore,
+    parts_tried: AtomicU32,
+    /// Parts waiting at the gate now (a write given up, by a deadline say, leaves).
+    parts_waiting: Arc<AtomicU32>,
+    hold_parts: AtomicBool,
+    release_parts: tokio::sync::Semaphore,
     /// (first sequence number, rows) of every append, in the order they arrived.
     appends: Mutex<Vec<(i64, usize)>>,
 }
@@ -84,10 +90,35 @@ impl DocStore for FaultyStore {
         doc: DocId,
         fence: Option<Epoch>,
         v: i64,
-        s: Vec<u8>,
+        s: quire_server::storage::SnapshotBytes,
         upto: i64,
     ) -> Result<SnapshotOutcome, StorageError> {
         self.inner.write_snapshot(doc, fence, v, s, upto).await
+    }
+    async fn write_snapshot_part(
+        &self,
+        doc: DocId,
+        generation: i64,
+        part: i64,
+        bytes: bytes::Bytes,
+    ) -> Result<(), StorageError> {
+        self.parts_tried.fetch_add(1, Ordering::SeqCst);
+        if self.hold_parts.load(Ordering::SeqCst) {
+            struct Waiting(Arc<AtomicU32>);
+            impl Drop for Waiting {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            self.parts_waiting.fetch_add(1, Ordering::SeqCst);
+            let _waiting = Waiting(self.parts_waiting.clone());
+            if let Ok(permit) = self.release_parts.acquire().await {
+                permit.forget();
+            }
+        }
+        self.inner
+            .write_snapshot_part(doc, generation, part, bytes)
+            .await
     }
 }
 
@@ -109,6 +140,10 @@ async fn start_with(
         appends_tried: AtomicU32::new(0),
         hold_appends: AtomicBool::new(false),
         release: tokio::sync::Semaphore::new(0),
+        parts_tried: AtomicU32::new(0),
+        parts_waiting: Arc::new(AtomicU32::new(0)),
+        hold_parts: AtomicBool::new(false),
+        release_parts: tokio::sync::Semaphore::new(0),
         appends: Mutex::new(Vec::new()),
     });
     let stores = quire_server::Stores {
@@ -533,5 +568,72 @@ async fn a_delete_reaches_a_stalled_room_with_updates_queued() {
     assert!(deleted.status().is_success(), "{}", deleted.status());
     assert_eq!(b.wait_closed().await, Some(4404));
     drop(a);
+    token.cancel();
+}
+
+/// A large document's snapshot is written in parts beside the room, not in its storage slot:
+/// with the writing of its parts held, edits are still committed, acknowledged and delivered
+/// (before, the 20 MB write held the room's commits for up to 90 ms); once released, the
+/// snapshot lands, stored in parts, and a fresh client finds every edit.
+#[tokio::test]
+async fn a_large_snapshot_being_written_holds_no_commit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    // A snapshot is due after every few commits, whatever the log's size.
+    cfg.room.snapshot_updates = 4;
+    cfg.room.snapshot_log_percent = 0;
+    let (addr, store, token) = start_with(dir.path(), cfg).await;
+    store.hold_parts.store(true, Ordering::SeqCst);
+    let url = format!("ws://{addr}/large");
+    let mut a = Client::connect(&url, 1).await;
+    let mut b = Client::connect(&url, 2).await;
+    // 2.5 MiB: over the size snapshotted away from the room and over one part (1 MiB).
+    let chunk = "x".repeat(64 * 1024);
+    for _ in 0..40 {
+        a.insert(0, &chunk).await;
+    }
+    a.durable_ack(1).await;
+    let held = tokio::time::timeout(PATIENCE, async {
+        while store.parts_tried.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(held.is_ok(), "no snapshot part was ever written");
+    let snapshots = metric_at(addr, "quire_snapshots_total").await;
+
+    // The snapshot's first part is held: the room commits and delivers all the same.
+    for i in 0..10 {
+        a.insert(0, "edit").await;
+        a.durable_ack(i + 2).await;
+    }
+    let text = a.text();
+    assert!(b.pump_until(PATIENCE, |c| c.text() == text).await);
+    assert_eq!(
+        (
+            store.parts_tried.load(Ordering::SeqCst),
+            store.parts_waiting.load(Ordering::SeqCst)
+        ),
+        (1, 1),
+        "the part stayed held, still being written, while the edits committed"
+    );
+    assert_eq!(metric_at(addr, "quire_snapshots_total").await, snapshots);
+
+    store.hold_parts.store(false, Ordering::SeqCst);
+    store.release_parts.add_permits(1_000);
+    wait_metric_at(addr, "quire_snapshots_total", |v| v > snapshots).await;
+    assert!(store.parts_tried.load(Ordering::SeqCst) >= 2);
+    let pool = open_db(dir.path()).await;
+    let (parts,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM doc_snapshot_parts p JOIN documents d \
+         ON p.doc_id = d.id AND p.generation = d.snapshot_generation WHERE d.name = 'large'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("parts");
+    assert!(parts >= 2, "the snapshot is stored in {parts} parts");
+    pool.close().await;
+    let mut fresh = Client::connect(&url, 3).await;
+    assert!(fresh.pump_until(PATIENCE, |c| c.text() == text).await);
     token.cancel();
 }

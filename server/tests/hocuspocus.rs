@@ -141,10 +141,21 @@ impl DocStore for GatedStore {
         doc: DocId,
         fence: Option<Epoch>,
         v: i64,
-        s: Vec<u8>,
+        s: quire_server::storage::SnapshotBytes,
         upto: i64,
     ) -> Result<quire_server::storage::SnapshotOutcome, StorageError> {
         self.inner.write_snapshot(doc, fence, v, s, upto).await
+    }
+    async fn write_snapshot_part(
+        &self,
+        doc: DocId,
+        generation: i64,
+        part: i64,
+        bytes: bytes::Bytes,
+    ) -> Result<(), StorageError> {
+        self.inner
+            .write_snapshot_part(doc, generation, part, bytes)
+            .await
     }
 }
 

@@ -131,7 +131,7 @@ async fn a_paused_owner_resuming_with_an_old_epoch_is_refused_by_the_storage() {
             doc,
             Some(epoch_a),
             seen_by_a.snapshot_version,
-            b"stale".to_vec(),
+            b"stale".to_vec().into(),
             1,
         )
         .await
@@ -159,7 +159,7 @@ async fn a_paused_owner_resuming_with_an_old_epoch_is_refused_by_the_storage() {
             doc,
             Some(epoch_b),
             stored.snapshot_version,
-            b"fresh".to_vec(),
+            b"fresh".to_vec().into(),
             2,
         )
         .await

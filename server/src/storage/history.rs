@@ -191,6 +191,7 @@ where
     for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
     for<'a> String: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
     for<'a> Vec<u8>: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'a> &'a [u8]: Encode<'a, DB> + Type<DB>,
     for<'a> Option<String>: Encode<'a, DB> + Decode<'a, DB>,
     for<'a> Option<i64>: Encode<'a, DB> + Decode<'a, DB>,
     for<'a> Option<Vec<u8>>: Decode<'a, DB>,
@@ -335,9 +336,10 @@ where
         // One read snapshot: a snapshot or a prune committing between the statements would
         // otherwise take rows the base chosen first still needs.
         let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
-        let (snapshot_seq, last_row): (i64, Option<i64>) = sqlx::query_as(
-            "SELECT snapshot_seq, (SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1) \
-             FROM documents WHERE id = $1",
+        let (snapshot_seq, generation, last_row): (i64, Option<i64>, Option<i64>) = sqlx::query_as(
+            "SELECT snapshot_seq, snapshot_generation, \
+                 (SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1) \
+                 FROM documents WHERE id = $1",
         )
         .bind(doc)
         .fetch_one(&mut *tx)
@@ -354,12 +356,10 @@ where
         let version_seq = version.map_or(-1, |(_, s)| s);
         let (base_seq, base) =
             if snapshot_seq <= seq && snapshot_seq > 0 && snapshot_seq >= version_seq {
-                let state: Option<Vec<u8>> =
-                    sqlx::query_scalar("SELECT snapshot FROM doc_snapshots WHERE doc_id = $1")
-                        .bind(doc)
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                (snapshot_seq, state)
+                (
+                    snapshot_seq,
+                    Self::read_snapshot(&mut tx, doc, generation).await?,
+                )
             } else if let Some((id, vseq)) = version {
                 let state: Vec<u8> =
                     sqlx::query_scalar("SELECT state FROM doc_versions WHERE id = $1")

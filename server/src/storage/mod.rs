@@ -10,6 +10,10 @@
 //!   it covers in one transaction, only if the document's `version` still equals the caller's;
 //!   otherwise it returns [`SnapshotOutcome::Conflict`] and changes nothing. With
 //!   `history_retention` the covered rows stay for the history (`history.rs` prunes them).
+//!   A snapshot is stored in parts of at most [`SNAPSHOT_PART_BYTES`]; a large one is staged
+//!   first (`stage_snapshot`, a short transaction per part, invisible to readers) so that the
+//!   version-checked write that makes it the snapshot is small: a 20 MB snapshot in one
+//!   transaction held SQLite's single writer, and so every document's commit, up to 90 ms.
 //! - `load` reads the snapshot and the log after it from one consistent read snapshot.
 
 pub mod api;
@@ -17,6 +21,7 @@ mod dialect;
 pub mod history;
 pub mod postgres;
 mod renewals;
+mod snapshot_parts;
 pub mod sql_api;
 mod sql_docs;
 pub mod sqlite;
@@ -100,6 +105,50 @@ impl StoredDoc {
         let log: usize = self.updates.iter().map(|(_, u)| u.len()).sum();
         (self.snapshot.as_ref().map_or(0, Vec::len) + log) as u64
     }
+}
+
+/// Most bytes of one stored part of a snapshot (`doc_snapshot_parts`): the most one staging
+/// transaction writes, so the longest another document's commit waits behind a snapshot.
+pub const SNAPSHOT_PART_BYTES: usize = 1 << 20;
+
+/// A snapshot's bytes, for [`DocStore::write_snapshot`].
+#[derive(Debug, Clone)]
+pub enum SnapshotBytes {
+    /// Written in parts within the write's own transaction (small snapshots).
+    Whole(Bytes),
+    /// Written before by [`DocStore::stage_snapshot`]; the write checks that every part is
+    /// there and makes the generation the snapshot.
+    Staged(StagedSnapshot),
+}
+
+impl From<Vec<u8>> for SnapshotBytes {
+    fn from(bytes: Vec<u8>) -> SnapshotBytes {
+        SnapshotBytes::Whole(Bytes::from(bytes))
+    }
+}
+
+/// The parts [`DocStore::stage_snapshot`] wrote: `parts` rows of `generation`, `len` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagedSnapshot {
+    pub generation: i64,
+    pub parts: i64,
+    pub len: i64,
+}
+
+/// A fresh generation for a snapshot's parts: random and positive (0 is a snapshot migrated
+/// from before parts), so two writers, even of the same version, never share one.
+pub(crate) fn new_generation() -> i64 {
+    1 + (rand::random::<u64>() >> 2) as i64
+}
+
+/// `bytes` cut into parts of at most [`SNAPSHOT_PART_BYTES`], numbered from 0 (none for an
+/// empty snapshot).
+pub(crate) fn snapshot_parts(bytes: &Bytes) -> impl Iterator<Item = (i64, Bytes)> + '_ {
+    (0..bytes.len().div_ceil(SNAPSHOT_PART_BYTES)).map(move |i| {
+        let start = i * SNAPSHOT_PART_BYTES;
+        let end = (start + SNAPSHOT_PART_BYTES).min(bytes.len());
+        (i as i64, bytes.slice(start..end))
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,15 +284,48 @@ pub trait DocStore: Send + Sync + 'static {
     }
 
     /// Writes a snapshot covering the log up to `upto_seq` if the version still matches (and,
-    /// with a `fence`, the lease epoch too: otherwise [`StorageError::Fenced`]).
+    /// with a `fence`, the lease epoch too: otherwise [`StorageError::Fenced`]). A staged
+    /// snapshot missing a part is [`StorageError::Invalid`] and changes nothing.
     async fn write_snapshot(
         &self,
         doc: DocId,
         fence: Option<Epoch>,
         expected_version: i64,
-        snapshot: Vec<u8>,
+        snapshot: SnapshotBytes,
         upto_seq: i64,
     ) -> Result<SnapshotOutcome, StorageError>;
+
+    /// Writes one part of a staged snapshot in a transaction of its own.
+    async fn write_snapshot_part(
+        &self,
+        doc: DocId,
+        generation: i64,
+        part: i64,
+        bytes: Bytes,
+    ) -> Result<(), StorageError>;
+
+    /// Writes `snapshot` in parts under a new generation, one part at a time, each in a
+    /// transaction of its own, so that other writes commit between them. Nothing reads the
+    /// parts until [`DocStore::write_snapshot`] names them; parts of a snapshot never named
+    /// are deleted by the document's next snapshot.
+    async fn stage_snapshot(
+        &self,
+        doc: DocId,
+        snapshot: Bytes,
+    ) -> Result<StagedSnapshot, StorageError> {
+        let generation = new_generation();
+        let mut parts = 0;
+        for (part, bytes) in snapshot_parts(&snapshot) {
+            self.write_snapshot_part(doc, generation, part, bytes)
+                .await?;
+            parts += 1;
+        }
+        Ok(StagedSnapshot {
+            generation,
+            parts,
+            len: snapshot.len() as i64,
+        })
+    }
 
     /// Grants `node` the document's lease for `ttl` if nobody else holds an unexpired one (a
     /// node restarted under the same name takes its own leases back at once); every grant

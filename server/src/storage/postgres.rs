@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use sqlx::migrate::MigrateDatabase;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection, Postgres};
@@ -35,7 +36,7 @@ use super::sql_api::SqlApi;
 use super::sqlite::EventSettings;
 use super::{
     client_rows, clone_err, now_ms, DocId, DocStore, Epoch, LogEntry, SharedStatements,
-    SnapshotOutcome, StorageError,
+    SnapshotBytes, SnapshotOutcome, StorageError,
 };
 
 /// Most append requests folded into one transaction.
@@ -209,17 +210,19 @@ impl DocStore for PgStore {
         doc: DocId,
         fence: Option<Epoch>,
         expected_version: i64,
-        snapshot: Vec<u8>,
+        snapshot: SnapshotBytes,
         upto_seq: i64,
     ) -> Result<SnapshotOutcome, StorageError> {
         let mut tx = self.api.pool.begin().await?;
+        SqlApi::<Postgres>::check_staged(&mut tx, doc, &snapshot).await?;
+        let generation = snapshot.generation();
         // Waits for appends that hold the row; after a concurrent snapshot commits, the version
         // is checked again on the new row, so exactly one of two writers of version v wins.
         // With a fence, the lease row is locked and its epoch checked in the same statement:
         // a grant to another node waits for this transaction, or this one sees the new epoch.
         let new_version: Option<i64> = sqlx::query_scalar(
             "UPDATE documents SET snapshot_seq = $1, \
-             snapshot_version = snapshot_version + 1 \
+             snapshot_version = snapshot_version + 1, snapshot_generation = $5 \
              WHERE id = $2 AND snapshot_version = $3 \
                AND ($4::bigint IS NULL OR EXISTS ( \
                  SELECT 1 FROM room_leases WHERE doc_id = $2 AND epoch = $4 FOR SHARE)) \
@@ -229,6 +232,7 @@ impl DocStore for PgStore {
         .bind(doc)
         .bind(expected_version)
         .bind(fence)
+        .bind(generation)
         .fetch_optional(&mut *tx)
         .await?;
         let Some(new_version) = new_version else {
@@ -240,25 +244,30 @@ impl DocStore for PgStore {
                 e => Err(e),
             };
         };
-        // The snapshot's bytes live apart from the row (migrations/postgres/0007), written under
-        // the row lock the UPDATE above holds.
-        sqlx::query(
-            "INSERT INTO doc_snapshots (doc_id, snapshot) VALUES ($1, $2) \
-             ON CONFLICT (doc_id) DO UPDATE SET snapshot = excluded.snapshot",
+        // The snapshot's bytes live apart from the row, in parts (migrations/postgres/0008),
+        // placed under the row lock the UPDATE above holds.
+        SqlApi::<Postgres>::place_snapshot(
+            &mut tx,
+            doc,
+            generation,
+            &snapshot,
+            upto_seq,
+            !self.api.keeps_history(),
         )
-        .bind(doc)
-        .bind(snapshot.as_slice())
-        .execute(&mut *tx)
         .await?;
-        if !self.api.keeps_history() {
-            sqlx::query("DELETE FROM doc_updates WHERE doc_id = $1 AND seq <= $2")
-                .bind(doc)
-                .bind(upto_seq)
-                .execute(&mut *tx)
-                .await?;
-        }
         tx.commit().await?;
         Ok(SnapshotOutcome::Written { new_version })
+    }
+
+    async fn write_snapshot_part(
+        &self,
+        doc: DocId,
+        generation: i64,
+        part: i64,
+        bytes: Bytes,
+    ) -> Result<(), StorageError> {
+        let mut conn = self.api.pool.acquire().await?;
+        SqlApi::<Postgres>::insert_snapshot_part(&mut conn, doc, generation, part, &bytes).await
     }
 }
 
@@ -677,7 +686,9 @@ mod tests {
         s.append(d1, None, 1, vec![Bytes::from_static(b"x")])
             .await
             .expect("append");
-        let written = s.write_snapshot(d1, None, 0, b"snap".to_vec(), 1).await;
+        let written = s
+            .write_snapshot(d1, None, 0, b"snap".to_vec().into(), 1)
+            .await;
         assert_eq!(
             written.expect("snapshot"),
             SnapshotOutcome::Written { new_version: 1 }
@@ -761,7 +772,13 @@ mod tests {
             .await
             .expect("append");
         store
-            .write_snapshot(stale.id, None, stale.snapshot_version, b"s".to_vec(), 1)
+            .write_snapshot(
+                stale.id,
+                None,
+                stale.snapshot_version,
+                b"s".to_vec().into(),
+                1,
+            )
             .await
             .expect("snapshot");
         let mut ids = Vec::new();

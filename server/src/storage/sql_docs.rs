@@ -37,9 +37,8 @@ where
         loop {
             let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
             let row = sqlx::query(
-                "SELECT d.id, d.snapshot_version, s.snapshot, d.snapshot_seq, d.deleted_at \
-                 FROM documents d LEFT JOIN doc_snapshots s ON s.doc_id = d.id \
-                 WHERE d.name = $1",
+                "SELECT id, snapshot_version, snapshot_generation, snapshot_seq, deleted_at \
+                 FROM documents WHERE name = $1",
             )
             .bind(name)
             .fetch_optional(&mut *tx)
@@ -52,6 +51,8 @@ where
             let id: i64 = row.try_get("id")?;
             let snapshot_seq: i64 = row.try_get("snapshot_seq")?;
             let deleted_at: Option<i64> = row.try_get("deleted_at")?;
+            let generation: Option<i64> = row.try_get("snapshot_generation")?;
+            let snapshot = Self::read_snapshot(&mut tx, id, generation).await?;
             let updates = sqlx::query(
                 "SELECT seq, data FROM doc_updates WHERE doc_id = $1 AND seq > $2 ORDER BY seq",
             )
@@ -67,7 +68,7 @@ where
                 id,
                 snapshot_version: row.try_get("snapshot_version")?,
                 deleted: deleted_at.is_some(),
-                snapshot: row.try_get("snapshot")?,
+                snapshot,
                 snapshot_seq,
                 updates,
             });

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
@@ -24,7 +25,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use super::sql_api::SqlApi;
 use super::{
     client_rows, clone_err, now_ms, DocId, DocStore, Epoch, LogEntry, SharedStatements,
-    SnapshotOutcome, StorageError,
+    SnapshotBytes, SnapshotOutcome, StorageError,
 };
 use crate::config::{CommitWindowSettings, SqliteSync};
 
@@ -51,17 +52,27 @@ enum WriteOp {
         doc: DocId,
         fence: Option<Epoch>,
         expected_version: i64,
-        snapshot: Vec<u8>,
+        snapshot: SnapshotBytes,
         upto_seq: i64,
         /// Delete the log rows the snapshot covers (no history is kept).
         delete_covered: bool,
+    },
+    /// One part of a staged snapshot: a request of its own, so it commits in whichever
+    /// transaction the writer is at, between other documents' appends.
+    SnapshotPart {
+        doc: DocId,
+        generation: i64,
+        part: i64,
+        bytes: Bytes,
     },
 }
 
 impl WriteOp {
     fn doc(&self) -> DocId {
         match self {
-            WriteOp::Append { doc, .. } | WriteOp::Snapshot { doc, .. } => *doc,
+            WriteOp::Append { doc, .. }
+            | WriteOp::Snapshot { doc, .. }
+            | WriteOp::SnapshotPart { doc, .. } => *doc,
         }
     }
 }
@@ -146,6 +157,7 @@ impl CommitWindow {
 enum WriteOutcome {
     Appended,
     Snapshot(SnapshotOutcome),
+    PartWritten,
 }
 
 struct WriteRequest {
@@ -301,7 +313,7 @@ impl DocStore for SqliteStore {
         doc: DocId,
         fence: Option<Epoch>,
         expected_version: i64,
-        snapshot: Vec<u8>,
+        snapshot: SnapshotBytes,
         upto_seq: i64,
     ) -> Result<SnapshotOutcome, StorageError> {
         match self
@@ -316,8 +328,25 @@ impl DocStore for SqliteStore {
             .await?
         {
             WriteOutcome::Snapshot(outcome) => Ok(outcome),
-            WriteOutcome::Appended => Err(StorageError::Closed),
+            WriteOutcome::Appended | WriteOutcome::PartWritten => Err(StorageError::Closed),
         }
+    }
+
+    async fn write_snapshot_part(
+        &self,
+        doc: DocId,
+        generation: i64,
+        part: i64,
+        bytes: Bytes,
+    ) -> Result<(), StorageError> {
+        self.write(WriteOp::SnapshotPart {
+            doc,
+            generation,
+            part,
+            bytes,
+        })
+        .await
+        .map(|_| ())
     }
 }
 
@@ -455,7 +484,7 @@ fn log_rows(op: &WriteOp) -> impl Iterator<Item = LogRow<'_>> {
             updates,
             ..
         } => Some((*doc, *fence, *first_seq, updates)),
-        WriteOp::Snapshot { .. } => None,
+        WriteOp::Snapshot { .. } | WriteOp::SnapshotPart { .. } => None,
     };
     append.into_iter().flat_map(|(doc, fence, first, updates)| {
         updates
@@ -564,7 +593,9 @@ async fn fast_path(
                 WriteOutcome::Appended
             }
             WriteOp::Append { .. } => WriteOutcome::Appended,
-            op @ WriteOp::Snapshot { .. } => apply(conn, op).await?,
+            op @ (WriteOp::Snapshot { .. } | WriteOp::SnapshotPart { .. }) => {
+                apply(conn, op).await?
+            }
         };
         results.push(Ok(outcome));
     }
@@ -688,9 +719,11 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
             upto_seq,
             delete_covered,
         } => {
+            SqlApi::<Sqlite>::check_staged(conn, *doc, snapshot).await?;
+            let generation = snapshot.generation();
             let done = sqlx::query(
                 "UPDATE documents SET snapshot_seq = ?1, \
-                 snapshot_version = snapshot_version + 1 \
+                 snapshot_version = snapshot_version + 1, snapshot_generation = ?5 \
                  WHERE id = ?2 AND snapshot_version = ?3 \
                    AND (?4 IS NULL OR (SELECT epoch FROM room_leases WHERE doc_id = ?2) = ?4)",
             )
@@ -698,6 +731,7 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
             .bind(doc)
             .bind(expected_version)
             .bind(fence)
+            .bind(generation)
             .execute(&mut *conn)
             .await?;
             if done.rows_affected() == 0 {
@@ -713,25 +747,28 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
                     e => Err(e),
                 };
             }
-            // The snapshot's bytes live apart from the row (migrations/sqlite/0007).
-            sqlx::query(
-                "INSERT INTO doc_snapshots (doc_id, snapshot) VALUES (?1, ?2) \
-                 ON CONFLICT (doc_id) DO UPDATE SET snapshot = excluded.snapshot",
+            // The snapshot's bytes live apart from the row, in parts (migrations/sqlite/0008).
+            SqlApi::<Sqlite>::place_snapshot(
+                conn,
+                *doc,
+                generation,
+                snapshot,
+                *upto_seq,
+                *delete_covered,
             )
-            .bind(doc)
-            .bind(snapshot.as_slice())
-            .execute(&mut *conn)
             .await?;
-            if *delete_covered {
-                sqlx::query("DELETE FROM doc_updates WHERE doc_id = ? AND seq <= ?")
-                    .bind(doc)
-                    .bind(upto_seq)
-                    .execute(&mut *conn)
-                    .await?;
-            }
             Ok(WriteOutcome::Snapshot(SnapshotOutcome::Written {
                 new_version: expected_version + 1,
             }))
+        }
+        WriteOp::SnapshotPart {
+            doc,
+            generation,
+            part,
+            bytes,
+        } => {
+            SqlApi::<Sqlite>::insert_snapshot_part(conn, *doc, *generation, *part, bytes).await?;
+            Ok(WriteOutcome::PartWritten)
         }
     }
 }
@@ -769,6 +806,7 @@ mod tests {
             .map(|r| match r {
                 Ok(WriteOutcome::Appended) => "ok",
                 Ok(WriteOutcome::Snapshot(_)) => "snapshot",
+                Ok(WriteOutcome::PartWritten) => "part",
                 Err(StorageError::Conflict) => "conflict",
                 Err(StorageError::Fenced) => "fenced",
                 Err(_) => "error",
@@ -806,7 +844,9 @@ mod tests {
         assert_eq!(got, ["ok", "ok"]);
 
         // d1's rows 1-2 covered by a snapshot (and deleted): a request at position 2 is stale.
-        let written = store.write_snapshot(d1, None, 0, b"snap".to_vec(), 2).await;
+        let written = store
+            .write_snapshot(d1, None, 0, b"snap".to_vec().into(), 2)
+            .await;
         assert_eq!(
             written.expect("snapshot"),
             SnapshotOutcome::Written { new_version: 1 }
