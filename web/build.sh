@@ -38,9 +38,17 @@ WB_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print 
 WASM_BINDGEN="$TOOLS/wasm-bindgen-$WB_VERSION/bin/wasm-bindgen"
 if ! [ -x "$WASM_BINDGEN" ]; then
   echo "--- installing wasm-bindgen-cli $WB_VERSION (once per version, a few minutes)"
-  # --locked can fail when the registry lacks a locked dependency; resolve afresh then.
-  cargo install wasm-bindgen-cli --version "=$WB_VERSION" --root "$TOOLS/wasm-bindgen-$WB_VERSION" --locked \
-    || cargo install wasm-bindgen-cli --version "=$WB_VERSION" --root "$TOOLS/wasm-bindgen-$WB_VERSION"
+  # --locked can fail when the registry lacks a dependency locked in wasm-bindgen-cli's own
+  # Cargo.lock; that attempt's output goes to a file, and the retry that resolves afresh says
+  # it is deliberate instead of leaving a bare `error:` line in the log.
+  first_try=$(mktemp)
+  if ! cargo install wasm-bindgen-cli --version "=$WB_VERSION" --root "$TOOLS/wasm-bindgen-$WB_VERSION" \
+      --locked >"$first_try" 2>&1; then
+    echo "--- note: the --locked install did not resolve ($(grep -m1 -o 'error: .*' "$first_try" \
+      | sed 's/^error: //')); retrying without --locked, a deliberate fallback"
+    cargo install wasm-bindgen-cli --version "=$WB_VERSION" --root "$TOOLS/wasm-bindgen-$WB_VERSION"
+  fi
+  rm -f "$first_try"
 fi
 
 # 3. The client as a wasm32 cdylib (the crate is an rlib for native users; a cdylib+rlib

@@ -79,6 +79,26 @@ fn migrate_creates_the_schema_and_exits() {
     });
 }
 
+/// A log that is not a terminal (a file, a pipe, a journal) has no colour codes: a new
+/// user's log file was full of them.
+#[test]
+fn a_log_that_is_not_a_terminal_has_no_colour_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = quire()
+        .args(["migrate", "--database", &database_url(dir.path())])
+        .env("QUIRE_LOG", "info")
+        .env_remove("NO_COLOR")
+        .output()
+        .expect("run");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("migrations applied"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a piped log: {log:?}"
+    );
+}
+
 /// Flags beat `QUIRE_*` variables, which beat the TOML file. Observed through the listening
 /// address: a layer pointing at a port already taken makes start-up fail.
 #[test]

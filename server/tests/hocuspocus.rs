@@ -581,10 +581,9 @@ async fn refusals_and_revocations_close_only_their_documents() {
 /// its first token's expiry once the provider has sent a fresh one (the refresh reaches the
 /// owner's room as a bus `Reauth`); without it the owner would close it at the expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
 async fn a_token_refresh_reaches_the_owner_of_a_relayed_document() {
-    if !in_postgres_pass() {
-        return;
-    }
+    require_postgres();
     let dir = tempfile::tempdir().expect("tempdir");
     let url = pg_database_url(dir.path());
     let nats = Nats::start().await;

@@ -90,10 +90,9 @@ async fn call(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
 async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
-    if !in_postgres_pass() {
-        return;
-    }
+    require_postgres();
     let dir = tempfile::tempdir().expect("tempdir");
     let nats = Nats::start().await;
     let nodes = three_nodes(dir.path(), &nats, |_| {}).await;
@@ -486,10 +485,9 @@ async fn count(State(c): State<Counter>, headers: HeaderMap) -> AxumStatus {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
 async fn each_webhook_event_is_delivered_once_by_three_nodes_sharing_the_outbox() {
-    if !in_postgres_pass() {
-        return;
-    }
+    require_postgres();
     let dir = tempfile::tempdir().expect("tempdir");
     let nats = Nats::start().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -535,10 +533,9 @@ async fn each_webhook_event_is_delivered_once_by_three_nodes_sharing_the_outbox(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
 async fn a_hundred_rooms_and_a_thousand_relayed_connections_cost_a_few_statements_a_second() {
-    if !in_postgres_pass() {
-        return;
-    }
+    require_postgres();
     let dir = tempfile::tempdir().expect("tempdir");
     let nats = Nats::start().await;
     let nodes = three_nodes(dir.path(), &nats, |_| {}).await;
@@ -635,10 +632,9 @@ async fn hold_first(State(h): State<Holding>, headers: HeaderMap) -> AxumStatus 
 /// it, nobody else delivers the event before the claim expires, and another node delivers it
 /// once after that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
 async fn an_event_whose_node_died_mid_delivery_is_delivered_once_after_its_claim_expires() {
-    if !in_postgres_pass() {
-        return;
-    }
+    require_postgres();
     let dir = tempfile::tempdir().expect("tempdir");
     let url = pg_database_url(dir.path());
     let nats = Nats::start().await;
@@ -717,10 +713,9 @@ async fn an_event_whose_node_died_mid_delivery_is_delivered_once_after_its_claim
 /// carries the caller's token to the owner, and is replayed by the node asked when its
 /// `Idempotency-Key` comes again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
 async fn a_forwarded_write_keeps_the_callers_permission_and_idempotency_key() {
-    if !in_postgres_pass() {
-        return;
-    }
+    require_postgres();
     let dir = tempfile::tempdir().expect("tempdir");
     let nats = Nats::start().await;
     let nodes = three_nodes(dir.path(), &nats, |cfg| {
@@ -782,10 +777,9 @@ async fn a_forwarded_write_keeps_the_callers_permission_and_idempotency_key() {
 /// gets 503 with `Retry-After` once `--forward-timeout` passes, and goes through once the
 /// owner is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
 async fn a_write_the_owner_does_not_answer_in_time_gets_503_with_retry_after() {
-    if !in_postgres_pass() {
-        return;
-    }
+    require_postgres();
     let dir = tempfile::tempdir().expect("tempdir");
     let url = pg_database_url(dir.path());
     let nats = Nats::start().await;

@@ -268,15 +268,6 @@ pub fn node_args<'a>(id: &'a str, bus: &'a str, lease_ttl: &'a str) -> [&'a str;
     ]
 }
 
-/// False (and says so) in the SQLite pass: tests of several nodes belong to the PostgreSQL
-/// pass.
-pub fn in_postgres_pass() -> bool {
-    if !on_postgres() {
-        eprintln!("several nodes need PostgreSQL: this test runs in the PostgreSQL pass");
-    }
-    on_postgres()
-}
-
 /// A Yjs v1 update by client `client` inserting `text` into an empty shared text "text".
 pub fn one_edit(client: u64, text: &str) -> Vec<u8> {
     let doc = Doc::with_client_id(client);

@@ -51,6 +51,25 @@ pub fn on_postgres() -> bool {
     }
 }
 
+/// For the tests marked `#[ignore = "PostgreSQL pass only..."]`: they are listed as ignored on
+/// the SQLite pass, and the PostgreSQL pass (`tests/run-all.sh`) runs them with
+/// `--include-ignored`; run on SQLite all the same, they fail instead of passing as no-ops.
+pub fn require_postgres() {
+    assert!(
+        on_postgres(),
+        "this test needs PostgreSQL: run it with QUIRE_TEST_DATABASE=postgres \
+         (the PostgreSQL pass of tests/run-all.sh)"
+    );
+}
+
+/// For the tests named `*_on_sqlite`, which the PostgreSQL pass skips (`--skip _on_sqlite`).
+pub fn require_sqlite() {
+    assert!(
+        !on_postgres(),
+        "this test is for SQLite: the PostgreSQL pass skips tests named *_on_sqlite"
+    );
+}
+
 /// The database of the test whose temporary directory is `dir`: a SQLite file in it, or on
 /// PostgreSQL a database of its own, named after the directory and created on first use
 /// (the same `dir` always gives the same database, as the same file would).
