@@ -120,6 +120,8 @@ python3 bench/report.py "$RESULTS" docs/bench-latency.svg
 # bench/history.sh). The two cgroup runs need root; they say so and skip otherwise.
 if [ "$MODE" = full ]; then
   bench/cores.sh
+  # CPU per update at the light and medium loads in three rounds (medians; one run varies).
+  bench/cpu_rounds.sh 3 "$DUR"
   bench/nodes.sh
   # A quota that leaves the two cores room for the generator, PostgreSQL and NATS.
   NODES="1 3" HOWS=by-document bench/nodes.sh 0.25
