@@ -12,7 +12,7 @@ OUT=target/bench
 mkdir -p "$OUT"
 RESULTS="$OUT/history.jsonl"
 : > "$RESULTS"
-TRACE="${QUIRE_TRACE:-../shared/data/editing-trace.json.gz}"
+TRACE="${QUIRE_TRACE:-tests/data/editing-trace.json.gz}"
 cargo build --release -p quire-server -p quire-bench
 RELEASE="${CARGO_TARGET_DIR:-target}/release"
 BENCH="$RELEASE/quire-bench"

@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 RESULTS="$OUT/results.jsonl"
 : > "$RESULTS"
 : > "$OUT/log.txt"
-TRACE="${QUIRE_TRACE:-../shared/data/editing-trace.json.gz}"
+TRACE="${QUIRE_TRACE:-tests/data/editing-trace.json.gz}"
 
 cargo build --release -p quire-server -p quire-bench
 (cd bench/peers && npm ci --no-audit --no-fund >/dev/null)

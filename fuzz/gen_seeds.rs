@@ -1,6 +1,6 @@
 //! Writes the committed seed corpora, `fuzz/seeds/<target>/`, from real traffic:
 //! - the frames the JavaScript `y-protocols` encoders produced (`server/tests/fixtures/`);
-//! - the first edits of the automerge-paper editing trace (`shared/data/editing-trace.json.gz`)
+//! - the first edits of the automerge-paper editing trace (`tests/data/editing-trace.json.gz`)
 //!   replayed into a yrs `Doc` with a fixed client id, each edit's update as a Sync Update frame,
 //!   plus a second client's concurrent edits, sync requests, Step 2 answers and awareness;
 //! - every `bus::Envelope` variant, and hand-written valid bodies for every HTTP route that
@@ -37,7 +37,7 @@ fn main() -> Result<()> {
     let trace_path = std::env::args()
         .nth(1)
         .map(PathBuf::from)
-        .unwrap_or_else(|| here.join("../../shared/data/editing-trace.json.gz"));
+        .unwrap_or_else(|| here.join("../tests/data/editing-trace.json.gz"));
     let out = here.join("seeds");
     let mut seeds = Seeds::new(&out)?;
 

@@ -86,8 +86,23 @@ async fn main() -> anyhow::Result<()> {
         let (tcp, _) = listener.accept().await?;
         let rooms = rooms.clone();
         tokio::spawn(async move {
+            // A client that goes away without a close handshake (every benchmark client at
+            // the end of a run) is not worth a line; anything else is.
             if let Err(e) = serve(tcp, rooms).await {
-                eprintln!("connection: {e}");
+                let gone = e.downcast_ref::<tokio_tungstenite::tungstenite::Error>().is_some_and(|e| {
+                    matches!(
+                        e,
+                        tokio_tungstenite::tungstenite::Error::ConnectionClosed
+                            | tokio_tungstenite::tungstenite::Error::AlreadyClosed
+                            | tokio_tungstenite::tungstenite::Error::Protocol(
+                                tokio_tungstenite::tungstenite::error::ProtocolError::ResetWithoutClosingHandshake
+                                    | tokio_tungstenite::tungstenite::error::ProtocolError::HandshakeIncomplete
+                            )
+                    )
+                });
+                if !gone {
+                    eprintln!("connection: {e}");
+                }
             }
         });
     }

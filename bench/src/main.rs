@@ -68,7 +68,7 @@ struct HistoryArgs {
     #[command(flatten)]
     common: Common,
     /// The editing trace (gzipped JSON: edits and finalText)
-    #[arg(long, default_value = "../shared/data/editing-trace.json.gz")]
+    #[arg(long, default_value = "tests/data/editing-trace.json.gz")]
     trace: PathBuf,
     /// Sessions (authors) the trace is cut into
     #[arg(long, default_value_t = 100)]
@@ -185,7 +185,7 @@ struct ColdArgs {
     #[command(flatten)]
     common: Common,
     /// The editing trace (gzipped JSON: edits and finalText)
-    #[arg(long, default_value = "../shared/data/editing-trace.json.gz")]
+    #[arg(long, default_value = "tests/data/editing-trace.json.gz")]
     trace: PathBuf,
     /// Instead of ingesting: time a new client's sync and check its text
     #[arg(long)]

@@ -83,6 +83,75 @@ impl Api {
     }
 }
 
+impl Api {
+    /// The server's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Whether a server answers at the base URL (`/healthz` within two seconds).
+    pub async fn answers(&self) -> bool {
+        let probe = self
+            .http
+            .get(format!("{}/healthz", self.base))
+            .timeout(std::time::Duration::from_secs(2))
+            .send()
+            .await;
+        probe.is_ok()
+    }
+
+    /// The document's whole committed state as a Yjs v1 update; a document that does not
+    /// exist is created first (empty), as a first WebSocket client would have it.
+    pub async fn current_update(&self, name: &str) -> anyhow::Result<Vec<u8>> {
+        let get = || {
+            let req = self.http.get(self.url(name, "/update"));
+            match &self.token {
+                Some(t) => req.bearer_auth(t),
+                None => req,
+            }
+        };
+        let resp = get()
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the server at {}", self.base))?;
+        let resp = if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            self.send(
+                self.http
+                    .post(format!("{}/api/v1/docs", self.base))
+                    .json(&serde_json::json!({ "name": name })),
+            )
+            .await?;
+            get().send().await?
+        } else {
+            resp
+        };
+        let status = resp.status();
+        if !status.is_success() {
+            let body: Value = resp.json().await.unwrap_or(Value::Null);
+            bail!(
+                "the server answered {status}: {}",
+                body["detail"].as_str().unwrap_or("")
+            );
+        }
+        Ok(resp.bytes().await?.to_vec())
+    }
+
+    /// Applies a Yjs v1 update through the document's room; the log position it reached.
+    pub async fn post_update(&self, name: &str, update: Vec<u8>) -> anyhow::Result<i64> {
+        let body = self
+            .send(
+                self.http
+                    .post(self.url(name, "/update"))
+                    .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                    .body(update),
+            )
+            .await?;
+        body["seq"]
+            .as_i64()
+            .context("the server's answer has no log position")
+    }
+}
+
 /// Milliseconds since the epoch as an RFC 3339 time (seconds).
 fn time(ms: &Value) -> String {
     let ms = ms.as_i64().unwrap_or(0).max(0) as u64;

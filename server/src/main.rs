@@ -8,7 +8,10 @@ use quire_server::auth::{Auth, Permission};
 use quire_server::config::Settings;
 use tokio_util::sync::CancellationToken;
 
+mod backup_cli;
+mod doc_cli;
 mod history_cli;
+mod ops_cli;
 
 #[derive(Parser)]
 #[command(
@@ -39,6 +42,38 @@ enum Command {
         limit: u32,
         #[command(flatten)]
         target: history_cli::Target,
+        #[command(flatten)]
+        args: Args,
+    },
+    /// Export a document's content to a file, or import a file into a document
+    Doc {
+        #[command(subcommand)]
+        command: doc_cli::DocCommand,
+    },
+    /// Back the store up into FILE while the server runs (SQLite; prints the pg_dump command
+    /// for PostgreSQL), then check the copy
+    Backup {
+        file: PathBuf,
+        #[command(flatten)]
+        args: Args,
+    },
+    /// Restore a backup made by `quire backup` into an empty store, with no server running
+    RestoreBackup {
+        file: PathBuf,
+        #[command(flatten)]
+        target: history_cli::Target,
+        #[command(flatten)]
+        args: Args,
+    },
+    /// Write a snapshot of the named documents now (every document when none is named)
+    Compact {
+        names: Vec<String>,
+        #[command(flatten)]
+        args: Args,
+    },
+    /// Check the configuration, the database and its migrations, disk space, the bus and the
+    /// clock; exits 1 when a check fails
+    Doctor {
         #[command(flatten)]
         args: Args,
     },
@@ -89,7 +124,7 @@ fn parse_permission(s: &str) -> Result<Permission, String> {
 }
 
 #[derive(clap::Args)]
-struct Args {
+pub struct Args {
     /// TOML file of settings (flags and QUIRE_* variables override it)
     #[arg(long, env = "QUIRE_CONFIG")]
     config: Option<PathBuf>,
@@ -98,7 +133,7 @@ struct Args {
 }
 
 impl Args {
-    fn resolve(self) -> anyhow::Result<quire_server::config::Config> {
+    pub fn resolve(self) -> anyhow::Result<quire_server::config::Config> {
         let file = match &self.config {
             Some(path) => Settings::from_file(path)?,
             None => Settings::default(),
@@ -161,6 +196,24 @@ async fn main() -> anyhow::Result<()> {
             let api = history_cli::Api::new(target, &config);
             history_cli::history(&api, &name, limit).await
         }
+        Command::Backup { file, args } => {
+            let config = args.resolve()?;
+            backup_cli::backup(&config, &file).await
+        }
+        Command::RestoreBackup { file, target, args } => {
+            let config = args.resolve()?;
+            let api = history_cli::Api::new(target, &config);
+            backup_cli::restore(&config, &api, &file).await
+        }
+        Command::Compact { names, args } => {
+            let config = args.resolve()?;
+            ops_cli::compact(&config, names).await
+        }
+        Command::Doctor { args } => {
+            let config = args.resolve()?;
+            ops_cli::doctor(&config).await
+        }
+        Command::Doc { command } => doc_cli::run(command).await,
         Command::Version {
             command,
             target,

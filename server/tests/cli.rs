@@ -364,3 +364,438 @@ async fn a_version_that_cannot_be_taken_does_not_spin_the_room() {
     );
     c.close().await;
 }
+
+/// The editing trace (tests/data, 259,778 edits) applied to the text root `content` by one
+/// client: its whole state as a Yjs v1 update, its text and its state vector.
+fn trace_update() -> (Vec<u8>, String, yrs::StateVector) {
+    use yrs::{GetString, ReadTxn, Text, Transact};
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/data/editing-trace.json.gz"
+    );
+    let mut json = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::GzDecoder::new(std::fs::File::open(path).expect("the trace")),
+        &mut json,
+    )
+    .expect("the trace decompresses");
+    let trace: serde_json::Value = serde_json::from_str(&json).expect("trace json");
+    let doc = yrs::Doc::with_client_id(7);
+    let text = doc.get_or_insert_text("content");
+    // One transaction per edit, as the keystrokes came: yrs merges the blocks of each
+    // when it commits, which keeps positional lookups short (one transaction for all of
+    // them takes minutes).
+    for edit in trace["edits"].as_array().expect("edits") {
+        let mut txn = doc.transact_mut();
+        let pos = edit[0].as_u64().expect("pos") as u32;
+        let deleted = edit[1].as_u64().expect("deleted") as u32;
+        if deleted > 0 {
+            text.remove_range(&mut txn, pos, deleted);
+        }
+        if let Some(s) = edit[2].as_str().filter(|s| !s.is_empty()) {
+            text.insert(&mut txn, pos, s);
+        }
+    }
+    let txn = doc.transact();
+    let final_text = trace["finalText"].as_str().expect("finalText").to_owned();
+    assert_eq!(text.get_string(&txn), final_text, "the trace replays");
+    (
+        txn.encode_state_as_update_v1(&yrs::StateVector::default()),
+        final_text,
+        txn.state_vector(),
+    )
+}
+
+/// A Yjs update file's text root `content` and state vector.
+fn decoded(path: &std::path::Path, v2: bool) -> (String, yrs::StateVector) {
+    use yrs::updates::decoder::Decode;
+    use yrs::{GetString, ReadTxn, Transact};
+    let bytes = std::fs::read(path).expect("exported file");
+    let update = if v2 {
+        yrs::Update::decode_v2(&bytes)
+    } else {
+        yrs::Update::decode_v1(&bytes)
+    }
+    .expect("an update");
+    let doc = yrs::Doc::new();
+    let text = doc.get_or_insert_text("content");
+    doc.transact_mut().apply_update(update).expect("applies");
+    let txn = doc.transact();
+    (text.get_string(&txn), txn.state_vector())
+}
+
+/// Runs `quire` with `args`; its stdout, after checking it succeeded.
+fn quire_ok(args: &[&str]) -> String {
+    let out = quire().args(args).output().expect("run");
+    assert!(
+        out.status.success(),
+        "quire {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `quire doc import` and `quire doc export` round trip the editing trace, straight through
+/// the store when no server answers and through the document's room when one does: the
+/// text and the state vector survive both ways; importing the same file again adds nothing;
+/// plain text appends to a text root; JSON shows the roots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doc_export_and_import_round_trip_the_editing_trace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_url(dir.path());
+    let (update, final_text, sv) = trace_update();
+    let file = dir.path().join("trace.bin");
+    std::fs::write(&file, &update).expect("write");
+    let file = file.to_str().expect("utf-8");
+    let out = |name: &str| dir.path().join(name).to_str().expect("utf-8").to_owned();
+    // Port 1: nothing answers there, so the import writes to the store.
+    let nobody = "http://127.0.0.1:1";
+
+    let printed = quire_ok(&[
+        "doc",
+        "import",
+        "trace",
+        file,
+        "--database",
+        &db,
+        "--server",
+        nobody,
+    ]);
+    assert!(printed.contains("in the store"), "{printed}");
+    quire_ok(&[
+        "doc",
+        "export",
+        "trace",
+        "--format",
+        "update-v2",
+        "-o",
+        &out("t.v2"),
+        "--database",
+        &db,
+    ]);
+    assert_eq!(
+        decoded(&dir.path().join("t.v2"), true),
+        (final_text.clone(), sv.clone())
+    );
+    let printed = quire_ok(&[
+        "doc",
+        "import",
+        "trace",
+        file,
+        "--database",
+        &db,
+        "--server",
+        nobody,
+    ]);
+    assert!(printed.contains("already has everything"), "{printed}");
+    assert_eq!(
+        log_rows(dir.path(), "trace").await,
+        1,
+        "one row, written once"
+    );
+    let text = quire_ok(&[
+        "doc",
+        "export",
+        "trace",
+        "--format",
+        "text",
+        "--database",
+        &db,
+    ]);
+    assert_eq!(text, final_text);
+
+    // Through a running server: the import goes through the room, the export reads the
+    // store beside it.
+    let server = ServerProcess::start(dir.path(), &[]).await;
+    let base = format!("http://{}", server.addr);
+    let printed = quire_ok(&[
+        "doc",
+        "import",
+        "copy",
+        &out("t.v2"),
+        "--database",
+        &db,
+        "--server",
+        &base,
+    ]);
+    assert!(printed.contains("through the server"), "{printed}");
+    quire_ok(&[
+        "doc",
+        "export",
+        "copy",
+        "-o",
+        &out("c.v1"),
+        "--database",
+        &db,
+    ]);
+    assert_eq!(
+        decoded(&dir.path().join("c.v1"), false),
+        (final_text.clone(), sv)
+    );
+
+    // Plain text appends to the text root.
+    let note = dir.path().join("note.txt");
+    std::fs::write(&note, "hello\n").expect("write");
+    let note = note.to_str().expect("utf-8");
+    for _ in 0..2 {
+        quire_ok(&[
+            "doc",
+            "import",
+            "notes",
+            note,
+            "--format",
+            "text",
+            "--database",
+            &db,
+            "--server",
+            &base,
+        ]);
+    }
+    let text = quire_ok(&[
+        "doc",
+        "export",
+        "notes",
+        "--format",
+        "text",
+        "--database",
+        &db,
+    ]);
+    assert_eq!(text, "hello\nhello\n");
+    let json = quire_ok(&[
+        "doc",
+        "export",
+        "notes",
+        "--format",
+        "json",
+        "--database",
+        &db,
+    ]);
+    let json: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(json["content"], "hello\nhello\n");
+
+    // What is not there is an error, not an empty file.
+    let missing = quire()
+        .args(["doc", "export", "nothing-here", "--database", &db])
+        .output()
+        .expect("run");
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no document named"));
+    drop(server);
+}
+
+/// `quire backup` copies a running server's SQLite store and checks the copy; `quire
+/// restore-backup` refuses a store a server answers for and a store with documents, and puts
+/// the backup into an empty one, where a server then serves the content to a fresh client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backup_while_serving_then_restore_into_an_empty_store_on_sqlite() {
+    require_sqlite();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_url(dir.path());
+    let server = ServerProcess::start(dir.path(), &[]).await;
+    let base = format!("http://{}", server.addr);
+    let mut c = Client::connect(&server.url("kept"), 1).await;
+    c.insert(0, "worth keeping").await;
+    c.durable_ack(1).await;
+
+    let saved = tempfile::tempdir().expect("tempdir");
+    let file = saved.path().join("quire-backup.db");
+    let file = file.to_str().expect("utf-8");
+    let printed = quire_ok(&["backup", file, "--database", &db]);
+    assert!(printed.contains("backed up 1 documents"), "{printed}");
+    assert!(printed.contains("integrity ok"), "{printed}");
+    let again = quire()
+        .args(["backup", file, "--database", &db])
+        .output()
+        .expect("run");
+    assert!(!again.status.success(), "a backup never overwrites a file");
+
+    let refused = quire()
+        .args(["restore-backup", file, "--database", &db, "--server", &base])
+        .output()
+        .expect("run");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("a server answers"));
+    drop(c);
+    drop(server);
+    let nobody = "http://127.0.0.1:1";
+    let refused = quire()
+        .args([
+            "restore-backup",
+            file,
+            "--database",
+            &db,
+            "--server",
+            nobody,
+        ])
+        .output()
+        .expect("run");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("only into an empty store"));
+
+    let fresh = tempfile::tempdir().expect("tempdir");
+    let fresh_db = database_url(fresh.path());
+    let printed = quire_ok(&[
+        "restore-backup",
+        file,
+        "--database",
+        &fresh_db,
+        "--server",
+        nobody,
+    ]);
+    assert!(printed.contains("restored 1 documents"), "{printed}");
+    let server = ServerProcess::start(fresh.path(), &[]).await;
+    let reader = Client::connect(&server.url("kept"), 2).await;
+    assert_eq!(reader.text(), "worth keeping");
+}
+
+/// On PostgreSQL, `quire backup` and `restore-backup` print the pg_dump / pg_restore
+/// command, without the URL's password.
+#[test]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
+fn backup_on_postgres_prints_the_pg_dump_command() {
+    require_postgres();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db =
+        database_url(dir.path()).replace("postgres://postgres@", "postgres://postgres:secret@");
+    let printed = quire_ok(&["backup", "/tmp/x.dump", "--database", &db]);
+    assert!(
+        printed.contains("pg_dump --format=custom --file /tmp/x.dump"),
+        "{printed}"
+    );
+    assert!(!printed.contains("secret"), "{printed}");
+    let printed = quire_ok(&["restore-backup", "/tmp/x.dump", "--database", &db]);
+    assert!(printed.contains("pg_restore"), "{printed}");
+    assert!(!printed.contains("secret"), "{printed}");
+}
+
+/// `quire compact` writes a snapshot covering the log now; a second run finds nothing to do.
+#[tokio::test]
+async fn compact_writes_a_snapshot_of_the_log_now() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_url(dir.path());
+    let note = dir.path().join("note.txt");
+    std::fs::write(&note, "line\n").expect("write");
+    let note = note.to_str().expect("utf-8");
+    let nobody = "http://127.0.0.1:1";
+    for _ in 0..3 {
+        quire_ok(&[
+            "doc",
+            "import",
+            "notes",
+            note,
+            "--database",
+            &db,
+            "--server",
+            nobody,
+        ]);
+    }
+    let printed = quire_ok(&["compact", "notes", "--database", &db]);
+    assert!(
+        printed.contains("notes: 3 log rows into a snapshot"),
+        "{printed}"
+    );
+    let pool = open_db(dir.path()).await;
+    let (seq,): (i64,) = sqlx::query_as("SELECT snapshot_seq FROM documents WHERE name = 'notes'")
+        .fetch_one(&pool)
+        .await
+        .expect("row");
+    assert_eq!(seq, 3, "the snapshot covers the three rows");
+    pool.close().await;
+    let printed = quire_ok(&["compact", "--database", &db]);
+    assert!(printed.contains("compacted 0 of 1 documents"), "{printed}");
+    let text = quire_ok(&[
+        "doc",
+        "export",
+        "notes",
+        "--format",
+        "text",
+        "--database",
+        &db,
+    ]);
+    assert_eq!(text, "line\nline\nline\n");
+}
+
+/// `quire doctor` fails (exit 1) on a store that was never migrated and on an unreachable
+/// bus, and passes on a migrated store.
+#[test]
+fn doctor_checks_the_database_migrations_and_bus() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_url(dir.path());
+    if !on_postgres() {
+        let out = quire()
+            .args(["doctor", "--database", &db])
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(1), "an absent store fails");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("FAIL database"));
+    }
+    quire_ok(&["migrate", "--database", &db]);
+    let printed = quire_ok(&["doctor", "--database", &db]);
+    assert!(printed.contains("ok   migrations"), "{printed}");
+    assert!(printed.contains("checks passed"), "{printed}");
+    let out = quire()
+        .args([
+            "doctor",
+            "--database",
+            &db,
+            "--bus",
+            "nats://127.0.0.1:1",
+            "--cluster-key",
+            "k",
+        ])
+        .output()
+        .expect("run");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{printed}");
+    assert!(printed.contains("FAIL bus"), "{printed}");
+}
+
+/// The `curl` examples of docs/api.md ("The content routes from `curl`") run as written
+/// against a server with an auth key, with a token the CLI issued: every command succeeds
+/// (`curl -f`), and the copy has the content the example's update carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_curl_examples_in_the_api_docs_work() {
+    let doc = include_str!("../../docs/api.md");
+    let section = doc
+        .split("### The content routes from `curl`")
+        .nth(1)
+        .expect("the section");
+    let script = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("the sh block");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = "docs:0123456789abcdef0123";
+    let server = ServerProcess::start(dir.path(), &["--auth-key", key]).await;
+    let token = quire_ok(&[
+        "token",
+        "issue",
+        "--auth-key",
+        key,
+        "--user",
+        "ann",
+        "--doc",
+        "team/*",
+        "--permission",
+        "write",
+    ]);
+    let script = script.replace("127.0.0.1:1234", &server.addr.to_string());
+    let out = std::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .env("TOKEN", token.trim())
+        .current_dir(dir.path())
+        .output()
+        .expect("bash");
+    assert!(
+        out.status.success(),
+        "the example failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.contains("\"seq\""), "{printed}");
+    assert!(printed.contains("Plan, v2"), "{printed}");
+    assert!(dir.path().join("plan.bin").exists());
+    drop(server);
+}

@@ -22,7 +22,19 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use yrs::sync::AwarenessUpdate;
 use yrs::{StateVector, Update};
 
-pub(crate) use actor::doc_json;
+pub use actor::doc_json;
+
+/// A document's state replayed from what storage returned: its snapshot and the log rows
+/// after it. The error names the part that does not decode or apply.
+pub fn replay_stored(stored: &crate::storage::StoredDoc) -> Result<yrs::Doc, String> {
+    committed::replay(
+        stored.snapshot.as_deref(),
+        stored
+            .updates
+            .iter()
+            .map(|(seq, data)| (*seq, data.as_slice())),
+    )
+}
 pub use registry::Registry;
 
 /// A document's committed state read from storage, for a node that does not serve it (see

@@ -107,6 +107,17 @@ impl StoredDoc {
     }
 }
 
+/// The versions of the migrations this binary applies, ascending (the same for both
+/// databases; `quire doctor` compares them with a database's).
+pub fn migrations(postgres: bool) -> Vec<i64> {
+    let migrator = if postgres {
+        sqlx::migrate!("../migrations/postgres")
+    } else {
+        sqlx::migrate!("../migrations/sqlite")
+    };
+    migrator.iter().map(|m| m.version).collect()
+}
+
 /// Most bytes of one stored part of a snapshot (`doc_snapshot_parts`): the most one staging
 /// transaction writes, so the longest another document's commit waits behind a snapshot.
 pub const SNAPSHOT_PART_BYTES: usize = 1 << 20;

@@ -258,10 +258,26 @@ impl TestServer {
     }
 }
 
-/// The `quire` binary as a child process (for SIGKILL tests).
+/// The `quire` binary as a child process (for SIGKILL tests). Its log (stderr) is kept and
+/// printed only if the test fails, so a passing suite's output is not filled with every
+/// server's start-up warnings.
 pub struct ServerProcess {
     pub child: tokio::process::Child,
     pub addr: SocketAddr,
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Ok(log) = self.log.lock() {
+                eprintln!("--- log of the quire process at {}:", self.addr);
+                for line in log.iter() {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
 }
 
 impl ServerProcess {
@@ -284,10 +300,22 @@ impl ServerProcess {
             .args(extra)
             .env("QUIRE_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("spawn quire");
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        if let Some(stderr) = child.stderr.take() {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Ok(mut log) = log.lock() {
+                        log.push(line);
+                    }
+                }
+            });
+        }
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         let addr = tokio::time::timeout(PATIENCE, async {
@@ -300,7 +328,7 @@ impl ServerProcess {
         })
         .await
         .expect("quire starts");
-        ServerProcess { child, addr }
+        ServerProcess { child, addr, log }
     }
 
     pub fn url(&self, doc: &str) -> String {

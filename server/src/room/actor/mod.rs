@@ -49,7 +49,7 @@ use crate::protocol;
 use crate::storage::{Epoch, LeaseGrant, LogEntry, SnapshotOutcome, StorageError, StoredDoc};
 
 pub(super) use lifecycle::run;
-pub(crate) use reads::doc_json;
+pub use reads::doc_json;
 
 /// A document's committed state straight from storage (the snapshot and the log after it,
 /// replayed into a fresh `Doc`), within `storage_timeout`; `None` if it is deleted. What a

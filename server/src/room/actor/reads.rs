@@ -6,7 +6,7 @@ use super::*;
 
 /// The document's root types as JSON. Roots loaded from updates have no declared type, so
 /// the type is inferred from the content the way yrs does (text, array or map).
-pub(crate) fn doc_json(doc: &Doc) -> serde_json::Value {
+pub fn doc_json(doc: &Doc) -> serde_json::Value {
     use yrs::types::AsPrelim;
     use yrs::types::ToJson;
     use yrs::{ArrayRef, In, MapRef, Out, TextRef, XmlFragmentRef};
