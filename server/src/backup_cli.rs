@@ -3,8 +3,8 @@
 //! On SQLite a backup is `VACUUM INTO`: one read transaction copies a consistent state of the
 //! database into a new, compacted file while the server goes on writing (WAL readers never
 //! block the writer), then the copy is reopened and checked (`PRAGMA integrity_check`, the
-//! migrations it has, its documents). A restore copies a checked backup into place, only into
-//! an empty store (no file yet, or a file without documents) and only while no server answers.
+//! migrations it has, its documents). A restore copies a checked backup into place, only where
+//! no database file is yet and only while no server answers.
 //! On PostgreSQL both print the `pg_dump` / `pg_restore` command that does it (the password,
 //! if the URL has one, is left out: pass it as `PGPASSWORD`).
 
@@ -192,22 +192,22 @@ pub async fn restore(
         .await
         .with_context(|| format!("{} is not a usable backup", file.display()))?;
     let target = sqlite_path(url)?;
+    // Restored only where no database file is yet: deleting one, even an empty one, could
+    // pull it from under a server that has it open (one this check cannot see, at another
+    // address), which would then write to a file nobody can open again.
     if target.exists() {
-        let current = check(&target).await?;
-        if current.documents > 0 {
+        let documents = check(&target).await.map(|c| c.documents).unwrap_or(0);
+        if documents > 0 {
             bail!(
-                "{} holds {} documents: a backup is restored only into an empty store",
-                target.display(),
-                current.documents
+                "{} holds {documents} documents: a backup is restored only into an empty store",
+                target.display()
             );
         }
-        for suffix in ["", "-wal", "-shm"] {
-            let path = PathBuf::from(format!("{}{suffix}", target.display()));
-            if path.exists() {
-                std::fs::remove_file(&path)
-                    .with_context(|| format!("cannot remove {}", path.display()))?;
-            }
-        }
+        bail!(
+            "{} exists: a backup is restored only where no database is yet (move the empty one \
+             away, with no server using it)",
+            target.display()
+        );
     }
     let started = Instant::now();
     let copy = async {

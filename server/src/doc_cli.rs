@@ -11,7 +11,12 @@
 //!   straight to the store when none does: one log row appended at the next position, with
 //!   the position check every writer makes, so a server that starts meanwhile can neither
 //!   lose it nor be overwritten by it (the append fails, and the import reads again and
-//!   retries). Never both: the store is written only when no server answers.
+//!   retries). Never both: the store is written only when no server answers at the address.
+//!   A server elsewhere (another node, another address) that holds the document open finds
+//!   the row when it next appends (a position conflict makes its room reload), so its clients
+//!   see the import with the next edit, not at once.
+//! - Both refuse a store whose schema is not exactly this binary's (`quire migrate` first):
+//!   they never create or migrate one.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -172,7 +177,7 @@ async fn export(
     root: &str,
 ) -> anyhow::Result<()> {
     let progress = Progress::start(format!("exporting {name}"));
-    let stores = quire_server::open_stores(config).await?;
+    let stores = crate::ops_cli::open_current_store(config).await?;
     let (_, doc) = stored_doc(&stores, name).await?;
     let bytes = {
         let txn = doc.transact();
@@ -313,7 +318,7 @@ async fn import(
     }
     quire_server::room::DocName::parse(name)
         .map_err(|e| anyhow::anyhow!("{name:?} is not a document name: {e}"))?;
-    let stores = quire_server::open_stores(config).await?;
+    let stores = crate::ops_cli::open_current_store(config).await?;
     // A document that does not exist yet is created, as a first WebSocket client would.
     if let Some(meta) = stores.api.get_doc_by_name(name).await? {
         if meta.deleted_at.is_some() {

@@ -72,12 +72,41 @@ async fn compact_one(stores: &quire_server::Stores, name: &str) -> anyhow::Resul
     bail!("document {name:?}: a room kept writing snapshots; try again")
 }
 
+/// Opens the configured store for a command that reads or writes documents, after checking
+/// that its schema is exactly this binary's: the store is never created (a mistyped SQLite
+/// path is an error, not a new empty database) and never migrated behind a running server
+/// (an older server would find its tables changed under it).
+pub async fn open_current_store(
+    config: &quire_server::config::Config,
+) -> anyhow::Result<quire_server::Stores> {
+    let url = config.database_url.expose();
+    let postgres = quire_server::storage::postgres::is_postgres_url(url);
+    let shown = quire_server::storage::redact_url(url);
+    let (applied, _) = database_facts(url, postgres)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot open the store at {shown}: {e}"))?;
+    let Some(applied) = applied else {
+        bail!("{shown} is not a Quire store (no migrations): run `quire migrate` to create one");
+    };
+    let expected = quire_server::storage::migrations(postgres);
+    if applied.iter().any(|v| !expected.contains(v)) {
+        bail!("{shown} was migrated by a newer Quire than this binary");
+    }
+    if expected.iter().any(|v| !applied.contains(v)) {
+        bail!(
+            "{shown} needs migrations this binary has: run `quire migrate` (with the servers \
+             stopped or upgraded) first"
+        );
+    }
+    Ok(quire_server::open_stores(config).await?)
+}
+
 /// `quire compact [NAME...]`.
 pub async fn compact(
     config: &quire_server::config::Config,
     names: Vec<String>,
 ) -> anyhow::Result<()> {
-    let stores = quire_server::open_stores(config).await?;
+    let stores = open_current_store(config).await?;
     stores
         .api
         .set_history_retention(config.room.history.retention);

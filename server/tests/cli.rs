@@ -451,6 +451,21 @@ async fn doc_export_and_import_round_trip_the_editing_trace() {
     // Port 1: nothing answers there, so the import writes to the store.
     let nobody = "http://127.0.0.1:1";
 
+    let refused = quire()
+        .args([
+            "doc",
+            "import",
+            "trace",
+            file,
+            "--database",
+            &db,
+            "--server",
+            nobody,
+        ])
+        .output()
+        .expect("run");
+    assert!(!refused.status.success(), "an import creates no store");
+    quire_ok(&["migrate", "--database", &db]);
     let printed = quire_ok(&[
         "doc",
         "import",
@@ -677,6 +692,7 @@ async fn compact_writes_a_snapshot_of_the_log_now() {
     std::fs::write(&note, "line\n").expect("write");
     let note = note.to_str().expect("utf-8");
     let nobody = "http://127.0.0.1:1";
+    quire_ok(&["migrate", "--database", &db]);
     for _ in 0..3 {
         quire_ok(&[
             "doc",

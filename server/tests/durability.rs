@@ -720,3 +720,31 @@ async fn a_snapshot_staged_in_parts_is_read_back_whole_and_checked() {
     assert_eq!(rows(pool.clone()).await.len(), 1);
     pool.close().await;
 }
+
+/// Two writers stage a large snapshot of the same version: the first to write wins, and its
+/// write deletes the other's parts; the other gets the conflict (and reloads), not an error
+/// about its missing parts.
+#[tokio::test]
+async fn a_staged_snapshot_that_loses_the_race_is_a_conflict() {
+    use quire_server::storage::{SnapshotBytes, SNAPSHOT_PART_BYTES};
+    let dir = tempfile::tempdir().expect("tempdir");
+    init_tracing();
+    let store = open_test_stores(dir.path()).await.docs;
+    let d = store.load("race").await.expect("load");
+    let big = bytes::Bytes::from(vec![7u8; SNAPSHOT_PART_BYTES + 1]);
+    let a = store.stage_snapshot(d.id, big.clone()).await.expect("a");
+    let b = store.stage_snapshot(d.id, big).await.expect("b");
+    let v = d.snapshot_version;
+    let first = store
+        .write_snapshot(d.id, None, v, SnapshotBytes::Staged(a), 0)
+        .await
+        .expect("a writes");
+    assert_eq!(first, SnapshotOutcome::Written { new_version: v + 1 });
+    let second = store
+        .write_snapshot(d.id, None, v, SnapshotBytes::Staged(b), 0)
+        .await;
+    assert!(
+        matches!(second, Ok(SnapshotOutcome::Conflict)),
+        "the loser gets its conflict: {second:?}"
+    );
+}

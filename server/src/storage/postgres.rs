@@ -214,7 +214,6 @@ impl DocStore for PgStore {
         upto_seq: i64,
     ) -> Result<SnapshotOutcome, StorageError> {
         let mut tx = self.api.pool.begin().await?;
-        SqlApi::<Postgres>::check_staged(&mut tx, doc, &snapshot).await?;
         let generation = snapshot.generation();
         // Waits for appends that hold the row; after a concurrent snapshot commits, the version
         // is checked again on the new row, so exactly one of two writers of version v wins.
@@ -244,6 +243,9 @@ impl DocStore for PgStore {
                 e => Err(e),
             };
         };
+        // Staged parts are checked once the version and fence have matched (a writer that lost
+        // the race gets its conflict above, not this error); an error rolls the UPDATE back.
+        SqlApi::<Postgres>::check_staged(&mut tx, doc, &snapshot).await?;
         // The snapshot's bytes live apart from the row, in parts (migrations/postgres/0008),
         // placed under the row lock the UPDATE above holds.
         SqlApi::<Postgres>::place_snapshot(

@@ -719,7 +719,6 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
             upto_seq,
             delete_covered,
         } => {
-            SqlApi::<Sqlite>::check_staged(conn, *doc, snapshot).await?;
             let generation = snapshot.generation();
             let done = sqlx::query(
                 "UPDATE documents SET snapshot_seq = ?1, \
@@ -747,6 +746,10 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
                     e => Err(e),
                 };
             }
+            // Staged parts are checked once the version and fence have matched: a writer that
+            // lost the race (whose parts the winner deleted) gets its conflict, not this error.
+            // An error here rolls the UPDATE back with the rest of the request.
+            SqlApi::<Sqlite>::check_staged(conn, *doc, snapshot).await?;
             // The snapshot's bytes live apart from the row, in parts (migrations/sqlite/0008).
             SqlApi::<Sqlite>::place_snapshot(
                 conn,

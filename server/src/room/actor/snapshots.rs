@@ -36,6 +36,15 @@ pub(super) struct Encoding {
     task: tokio::task::JoinHandle<Result<Prepared, String>>,
 }
 
+/// A room that gives up a snapshot being prepared (it leaves, or reloads) stops its task:
+/// the task would otherwise go on staging parts nobody will name, holding the process's
+/// encoder permit.
+impl Drop for Encoding {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// A snapshot encoded (and, when large, staged) away from the room.
 pub(super) struct Prepared {
     data: Bytes,
@@ -111,7 +120,33 @@ impl Room {
                 return;
             }
         }
-        self.inflight = self.spawn_snapshot();
+        self.inflight = self.spawn_snapshot(true);
+    }
+
+    /// Stages a snapshot encoded in the room on a task of its own, like one encoded away
+    /// from it (its write then comes at the next free storage slot, as `on_encoded` does).
+    fn stage_apart(&mut self, data: Bytes) {
+        let store = self.registry.store.clone();
+        let doc = self.doc_id;
+        let (limit, metrics) = (
+            self.registry.config.storage_timeout,
+            self.registry.metrics.clone(),
+        );
+        let task = tokio::spawn(async move {
+            let staged = stage(&*store, doc, data.clone(), limit, &metrics)
+                .await
+                .map_err(|e| format!("staging: {e}"))?;
+            Ok(Prepared {
+                data,
+                staged: Some(staged),
+            })
+        });
+        self.encoding = Some(Encoding {
+            upto_seq: self.last_seq,
+            version: self.snapshot_version,
+            covered_bytes: self.since_snapshot_bytes,
+            task,
+        });
     }
 
     fn encode_apart(&mut self, source: SnapshotSource) {
@@ -187,7 +222,11 @@ impl Room {
     /// small updates from a writer did it, and the panic killed the room). So no snapshot is
     /// taken while anything is pending (the log keeps every update), and a panic in yrs all the
     /// same is caught.
-    pub(super) fn spawn_snapshot(&mut self) -> Option<Inflight> {
+    ///
+    /// With `apart`, a snapshot larger than one part is staged on a task of its own (the
+    /// room goes on; the write follows at a free slot) instead of in this write (the final
+    /// snapshot of a room that leaves, which has nothing left to hold up).
+    pub(super) fn spawn_snapshot(&mut self, apart: bool) -> Option<Inflight> {
         // Not even tried while an update is pending: that is when yrs may panic (and a panic
         // under the fuzzer aborts, caught or not).
         if self.doc.transact().has_missing_updates() {
@@ -208,18 +247,19 @@ impl Room {
             }
         };
         self.unencodable = false;
-        let prepared = Prepared {
-            data: Bytes::from(data),
-            staged: None,
-        };
+        let data = Bytes::from(data);
+        if apart && data.len() > SNAPSHOT_PART_BYTES {
+            self.stage_apart(data);
+            return None;
+        }
+        let prepared = Prepared { data, staged: None };
         Some(self.snapshot_write(prepared, self.last_seq, self.since_snapshot_bytes))
     }
 
     /// Writes an encoded snapshot covering the log up to `upto_seq` (and `covered_bytes` of
     /// what was logged since the last one) with the version check. One that is larger than a
-    /// part and not staged yet (encoded in the room: a document that grew past a part since
-    /// its size was last looked at, or the final snapshot of one leaving) is staged first, in
-    /// this write.
+    /// part and not staged yet (only the final snapshot of a room that leaves) is staged
+    /// first, in this write.
     fn snapshot_write(&self, prepared: Prepared, upto_seq: i64, covered_bytes: u64) -> Inflight {
         let Prepared { data, staged } = prepared;
         let size = data.len() as u64;
@@ -263,7 +303,7 @@ impl Room {
         // Leaving: whatever is being encoded away from the room is not waited for.
         self.encoding = None;
         self.encoded = None;
-        self.inflight = self.spawn_snapshot();
+        self.inflight = self.spawn_snapshot(false);
         while self.inflight.is_some() {
             let res = wait_inflight(&mut self.inflight).await;
             if let Err(e) = self.on_op_done(res).await {
