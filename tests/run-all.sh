@@ -33,6 +33,8 @@ cargo build -p quire-server --bin quire
 export QUIRE_BIN="${CARGO_TARGET_DIR:-target}/debug/quire"
 echo "--- the WASM client's tests in Node"
 node --test web/test/wasm-node.test.mjs
+echo "--- the WASM client as an npm package, installed into a scratch project"
+node --test web/test/npm-package.test.mjs
 echo "--- end to end in Chromium (screenshots in target/screenshots/)"
 node --test web/test/e2e.mjs
 

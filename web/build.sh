@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the browser side: the WASM client (client-wasm/, for wasm32-unknown-unknown) into
-# web/pkg/, then the web pages into web/dist/ (served by `quire serve` at /).
+# web/pkg/, the same as an npm package into web/npm/, then the web pages into web/dist/
+# (served by `quire serve` at /).
 #
 # rustup cannot add the wasm32 target on these machines, so this uses Debian's own newer
 # toolchain (rustc-web + the exact std source, rust-web-src) to rebuild std with -Zbuild-std,
@@ -84,5 +85,17 @@ if [ "$(cat web/pkg/.quire-stamp 2>/dev/null)" != "$STAMP" ]; then
   rm -rf web/pkg && mv web/pkg.tmp web/pkg
 fi
 
-# 6. The web pages -> web/dist (prints each file's raw and gzipped size).
+# 6. The client as an npm package an application depends on by path (`npm install
+#    /path/to/web/npm`): the glue, the module, the types, with client-wasm/npm's package.json
+#    (its version set to the workspace's) and README.
+VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
+rm -rf web/npm.tmp && mkdir -p web/npm.tmp
+cp web/pkg/quire_client.js web/pkg/quire_client_bg.wasm web/pkg/quire_client.d.ts \
+  client-wasm/npm/README.md web/npm.tmp/
+node -e 'const fs = require("fs"); const p = JSON.parse(fs.readFileSync(process.argv[1]));
+  p.version = process.argv[2]; fs.writeFileSync(process.argv[3], JSON.stringify(p, null, 2) + "\n")' \
+  client-wasm/npm/package.json "$VERSION" web/npm.tmp/package.json
+rm -rf web/npm && mv web/npm.tmp web/npm
+
+# 7. The web pages -> web/dist (prints each file's raw and gzipped size).
 node web/bundle.mjs

@@ -180,3 +180,62 @@ async fn a_restore_under_live_and_offline_yjs_clients_converges() {
     assert!(stdout.contains("\"ok\":true"));
     server.stop().await;
 }
+
+/// A Python tool (tests/python/edit_doc.py: pycrdt, pycrdt-websocket's channel over httpx-ws,
+/// from PyPI) and a stock yjs + y-websocket client (the stack a browser editor uses) edit one
+/// document at the same time: each appends its text, each ends up with both, identical, and a
+/// fresh read of the committed state holds both. The Python packages come from
+/// tests/requirements.txt (tests/run-all.sh installs them); without them this fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_pycrdt_tool_and_a_yjs_client_converge_on_one_document() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let url = format!("ws://{}", server.addr);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/edit_doc.py");
+    let python = tokio::process::Command::new("python3")
+        .arg(&script)
+        .args([
+            &url,
+            "tools",
+            "[from python]",
+            "[from python],[from js]",
+            "30",
+        ])
+        .kill_on_drop(true)
+        .output();
+    let js = node()
+        .args(["python-peer.mjs", "--url", &url, "--doc", "tools"])
+        .args(["--text", "[from js]", "--expect", "[from python],[from js]"])
+        .output();
+    let (python, js) =
+        tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(python, js) })
+            .await
+            .expect("both finish");
+    let (python, js) = (python.expect("python3 runs"), js.expect("node runs"));
+    let said = |o: &std::process::Output| -> serde_json::Value {
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success(),
+            "failed: {out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_str(out.trim()).expect("a JSON line")
+    };
+    let (from_python, from_js) = (said(&python), said(&js));
+    assert_eq!(
+        from_python["text"], from_js["text"],
+        "both hold the same text"
+    );
+    let stored = reqwest::get(format!("http://{}/api/v1/docs/tools/json", server.addr))
+        .await
+        .expect("GET /json")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json");
+    let text = stored["content"].as_str().expect("the text root");
+    assert!(
+        text.contains("[from python]") && text.contains("[from js]"),
+        "{text}"
+    );
+    assert_eq!(stored["content"], from_python["text"]);
+}
