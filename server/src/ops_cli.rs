@@ -25,6 +25,10 @@ enum Compacted {
 }
 
 async fn compact_one(stores: &quire_server::Stores, name: &str) -> anyhow::Result<Compacted> {
+    // `load` creates a document it does not find: a mistyped name must not.
+    if stores.api.get_doc_by_name(name).await?.is_none() {
+        bail!("no document named {name:?}");
+    }
     for _ in 0..2 {
         let stored = stores.docs.load(name).await?;
         if stored.deleted {
@@ -146,16 +150,13 @@ pub async fn compact(
         match compact_one(&stores, name).await {
             Ok(Compacted::Written { rows, bytes }) => {
                 written += 1;
-                bar.println(format!(
-                    "{name}: {rows} log rows into a snapshot of {}",
-                    indicatif::BinaryBytes(bytes as u64)
-                ));
-                if bar.is_hidden() {
+                // Above the bar on a terminal, a plain line elsewhere.
+                bar.suspend(|| {
                     println!(
                         "{name}: {rows} log rows into a snapshot of {}",
                         indicatif::BinaryBytes(bytes as u64)
-                    );
-                }
+                    )
+                });
             }
             Ok(Compacted::AlreadyCompact) => {}
             Err(e) => {

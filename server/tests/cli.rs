@@ -729,6 +729,16 @@ async fn compact_writes_a_snapshot_of_the_log_now() {
         &db,
     ]);
     assert_eq!(text, "line\nline\nline\n");
+    let missing = quire()
+        .args(["compact", "no-such-doc", "--database", &db])
+        .output()
+        .expect("run");
+    assert!(!missing.status.success(), "a mistyped name is an error");
+    let printed = quire_ok(&["compact", "--database", &db]);
+    assert!(
+        printed.contains("of 1 documents"),
+        "no document was created: {printed}"
+    );
 }
 
 /// `quire doctor` fails (exit 1) on a store that was never migrated and on an unreachable

@@ -152,17 +152,4 @@ impl SnapshotBytes {
             SnapshotBytes::Staged(staged) => staged.generation,
         }
     }
-
-    /// The snapshot's size in bytes.
-    pub fn len(&self) -> u64 {
-        match self {
-            SnapshotBytes::Whole(bytes) => bytes.len() as u64,
-            SnapshotBytes::Staged(staged) => staged.len as u64,
-        }
-    }
-
-    /// Whether the snapshot is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
