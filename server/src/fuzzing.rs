@@ -577,7 +577,7 @@ impl ApiState {
             token("fuzz-writer", Permission::Write),
             token("fuzz-viewer", Permission::Read),
         ];
-        let app = AppState {
+        let app = AppState::new(crate::App {
             relay_leases: Arc::default(),
             address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
             bus: None,
@@ -588,7 +588,7 @@ impl ApiState {
             metrics: registry.metrics.clone(),
             connections: TaskTracker::new(),
             config: Arc::new(config),
-        };
+        });
         let mut api = ApiState {
             router: crate::http::router(app),
             registry,

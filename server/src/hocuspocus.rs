@@ -128,7 +128,7 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
         };
         // Every session's inbound channel closes: each leaves its room.
         conn.docs.clear();
-        let reason = ws::finish(sink, stream, outcome).await;
+        let reason = ws::finish(ws::Pair { sink, stream }, outcome).await;
         debug!(code = reason.code, reason = %reason.reason, "closed");
     }
     .instrument(span)
@@ -811,7 +811,7 @@ impl SessionTask {
         let _counted = Counted::new(&app.metrics.hocuspocus_documents);
         // At debug, like a y-websocket connection's (`ws::serve`).
         let span = debug_span!("doc", doc = %name, peer);
-        let mut stream = futures_util::stream::poll_fn(move |cx| {
+        let stream = futures_util::stream::poll_fn(move |cx| {
             rx.poll_recv(cx)
                 .map(|frame| frame.map(|f| Ok::<_, WsError>(WsMessage::Binary(f))))
         });
@@ -821,7 +821,7 @@ impl SessionTask {
             acks,
             metrics: app.metrics.clone(),
         };
-        let mut sink = Box::pin(futures_util::sink::unfold(
+        let sink = Box::pin(futures_util::sink::unfold(
             translate,
             |mut t, msg: WsMessage| async move {
                 t.write(msg).await?;
@@ -829,7 +829,8 @@ impl SessionTask {
             },
         ));
         let who = (&name, peer, Box::new(auth));
-        let outcome = ws::run_peer(&mut sink, &mut stream, who, Some(&mut reauth), &app, &seen)
+        let mut conn = ws::Pair { sink, stream };
+        let outcome = ws::run_peer(&mut conn, who, Some(&mut reauth), &app, &seen)
             .instrument(span)
             .await;
         let _ = ended.send(Ended {

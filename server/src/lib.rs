@@ -51,9 +51,27 @@ use storage::postgres::{is_postgres_url, PgStore};
 use storage::sqlite::{EventSettings, SqliteStore};
 use storage::{DocStore, StorageError};
 
-/// What request handlers share.
+/// What request handlers share: one [`App`] behind an `Arc`, so that a copy (each request's,
+/// each connection's) is one pointer, not the dozen the fields are.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<App>);
+
+impl AppState {
+    pub fn new(app: App) -> AppState {
+        AppState(Arc::new(app))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = App;
+
+    fn deref(&self) -> &App {
+        &self.0
+    }
+}
+
+/// The server's shared parts (through [`AppState`]).
+pub struct App {
     pub config: Arc<Config>,
     pub store: Arc<dyn DocStore>,
     pub api: Arc<dyn ApiStore>,
@@ -176,7 +194,7 @@ pub async fn run_with_stores(
         Some((bus, inbound)) => (Some(bus), Some(inbound)),
         None => (None, None),
     };
-    let app = AppState {
+    let app = AppState::new(App {
         relay_leases: Arc::default(),
         address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
         bus,
@@ -187,7 +205,7 @@ pub async fn run_with_stores(
         registry: registry.clone(),
         metrics,
         connections: TaskTracker::new(),
-    };
+    });
     let background = TaskTracker::new();
     background.spawn(revocation::watch(app.clone(), shutdown.clone()));
     if app.bus.is_some() {

@@ -1,9 +1,10 @@
 //! One WebSocket connection: decode frames and hand them to the room; write what the room
 //! queues; ping, and close when silent too long.
 //!
-//! Reading and writing run as two halves of one task. The writer owns the bounded outbound
-//! queue the room fills; if the socket stops draining, the queue fills, and the room closes the
-//! peer with 1013 instead of waiting for it.
+//! Reading and writing are the two directions of one hand-written future ([`Pump`]) that
+//! polls both of one unsplit socket. The writer drains the bounded outbound queue the room
+//! fills; if the socket stops draining, the queue fills, and the room closes the peer with
+//! 1013 instead of waiting for it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,14 +13,14 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use futures_util::stream::{SplitSink, SplitStream};
-use futures_util::{FutureExt, SinkExt, StreamExt};
+use futures_util::{SinkExt, StreamExt};
 use prometheus::IntGauge;
 use tokio::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::Frame;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 pub(crate) use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
-use tracing::{debug, debug_span, Instrument};
+use tracing::{debug, debug_span};
 
 use crate::close;
 use crate::http::upgrade::Socket;
@@ -27,8 +28,9 @@ use crate::limits::PeerRates;
 use crate::relay::{next_auth, relay_to_owner, Reauth};
 use crate::room::join::{join, join_close, next_peer_id, to_peer_msgs};
 use crate::room::queue::{self, Next, QueueRx};
-use crate::room::{CloseReason, DocName, JoinError, PeerAuth, RoomCmd, RoomHandle};
-use crate::AppState;
+use crate::room::{CloseReason, DocName, JoinError, PeerAuth, RoomCmd, RoomHandle, SendWait};
+use crate::config::Limits;
+use crate::{App, AppState};
 
 /// How long a close frame may take to leave before the socket is dropped.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -37,7 +39,7 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// one that never does.
 const BACKPRESSURE_CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most queued frames written with one flush.
-const MAX_FRAMES_PER_FLUSH: usize = 64;
+const MAX_FRAMES_PER_FLUSH: u8 = 64;
 
 /// Largest WebSocket frame sent: a longer message (a whole document's Sync Step 2) leaves as
 /// fragments, each a slice of the one buffer the room shares among its peers. tungstenite
@@ -121,26 +123,186 @@ impl<S: futures_util::Sink<WsMessage> + Unpin> futures_util::Sink<WsMessage> for
     }
 }
 
+/// Reads pass through untouched.
+impl<S: futures_util::Stream + Unpin> futures_util::Stream for Fragmenting<S> {
+    type Item = S::Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        Pin::new(&mut self.get_mut().inner).poll_next(cx)
+    }
+}
+
+/// One client's messages both ways: a WebSocket (unsplit), or a sink and a stream joined by
+/// [`Pair`].
+pub(crate) trait Duplex:
+    futures_util::Sink<WsMessage> + futures_util::Stream<Item = Result<WsMessage, WsError>> + Unpin + Send
+{
+}
+
+impl<T> Duplex for T where
+    T: futures_util::Sink<WsMessage>
+        + futures_util::Stream<Item = Result<WsMessage, WsError>>
+        + Unpin
+        + Send
+{
+}
+
+/// A sink and a stream as one [`Duplex`] (a Hocuspocus socket's split halves, or one of its
+/// documents' channels).
+pub(crate) struct Pair<S, R> {
+    pub(crate) sink: S,
+    pub(crate) stream: R,
+}
+
+impl<S: futures_util::Sink<WsMessage> + Unpin, R: Unpin> futures_util::Sink<WsMessage>
+    for Pair<S, R>
+{
+    type Error = S::Error;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Pin::new(&mut self.get_mut().sink).poll_ready(cx)
+    }
+
+    fn start_send(self: Pin<&mut Self>, item: WsMessage) -> Result<(), S::Error> {
+        Pin::new(&mut self.get_mut().sink).start_send(item)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Pin::new(&mut self.get_mut().sink).poll_flush(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Pin::new(&mut self.get_mut().sink).poll_close(cx)
+    }
+}
+
+impl<S: Unpin, R: futures_util::Stream + Unpin> futures_util::Stream for Pair<S, R> {
+    type Item = R::Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<R::Item>> {
+        Pin::new(&mut self.get_mut().stream).poll_next(cx)
+    }
+}
+
 /// Serves one upgraded connection to document `name` until it closes.
-///
-/// The socket is split before the connection's future exists: it then lives once, in the
-/// halves' shared cell, instead of being copied into every layer of the future (which is
-/// most of an idle connection's memory). For the same reason the connection is one `async`
-/// block and not one wrapped in another: an outer block keeps its own copy of everything it
-/// hands the inner one (112 bytes per connection here, measured with `size_of_val`).
 #[allow(clippy::boxed_local)] // deliberately boxed: see `Conn`
-pub fn serve(socket: Socket, conn: Box<Conn>) -> impl Future<Output = ()> + Send {
+pub fn serve(socket: Socket, conn: Box<Conn>) -> Connection {
     let Conn { name, auth, app } = *conn;
     let peer = next_peer_id();
     // A debug span: nothing inside a connection logs above debug, and an enabled span costs
-    // every connection about 0.3 KiB in the subscriber's registry (with the default `info`
-    // filter a disabled one costs nothing).
+    // every connection about 0.3 KiB in the subscriber's registry. With the default `info`
+    // filter it is disabled, and then not kept at all.
     let user = auth.user.as_deref().unwrap_or("-");
     let span = debug_span!("conn", doc = %name, peer, user = %user);
-    let (sink, stream) = socket.split();
-    serve_inner(Fragmenting::new(sink), stream, name, peer, auth, app)
-        .map(|reason| debug!(code = reason.code, reason = %reason.reason, "closed"))
-        .instrument(span)
+    let span = (!span.is_disabled()).then(|| Box::new(span));
+    Connection {
+        socket: Some(Fragmenting::new(socket)),
+        _counted: Counted::new(&app.metrics.connections),
+        stage: Stage::Joining(joining(app.clone(), name, peer, auth)),
+        app,
+        seen: LastSeen::new(),
+        peer,
+        span,
+    }
+}
+
+/// A y-websocket connection, from its upgrade to its close: joins its room, moves frames both
+/// ways, leaves and closes.
+///
+/// A hand-written future, and the socket unsplit: an idle connection is this struct and its
+/// task, and nothing else of it lives between frames. The socket is inline (a split keeps it
+/// in a shared cell of its own, 0.36 KiB, besides the halves), [`Pump`] polls both its
+/// directions, and the steps taken once (joining, leaving, the close handshake) are boxed
+/// while they run. `async` blocks nested three deep (the connection, its peer, the reader and
+/// writer in a `select!`) came to 1,056 bytes for what this holds in about 600: each layer
+/// kept its own copy of its arguments and of locals that are never alive together.
+pub struct Connection {
+    /// Taken by the close handshake (and by a relay to another node, which ends with it).
+    socket: Option<Fragmenting<Socket>>,
+    app: AppState,
+    seen: LastSeen,
+    peer: u64,
+    stage: Stage,
+    /// The connection's debug span, when that level is enabled.
+    span: Option<Box<tracing::Span>>,
+    _counted: Counted,
+}
+
+enum Stage {
+    Joining(Pin<Box<dyn Future<Output = Joined> + Send>>),
+    Running(Pump<'static>),
+    /// Leaving the room, then closing with the reason (`None`: the client closed).
+    Leaving(Pin<Box<dyn Future<Output = ()> + Send>>, Option<CloseReason>),
+    /// The close handshake (or, relayed, the relay and then the close).
+    Closing(Pin<Box<dyn Future<Output = CloseReason> + Send>>),
+    Done,
+}
+
+impl Connection {
+    /// Leaves for the close handshake with `outcome`.
+    fn close(&mut self, outcome: Option<CloseReason>) {
+        let socket = self.socket.take();
+        self.stage = Stage::Closing(Box::pin(async move {
+            match socket {
+                Some(socket) => finish(socket, outcome).await,
+                None => CloseReason::new(1000, "closed by peer"),
+            }
+        }));
+    }
+}
+
+impl Future for Connection {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let span = this.span.as_deref().cloned();
+        let _entered = span.as_ref().map(tracing::Span::enter);
+        loop {
+            match &mut this.stage {
+                Stage::Joining(joining) => match ready!(joining.as_mut().poll(cx)) {
+                    Joined::Room(room, out_rx) => {
+                        let limits = &this.app.config.limits;
+                        this.stage = Stage::Running(Pump::new(room, out_rx, this.peer, limits));
+                    }
+                    Joined::Closed(reason) => this.close(Some(reason)),
+                    Joined::Elsewhere(name, auth) => {
+                        let (socket, app, peer) = (this.socket.take(), this.app.clone(), this.peer);
+                        this.stage = Stage::Closing(Box::pin(async move {
+                            let Some(mut socket) = socket else {
+                                return CloseReason::new(1000, "closed by peer");
+                            };
+                            let who = (&name, peer, auth);
+                            let outcome = relayed(&mut socket, who, None, &app).await;
+                            finish(socket, outcome).await
+                        }));
+                    }
+                },
+                Stage::Running(pump) => {
+                    let Some(socket) = &mut this.socket else {
+                        this.stage = Stage::Done;
+                        continue;
+                    };
+                    let outcome = ready!(pump.poll(socket, &this.app, &this.seen, cx));
+                    let room = pump.room.clone();
+                    let peer = this.peer;
+                    let leave = Box::pin(async move { room.leave(peer).await });
+                    this.stage = Stage::Leaving(leave, outcome);
+                }
+                Stage::Leaving(leave, outcome) => {
+                    ready!(leave.as_mut().poll(cx));
+                    let outcome = outcome.take();
+                    this.close(outcome);
+                }
+                Stage::Closing(closing) => {
+                    let reason = ready!(closing.as_mut().poll(cx));
+                    debug!(code = reason.code, reason = %reason.reason, "closed");
+                    this.stage = Stage::Done;
+                }
+                Stage::Done => return Poll::Ready(()),
+            }
+        }
+    }
 }
 
 /// What a connection needs besides its socket. Boxed while the upgrade completes: the
@@ -171,80 +333,72 @@ impl Drop for Counted {
     }
 }
 
-/// (A plain function returning an `async move` block: an `async fn` would keep its
-/// arguments twice in the future, once as arguments and once as locals.)
-#[allow(clippy::manual_async_fn)] // deliberately not `async fn`: see above
-fn serve_inner(
-    mut sink: Sink,
-    mut stream: Stream,
+/// How a join ended.
+enum Joined {
+    Room(RoomHandle, QueueRx),
+    /// Refused, or closed at once: close with this.
+    Closed(CloseReason),
+    /// Another node owns the document (and there is a bus to relay through).
+    Elsewhere(DocName, Box<PeerAuth>),
+}
+
+/// Joins `name`'s room as `peer` (boxed: it happens once, and its future is larger than the
+/// rest of a connection's).
+fn joining(
+    app: AppState,
     name: DocName,
     peer: u64,
     auth: Box<PeerAuth>,
-    app: AppState,
-) -> impl Future<Output = CloseReason> + Send {
-    async move {
-        let _counted = Counted::new(&app.metrics.connections);
-        let seen = LastSeen::new();
-        let who = (&name, peer, auth);
-        let outcome = run_peer(&mut sink, &mut stream, who, None, &app, &seen).await;
-        // Boxed, like the other steps taken once: an idle connection's future has no room
-        // for them.
-        Box::pin(finish(sink, stream, outcome)).await
-    }
+) -> Pin<Box<dyn Future<Output = Joined> + Send>> {
+    Box::pin(async move {
+        let (room, out_rx) = match join(&app.registry, &name, peer, (*auth).clone()).await {
+            Ok(joined) => joined,
+            Err(JoinError::Elsewhere) if app.bus.is_some() => {
+                return Joined::Elsewhere(name, auth);
+            }
+            Err(e) => return Joined::Closed(join_close(e)),
+        };
+        // A revocation applied between the token check and the join missed this peer in the
+        // room (revocations update the in-memory set before they tell the rooms), so look
+        // again.
+        if let (Some(token_id), Some(user)) = (&auth.token_id, &auth.user) {
+            if app.auth.is_revoked(token_id, user, auth.issued_at) {
+                room.leave(peer).await;
+                return Joined::Closed(CloseReason::new(close::FORBIDDEN, "access revoked"));
+            }
+        }
+        Joined::Room(room, out_rx)
+    })
 }
 
-/// One client of document `name` through `sink` and `stream`, as a peer of its room (or,
-/// when another node owns it, relayed there): joins, moves frames both ways until either side
-/// ends, and leaves. Returns why it ended (`None`: the client closed); the caller closes the
-/// transport. A WebSocket of the y-websocket endpoint is one such client; each document of a
-/// Hocuspocus socket is another (`crate::hocuspocus`), with channels for `sink` and `stream`.
+/// One client of document `name` through `conn`, as a peer of its room (or, when another
+/// node owns it, relayed there): joins, moves frames both ways until either side ends, and
+/// leaves. Returns why it ended (`None`: the client closed); the caller closes the transport.
+/// Each document of a Hocuspocus socket is such a client (`crate::hocuspocus`), with channels
+/// for its two directions; a y-websocket connection is a [`Connection`], the same steps
+/// written out by hand.
 ///
 /// `reauth` brings the client's refreshed credentials (a Hocuspocus token refresh), which the
 /// room (or, relayed, the owner's) takes in place of the first.
-pub(crate) async fn run_peer<S, R>(
-    sink: &mut S,
-    stream: &mut R,
+pub(crate) async fn run_peer<T: Duplex>(
+    conn: &mut T,
     (name, peer, auth): (&DocName, u64, Box<PeerAuth>),
     mut reauth: Option<&mut Reauth>,
     app: &AppState,
     seen: &LastSeen,
-) -> Option<CloseReason>
-where
-    S: futures_util::Sink<WsMessage> + Unpin + Send,
-    R: futures_util::Stream<Item = Result<WsMessage, WsError>> + Unpin + Send,
-{
-    // Boxed: joining happens once, and its future is larger than the rest of the
-    // connection's.
-    let (room, out_rx) = match Box::pin(join(&app.registry, name, peer, (*auth).clone())).await {
-        Ok(joined) => joined,
-        Err(JoinError::Elsewhere) if app.bus.is_some() => {
-            // Another node owns the document: relay this client to it through the bus.
-            return match &app.bus {
-                Some(bus) => {
-                    let who = (name, peer, *auth);
-                    Box::pin(relay_to_owner(sink, stream, who, reauth, app, bus)).await
-                }
-                None => None,
-            };
+) -> Option<CloseReason> {
+    let (room, out_rx) = match joining(app.clone(), name.clone(), peer, auth).await {
+        Joined::Room(room, out_rx) => (room, out_rx),
+        Joined::Closed(reason) => return Some(reason),
+        Joined::Elsewhere(name, auth) => {
+            return relayed(conn, (&name, peer, auth), reauth, app).await;
         }
-        Err(e) => return Some(join_close(e)),
     };
-    // A revocation applied between the token check and the join missed this peer in the room
-    // (revocations update the in-memory set before they tell the rooms), so look again.
-    if let (Some(token_id), Some(user)) = (&auth.token_id, &auth.user) {
-        if app.auth.is_revoked(token_id, user, auth.issued_at) {
-            Box::pin(room.leave(peer)).await;
-            return Some(CloseReason::new(close::FORBIDDEN, "access revoked"));
-        }
-    }
-    let reauthing = async {
-        if reauth.is_none() {
-            // A y-websocket client never refreshes its credentials.
-            return std::future::pending().await;
-        }
-        // Boxed: passing a refresh to the room takes more room than the rest of an idle
-        // connection's future, and only Hocuspocus documents need it.
-        Box::pin(async {
+    let mut pump = Pump::new(room, out_rx, peer, &app.config.limits);
+    if reauth.is_some() {
+        // Passes each refresh to the room.
+        let room = pump.room.clone();
+        pump.reauthing = Some(Box::pin(async move {
             loop {
                 let auth = Box::new(next_auth(&mut reauth).await);
                 let (reply, _) = tokio::sync::oneshot::channel();
@@ -256,16 +410,27 @@ where
                     return queue::closed_reason();
                 }
             }
-        })
-        .await
-    };
-    let outcome = tokio::select! {
-        r = read_frames(stream, &room, peer, app, seen) => r,
-        w = write_frames(sink, &out_rx, app, seen) => w,
-        gone = reauthing => Some(gone),
-    };
-    Box::pin(room.leave(peer)).await;
+        }));
+    }
+    let outcome = std::future::poll_fn(|cx| pump.poll(conn, app, seen, cx)).await;
+    Box::pin(pump.room.leave(peer)).await;
     outcome
+}
+
+/// [`run_peer`] for a document another node owns: the client is relayed to it through the
+/// bus. Boxed, and the connection split only here (the relay reads and writes at once): a
+/// connection served by this node keeps no room for either.
+fn relayed<'a, T: Duplex>(
+    conn: &'a mut T,
+    (name, peer, auth): (&'a DocName, u64, Box<PeerAuth>),
+    reauth: Option<&'a mut Reauth>,
+    app: &'a AppState,
+) -> Pin<Box<dyn Future<Output = Option<CloseReason>> + Send + 'a>> {
+    Box::pin(async move {
+        let bus = app.bus.as_ref()?;
+        let (mut sink, mut stream) = conn.split();
+        relay_to_owner(&mut sink, &mut stream, (name, peer, *auth), reauth, app, bus).await
+    })
 }
 
 /// When a connection's client was last heard from, shared by its two halves: milliseconds
@@ -293,164 +458,245 @@ impl LastSeen {
     }
 }
 
-/// The reader half: decodes each frame (a malformed one closes with 1007), applies the rate
-/// limits and hands the messages to the room (waiting while its inbox is full: backpressure
-/// on this client only). Returns how the connection ends (`None`: the client closed).
-async fn read_frames<R>(
-    stream: &mut R,
-    room: &RoomHandle,
+/// A joined peer's frames both ways, until either side ends: `None` when the client closed,
+/// else the reason to close it with.
+///
+/// Polled by hand rather than a `select!` over a reader and a writer: it polls both
+/// directions of one socket, which therefore need not be split, and an idle connection holds
+/// just this struct (the `select!` of two `async` loops was about 0.5 KiB). It owns none of
+/// the connection: the socket, the app and the last-heard time come with each poll.
+///
+/// Reading decodes each frame (a malformed one closes with 1007), applies the rate limits and
+/// hands the messages to the room, pausing while the room's inbox is full (backpressure on
+/// this client only). Writing sends what the room queues (a burst in one flush), pings on the
+/// room's keep-alive tick and closes a client silent past `idle_timeout`; the room's close
+/// order gets through even while a write is stuck on a client that stopped reading.
+pub(crate) struct Pump<'a> {
+    room: RoomHandle,
+    out_rx: QueueRx,
     peer: u64,
-    app: &AppState,
-    seen: &LastSeen,
-) -> Option<CloseReason>
-where
-    R: futures_util::Stream<Item = Result<WsMessage, WsError>> + Unpin,
-{
-    let limits = &app.config.limits;
-    let mut rates = PeerRates::new(limits);
-    while let Some(frame) = stream.next().await {
-        seen.mark();
-        match frame {
-            Ok(WsMessage::Binary(data)) => {
-                let msgs = match to_peer_msgs(&data) {
-                    Ok(msgs) => msgs,
-                    Err(detail) => {
-                        app.metrics.malformed_messages.inc();
-                        debug!(%detail, "malformed message");
-                        return Some(CloseReason::new(close::MALFORMED, truncate(detail)));
-                    }
-                };
-                let now_ms = seen.opened.elapsed().as_millis() as u32;
-                if let Err(reason) = rates.check(&msgs, now_ms, limits) {
-                    app.metrics.rate_limited.inc();
-                    debug!(reason = %reason.reason, "rate limit exceeded");
-                    return Some(reason);
-                }
-                if !msgs.is_empty() && room.send(peer, msgs, data.len()).await.is_err() {
-                    return Some(CloseReason::new(
-                        close::INTERNAL,
-                        "document closed, reconnect",
-                    ));
-                }
-            }
-            Ok(WsMessage::Text(_)) => {
-                return Some(CloseReason::new(
-                    close::UNSUPPORTED_DATA,
-                    "text frames are not part of the protocol",
-                ))
-            }
-            // (Reads never yield raw frames.)
-            Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_)) => {}
-            Ok(WsMessage::Close(_)) => return None,
-            Err(e) => {
-                if is_too_big(&e) {
-                    return Some(CloseReason::new(close::MESSAGE_TOO_BIG, "message too big"));
-                }
-                debug!(error = %e, "read error");
-                return None;
-            }
-        }
-    }
-    None
+    rates: PeerRates,
+    /// A frame's messages waiting for room in the room's inbox; nothing is read meanwhile.
+    sending: Option<SendWait<'static>>,
+    /// A frame taken from the queue that the socket has no room for yet.
+    held: Option<Bytes>,
+    /// A ping is due (the room's keep-alive tick).
+    ping: bool,
+    /// Messages were handed to the socket and are not flushed yet.
+    flushing: bool,
+    /// How many more queued frames may join the current write before its flush.
+    burst_left: u8,
+    /// Passes the client's refreshed credentials to the room (Hocuspocus documents only).
+    reauthing: Option<Pin<Box<dyn Future<Output = CloseReason> + Send + 'a>>>,
 }
 
-/// The writer half: sends what the room queues (a burst in one flush), pings on the room's
-/// keep-alive tick and closes a client silent past `idle_timeout`; the room's close order
-/// gets through even while a send is stuck on a client that stopped reading.
-async fn write_frames<S>(
-    sink: &mut S,
-    out_rx: &QueueRx,
-    app: &AppState,
-    seen: &LastSeen,
-) -> Option<CloseReason>
-where
-    S: futures_util::Sink<WsMessage> + Unpin,
-{
-    loop {
-        match out_rx.recv().await {
-            Next::Frame(frame) => {
-                // A peer that stops reading blocks this send; the room's close order
-                // (1013 when its queue overflows) must still get through.
-                // Everything already queued goes out with the same flush: one write
-                // for a burst of frames instead of one per frame.
-                // Boxed: an idle connection's future then has no room for it.
-                let burst = Box::pin(async {
-                    sink.feed(WsMessage::Binary(frame)).await?;
-                    for _ in 1..MAX_FRAMES_PER_FLUSH {
-                        match out_rx.try_recv() {
-                            Some(next) => sink.feed(WsMessage::Binary(next)).await?,
-                            None => break,
-                        }
-                    }
-                    sink.flush().await
-                });
-                tokio::select! {
-                    biased;
-                    reason = out_rx.killed() => return Some(reason),
-                    sent = burst => {
-                        if sent.is_err() {
-                            return None;
-                        }
-                    }
-                }
-            }
-            // The room's keep-alive tick: close a client silent for too long, ping
-            // the others.
-            Next::Ping => {
-                if seen.last().elapsed() >= app.config.idle_timeout {
-                    return Some(CloseReason::new(close::GOING_AWAY, "idle timeout"));
-                }
-                let ping = Box::pin(sink.send(WsMessage::Ping(Bytes::new())));
-                tokio::select! {
-                    biased;
-                    reason = out_rx.killed() => return Some(reason),
-                    sent = ping => {
-                        if sent.is_err() {
-                            return None;
-                        }
-                    }
-                }
-            }
-            Next::Kill(reason) => return Some(reason),
-            Next::Closed => return Some(queue::closed_reason()),
+impl Pump<'_> {
+    fn new(room: RoomHandle, out_rx: QueueRx, peer: u64, limits: &Limits) -> Self {
+        Pump {
+            room,
+            out_rx,
+            peer,
+            rates: PeerRates::new(limits),
+            sending: None,
+            held: None,
+            ping: false,
+            flushing: false,
+            burst_left: 0,
+            reauthing: None,
         }
     }
+
+    /// Moves frames until either side ends: `None` when the client closed, else the reason
+    /// to close it with.
+    fn poll<T: Duplex>(
+        &mut self,
+        conn: &mut T,
+        app: &App,
+        seen: &LastSeen,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<CloseReason>> {
+        if let Some(reauthing) = &mut self.reauthing {
+            if let Poll::Ready(gone) = reauthing.as_mut().poll(cx) {
+                return Poll::Ready(Some(gone));
+            }
+        }
+        if let Poll::Ready(ended) = self.poll_write(conn, app, seen, cx) {
+            return Poll::Ready(ended);
+        }
+        self.poll_read(conn, app, seen, cx)
+    }
+
+    fn poll_read<T: Duplex>(
+        &mut self,
+        conn: &mut T,
+        app: &App,
+        seen: &LastSeen,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<CloseReason>> {
+        let limits = &app.config.limits;
+        loop {
+            if let Some(sending) = &mut self.sending {
+                if ready!(sending.as_mut().poll(cx)).is_err() {
+                    return Poll::Ready(Some(room_gone()));
+                }
+                self.sending = None;
+            }
+            let Some(frame) = ready!(Pin::new(&mut *conn).poll_next(cx)) else {
+                return Poll::Ready(None);
+            };
+            seen.mark();
+            match frame {
+                Ok(WsMessage::Binary(data)) => {
+                    let msgs = match to_peer_msgs(&data) {
+                        Ok(msgs) => msgs,
+                        Err(detail) => {
+                            app.metrics.malformed_messages.inc();
+                            debug!(%detail, "malformed message");
+                            let reason = CloseReason::new(close::MALFORMED, truncate(detail));
+                            return Poll::Ready(Some(reason));
+                        }
+                    };
+                    let now_ms = seen.opened.elapsed().as_millis() as u32;
+                    if let Err(reason) = self.rates.check(&msgs, now_ms, limits) {
+                        app.metrics.rate_limited.inc();
+                        debug!(reason = %reason.reason, "rate limit exceeded");
+                        return Poll::Ready(Some(reason));
+                    }
+                    if !msgs.is_empty() {
+                        match self.room.start_send(self.peer, msgs, data.len()) {
+                            Ok(wait) => self.sending = wait,
+                            Err(()) => return Poll::Ready(Some(room_gone())),
+                        }
+                    }
+                }
+                Ok(WsMessage::Text(_)) => {
+                    return Poll::Ready(Some(CloseReason::new(
+                        close::UNSUPPORTED_DATA,
+                        "text frames are not part of the protocol",
+                    )))
+                }
+                // (Reads never yield raw frames.)
+                Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_)) => {}
+                Ok(WsMessage::Close(_)) => return Poll::Ready(None),
+                Err(e) => {
+                    if is_too_big(&e) {
+                        let reason = CloseReason::new(close::MESSAGE_TOO_BIG, "message too big");
+                        return Poll::Ready(Some(reason));
+                    }
+                    debug!(error = %e, "read error");
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+
+    fn poll_write<T: Duplex>(
+        &mut self,
+        conn: &mut T,
+        app: &App,
+        seen: &LastSeen,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<CloseReason>> {
+        loop {
+            let writing = self.held.is_some() || self.ping;
+            if writing || self.flushing {
+                // A peer that stops reading blocks this write; the room's close order (1013
+                // when its queue overflows) must still get through.
+                if let Poll::Ready(reason) = self.out_rx.poll_killed(cx) {
+                    return Poll::Ready(Some(reason));
+                }
+            }
+            if writing {
+                match Pin::new(&mut *conn).poll_ready(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(_)) => return Poll::Ready(None),
+                    Poll::Ready(Ok(())) => {}
+                }
+                let msg = match self.held.take() {
+                    Some(frame) => WsMessage::Binary(frame),
+                    None => {
+                        self.ping = false;
+                        WsMessage::Ping(Bytes::new())
+                    }
+                };
+                if Pin::new(&mut *conn).start_send(msg).is_err() {
+                    return Poll::Ready(None);
+                }
+                self.flushing = true;
+                // Everything already queued goes out with the same flush: one write for a
+                // burst of frames instead of one per frame.
+                if self.burst_left > 0 {
+                    self.burst_left -= 1;
+                    if let Some(next) = self.out_rx.try_recv() {
+                        self.held = Some(next);
+                        continue;
+                    }
+                }
+            }
+            if self.flushing {
+                match Pin::new(&mut *conn).poll_flush(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(_)) => return Poll::Ready(None),
+                    Poll::Ready(Ok(())) => self.flushing = false,
+                }
+            }
+            match ready!(self.out_rx.poll_next(cx)) {
+                Next::Frame(frame) => {
+                    self.held = Some(frame);
+                    self.burst_left = MAX_FRAMES_PER_FLUSH - 1;
+                }
+                // The room's keep-alive tick: close a client silent for too long, ping the
+                // others.
+                Next::Ping => {
+                    if seen.last().elapsed() >= app.config.idle_timeout {
+                        return Poll::Ready(Some(CloseReason::new(
+                            close::GOING_AWAY,
+                            "idle timeout",
+                        )));
+                    }
+                    self.ping = true;
+                    self.burst_left = 0;
+                }
+                Next::Kill(reason) => return Poll::Ready(Some(reason)),
+                Next::Closed => return Poll::Ready(Some(queue::closed_reason())),
+            }
+        }
+    }
+}
+
+/// The reason a peer is closed with when its room went away.
+fn room_gone() -> CloseReason {
+    CloseReason::new(close::INTERNAL, "document closed, reconnect")
 }
 
 /// The close handshake: send ours, then read until the client's Close (or the timeout) so
 /// the client sees our code instead of a reset connection. `None`: the client closed.
-pub(crate) async fn finish(
-    mut sink: Sink,
-    mut stream: Stream,
-    outcome: Option<CloseReason>,
-) -> CloseReason {
-    {
-        match outcome {
-            Some(reason) => {
-                let frame = WsMessage::Close(Some(CloseFrame {
-                    code: reason.code.into(),
-                    reason: reason.reason.to_string().into(),
-                }));
-                let patience = if reason.code == close::TRY_AGAIN_LATER {
-                    BACKPRESSURE_CLOSE_TIMEOUT
-                } else {
-                    CLOSE_TIMEOUT
-                };
-                let _ = tokio::time::timeout(patience, async {
-                    if sink.send(frame).await.is_ok() {
-                        while let Some(Ok(msg)) = stream.next().await {
-                            if matches!(msg, WsMessage::Close(_)) {
-                                break;
-                            }
+pub(crate) async fn finish<T: Duplex>(mut conn: T, outcome: Option<CloseReason>) -> CloseReason {
+    match outcome {
+        Some(reason) => {
+            let frame = WsMessage::Close(Some(CloseFrame {
+                code: reason.code.into(),
+                reason: reason.reason.to_string().into(),
+            }));
+            let patience = if reason.code == close::TRY_AGAIN_LATER {
+                BACKPRESSURE_CLOSE_TIMEOUT
+            } else {
+                CLOSE_TIMEOUT
+            };
+            let _ = tokio::time::timeout(patience, async {
+                if conn.send(frame).await.is_ok() {
+                    while let Some(Ok(msg)) = conn.next().await {
+                        if matches!(msg, WsMessage::Close(_)) {
+                            break;
                         }
                     }
-                    let _ = sink.close().await;
-                })
-                .await;
-                reason
-            }
-            None => CloseReason::new(1000, "closed by peer"),
+                }
+                let _ = conn.close().await;
+            })
+            .await;
+            reason
         }
+        None => CloseReason::new(1000, "closed by peer"),
     }
 }
 
@@ -469,4 +715,22 @@ pub(crate) fn truncate(mut s: String) -> String {
         s.truncate(cut);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What an idle y-websocket connection's task holds besides the socket's own parts
+    /// (docs/benchmarks.md, "Idle connections, round three"): a bound, so that growth shows.
+    #[test]
+    fn an_idle_connection_holds_little() {
+        let connection = std::mem::size_of::<Connection>();
+        let socket = std::mem::size_of::<Fragmenting<Socket>>();
+        let pump = std::mem::size_of::<Pump<'static>>();
+        assert!(
+            connection - socket <= 184 && pump <= 128,
+            "a connection is {connection} bytes, its socket {socket}, its pump {pump}"
+        );
+    }
 }

@@ -161,20 +161,13 @@ impl WsUpgrade {
             config,
             ..
         } = self;
+        // The upgrade's steps are boxed, with what they need: the task keeps its captures
+        // for the connection's whole life, and the connection's future is all it should hold.
+        let setup = Box::new((on_upgrade, config, callback));
         tokio::spawn(async move {
-            let upgraded = match on_upgrade.await {
-                Ok(upgraded) => upgraded,
-                Err(e) => {
-                    debug!(error = %e, "the upgrade did not complete");
-                    return;
-                }
+            let Some((socket, callback)) = Box::pin(upgrade(setup)).await else {
+                return;
             };
-            let socket = WebSocketStream::from_raw_socket(
-                TokioIo::new(upgraded),
-                Role::Server,
-                Some(config),
-            )
-            .await;
             callback(socket).await;
         });
         let mut resp = Response::new(axum::body::Body::empty());
@@ -190,6 +183,21 @@ impl WsUpgrade {
         }
         resp
     }
+}
+
+/// Waits for the connection's upgrade and makes it a WebSocket.
+async fn upgrade<C>(setup: Box<(OnUpgrade, WebSocketConfig, C)>) -> Option<(Socket, C)> {
+    let (on_upgrade, config, callback) = *setup;
+    let upgraded = match on_upgrade.await {
+        Ok(upgraded) => upgraded,
+        Err(e) => {
+            debug!(error = %e, "the upgrade did not complete");
+            return None;
+        }
+    };
+    let socket =
+        WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
+    Some((socket, callback))
 }
 
 #[cfg(test)]

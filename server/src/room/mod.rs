@@ -15,6 +15,7 @@ mod registry;
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -297,6 +298,10 @@ pub enum JoinError {
     Gone,
 }
 
+/// A send to a room waiting for its inbound budget or a place in its queue (`Err`: the room
+/// has stopped).
+pub type SendWait<'a> = Pin<Box<dyn Future<Output = Result<(), ()>> + Send + 'a>>;
+
 /// A cloneable handle to a running room.
 #[derive(Clone)]
 pub struct RoomHandle {
@@ -340,16 +345,32 @@ impl RoomHandle {
         msgs: Vec<PeerMsg>,
         bytes: usize,
     ) -> impl Future<Output = Result<(), ()>> + Send + '_ {
-        let waiting = match self.try_send(peer, msgs, bytes) {
-            Ok(()) => Ok(None),
-            Err(TrySend::Full(msgs)) => Ok(Some(Box::pin(self.send_waiting(peer, msgs, bytes)))),
-            Err(TrySend::Closed) => Err(()),
-        };
+        let waiting = self.start_send(peer, msgs, bytes);
         async move {
             match waiting? {
                 None => Ok(()),
                 Some(wait) => wait.await,
             }
+        }
+    }
+
+    /// [`RoomHandle::send`] for a caller that polls: `Ok(None)` when the messages were queued
+    /// at once (the usual case), else the boxed wait for the budget and the queue.
+    pub fn start_send(
+        &self,
+        peer: PeerId,
+        msgs: Vec<PeerMsg>,
+        bytes: usize,
+    ) -> Result<Option<SendWait<'static>>, ()> {
+        match self.try_send(peer, msgs, bytes) {
+            Ok(()) => Ok(None),
+            Err(TrySend::Full(msgs)) => {
+                let room = self.clone();
+                Ok(Some(Box::pin(async move {
+                    room.send_waiting(peer, msgs, bytes).await
+                })))
+            }
+            Err(TrySend::Closed) => Err(()),
         }
     }
 

@@ -260,16 +260,18 @@ impl QueueRx {
     /// Resolves once the room has ordered a close (or dropped the peer); frames queued in the
     /// meantime stay queued.
     pub async fn killed(&self) -> CloseReason {
-        poll_fn(|cx| {
-            self.0.waker.register(cx.waker());
-            let state = self.0.lock();
-            match (&state.kill, state.closed) {
-                (Some(reason), _) => Poll::Ready(reason.clone()),
-                (None, true) => Poll::Ready(closed_reason()),
-                (None, false) => Poll::Pending,
-            }
-        })
-        .await
+        poll_fn(|cx| self.poll_killed(cx)).await
+    }
+
+    /// [`QueueRx::killed`] for a caller that polls.
+    pub fn poll_killed(&self, cx: &mut Context<'_>) -> Poll<CloseReason> {
+        self.0.waker.register(cx.waker());
+        let state = self.0.lock();
+        match (&state.kill, state.closed) {
+            (Some(reason), _) => Poll::Ready(reason.clone()),
+            (None, true) => Poll::Ready(closed_reason()),
+            (None, false) => Poll::Pending,
+        }
     }
 
     /// A queued frame if one is there now (a close order comes first and stops the drain).
@@ -281,7 +283,8 @@ impl QueueRx {
         state.pop(&self.0.gauge)
     }
 
-    fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Next> {
+    /// [`QueueRx::recv`] for a caller that polls.
+    pub fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Next> {
         // Register first so a push between the check and the return still wakes us.
         self.0.waker.register(cx.waker());
         let mut state = self.0.lock();
