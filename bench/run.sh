@@ -122,6 +122,8 @@ if [ "$MODE" = full ]; then
   bench/cores.sh
   # CPU per update at the light and medium loads in three rounds (medians; one run varies).
   bench/cpu_rounds.sh 3 "$DUR"
+  # Memory per idle connection in three rounds, beside the lean floor (its 128-byte buffer).
+  bench/idle.sh 3 10000
   bench/nodes.sh
   # A quota that leaves the two cores room for the generator, PostgreSQL and NATS.
   NODES="1 3" HOWS=by-document bench/nodes.sh 0.25

@@ -23,6 +23,8 @@ start_server() { # name port dir -> sets PID
     quire-normal) "$RELEASE/quire" serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
              --log warn --sqlite-synchronous normal >"$3/log" 2>&1 & ;;
     floor) "$RELEASE/quire-floor" "127.0.0.1:$2" >"$3/log" 2>&1 & ;;
+    # The floor with Quire's 128-byte read buffer: the floor for idle memory.
+    floor-lean) "$RELEASE/quire-floor" "127.0.0.1:$2" 128 >"$3/log" 2>&1 & ;;
     y-websocket) node bench/peers/y-websocket.mjs "$2" >"$3/log" 2>&1 & ;;
     hocuspocus) node bench/peers/hocuspocus.mjs "$2" "$3/hocuspocus.db" >"$3/log" 2>&1 & ;;
   esac

@@ -16,8 +16,11 @@
 //! connection's write buffer otherwise). Quire does both; the floor's storm figure is then
 //! the cost of moving the bytes.
 //!
-//! Usage: `quire-floor [ADDR]` (default `127.0.0.1:1234`). Not for production: it exists to be
-//! measured.
+//! Usage: `quire-floor [ADDR] [READ_BUFFER]` (default `127.0.0.1:1234`, and tungstenite's
+//! default read buffer of 128 KiB, allocated for every connection up front). With a
+//! `READ_BUFFER` of 128, Quire's default (`--ws-read-buffer`), it is the floor for idle
+//! memory: what any server on tokio and tungstenite keeps per connection, with nothing of its
+//! own besides one task and one queue. Not for production: it exists to be measured.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +34,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use yrs::updates::decoder::Decode;
 use yrs::{Doc, ReadTxn, Transact, Update};
@@ -79,6 +83,10 @@ async fn main() -> anyhow::Result<()> {
     let addr = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:1234".to_owned());
+    let config = match std::env::args().nth(2) {
+        Some(n) => Some(WebSocketConfig::default().read_buffer_size(n.parse()?)),
+        None => None,
+    };
     let listener = TcpListener::bind(&addr).await?;
     eprintln!("quire-floor listening on ws://{addr}");
     let rooms: Rooms = Arc::default();
@@ -88,7 +96,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::spawn(async move {
             // A client that goes away without a close handshake (every benchmark client at
             // the end of a run) is not worth a line; anything else is.
-            if let Err(e) = serve(tcp, rooms).await {
+            if let Err(e) = serve(tcp, rooms, config).await {
                 let gone = e.downcast_ref::<tokio_tungstenite::tungstenite::Error>().is_some_and(|e| {
                     matches!(
                         e,
@@ -114,14 +122,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 // The handshake callback's error type is tungstenite's, not ours.
 #[allow(clippy::result_large_err)]
-async fn serve(tcp: TcpStream, rooms: Rooms) -> anyhow::Result<()> {
+async fn serve(
+    tcp: TcpStream,
+    rooms: Rooms,
+    config: Option<WebSocketConfig>,
+) -> anyhow::Result<()> {
     tcp.set_nodelay(true)?;
     let mut path = String::new();
-    let ws = tokio_tungstenite::accept_hdr_async(tcp, |req: &Request, resp: Response| {
+    let callback = |req: &Request, resp: Response| {
         path = req.uri().path().trim_start_matches('/').to_owned();
         Ok(resp)
-    })
-    .await?;
+    };
+    let ws = tokio_tungstenite::accept_hdr_async_with_config(tcp, callback, config).await?;
     let room = lock(&rooms).entry(path).or_default().clone();
     let peer = NEXT_PEER.fetch_add(1, Ordering::Relaxed);
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();

@@ -23,13 +23,13 @@ pub(crate) use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsM
 use tracing::{debug, debug_span};
 
 use crate::close;
+use crate::config::Limits;
 use crate::http::upgrade::Socket;
 use crate::limits::PeerRates;
 use crate::relay::{next_auth, relay_to_owner, Reauth};
 use crate::room::join::{join, join_close, next_peer_id, to_peer_msgs};
 use crate::room::queue::{self, Next, QueueRx};
 use crate::room::{CloseReason, DocName, JoinError, PeerAuth, RoomCmd, RoomHandle, SendWait};
-use crate::config::Limits;
 use crate::{App, AppState};
 
 /// How long a close frame may take to leave before the socket is dropped.
@@ -135,7 +135,10 @@ impl<S: futures_util::Stream + Unpin> futures_util::Stream for Fragmenting<S> {
 /// One client's messages both ways: a WebSocket (unsplit), or a sink and a stream joined by
 /// [`Pair`].
 pub(crate) trait Duplex:
-    futures_util::Sink<WsMessage> + futures_util::Stream<Item = Result<WsMessage, WsError>> + Unpin + Send
+    futures_util::Sink<WsMessage>
+    + futures_util::Stream<Item = Result<WsMessage, WsError>>
+    + Unpin
+    + Send
 {
 }
 
@@ -232,7 +235,10 @@ enum Stage {
     Joining(Pin<Box<dyn Future<Output = Joined> + Send>>),
     Running(Pump<'static>),
     /// Leaving the room, then closing with the reason (`None`: the client closed).
-    Leaving(Pin<Box<dyn Future<Output = ()> + Send>>, Option<CloseReason>),
+    Leaving(
+        Pin<Box<dyn Future<Output = ()> + Send>>,
+        Option<CloseReason>,
+    ),
     /// The close handshake (or, relayed, the relay and then the close).
     Closing(Pin<Box<dyn Future<Output = CloseReason> + Send>>),
     Done,
@@ -429,7 +435,15 @@ fn relayed<'a, T: Duplex>(
     Box::pin(async move {
         let bus = app.bus.as_ref()?;
         let (mut sink, mut stream) = conn.split();
-        relay_to_owner(&mut sink, &mut stream, (name, peer, *auth), reauth, app, bus).await
+        relay_to_owner(
+            &mut sink,
+            &mut stream,
+            (name, peer, *auth),
+            reauth,
+            app,
+            bus,
+        )
+        .await
     })
 }
 

@@ -356,7 +356,7 @@ impl RoomHandle {
 
     /// [`RoomHandle::send`] for a caller that polls: `Ok(None)` when the messages were queued
     /// at once (the usual case), else the boxed wait for the budget and the queue.
-    pub fn start_send(
+    pub(crate) fn start_send(
         &self,
         peer: PeerId,
         msgs: Vec<PeerMsg>,
