@@ -500,6 +500,8 @@ pub(crate) struct Pump<'a> {
     flushing: bool,
     /// How many more queued frames may join the current write before its flush.
     burst_left: u8,
+    /// Reading goes first in this poll (the two directions alternate).
+    read_first: bool,
     /// Passes the client's refreshed credentials to the room (Hocuspocus documents only).
     reauthing: Option<Pin<Box<dyn Future<Output = CloseReason> + Send + 'a>>>,
 }
@@ -516,6 +518,7 @@ impl Pump<'_> {
             ping: false,
             flushing: false,
             burst_left: 0,
+            read_first: false,
             reauthing: None,
         }
     }
@@ -534,10 +537,21 @@ impl Pump<'_> {
                 return Poll::Ready(Some(gone));
             }
         }
-        if let Poll::Ready(ended) = self.poll_write(conn, app, seen, cx) {
-            return Poll::Ready(ended);
+        // The two directions take turns at going first, as an unbiased `select!` would: a
+        // side that spends the task's I/O budget cannot keep the other waiting poll after
+        // poll (a busy queue would otherwise hold back the client's frames and its Close).
+        self.read_first = !self.read_first;
+        if self.read_first {
+            if let Poll::Ready(ended) = self.poll_read(conn, app, seen, cx) {
+                return Poll::Ready(ended);
+            }
+            self.poll_write(conn, app, seen, cx)
+        } else {
+            if let Poll::Ready(ended) = self.poll_write(conn, app, seen, cx) {
+                return Poll::Ready(ended);
+            }
+            self.poll_read(conn, app, seen, cx)
         }
-        self.poll_read(conn, app, seen, cx)
     }
 
     fn poll_read<T: Duplex>(
