@@ -248,6 +248,10 @@ pub struct Settings {
     /// Close a connection silent for this long [default: 90s]
     #[arg(long, env = "QUIRE_IDLE_TIMEOUT")]
     pub idle_timeout: Option<HumanDuration>,
+    /// How long the close frame of a client closed for not reading (1013) may take to leave
+    /// before its socket is dropped [default: 30s]
+    #[arg(long, env = "QUIRE_SLOW_CLOSE_TIMEOUT")]
+    pub slow_close_timeout: Option<HumanDuration>,
     /// Drop awareness states not refreshed for this long [default: 30s]
     #[arg(long, env = "QUIRE_AWARENESS_TIMEOUT")]
     pub awareness_timeout: Option<HumanDuration>,
@@ -344,6 +348,10 @@ pub struct Config {
     pub limits: Limits,
     pub ping_interval: Duration,
     pub idle_timeout: Duration,
+    /// How long a 1013 close (a client that stopped reading) may take before the socket is
+    /// dropped: the client may be slow rather than gone, and should learn why it was closed
+    /// once it reads again; the bound frees the connection of one that never does.
+    pub slow_close_timeout: Duration,
     pub shutdown_grace: Duration,
     pub room: RoomConfig,
     pub auth_keys: Vec<Secret>,
@@ -530,6 +538,7 @@ impl Settings {
             commit_batch,
             ping_interval,
             idle_timeout,
+            slow_close_timeout,
             awareness_timeout,
             room_unload_delay,
             load_retry_delay,
@@ -605,6 +614,7 @@ impl Settings {
             },
             ping_interval: d(self.ping_interval, Duration::from_secs(30)),
             idle_timeout: d(self.idle_timeout, Duration::from_secs(90)),
+            slow_close_timeout: d(self.slow_close_timeout, Duration::from_secs(30)),
             shutdown_grace: d(self.shutdown_grace, Duration::from_secs(10)),
             room: RoomConfig {
                 lease: None,

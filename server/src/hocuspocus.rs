@@ -128,7 +128,12 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
         };
         // Every session's inbound channel closes: each leaves its room.
         conn.docs.clear();
-        let reason = ws::finish(ws::Pair { sink, stream }, outcome).await;
+        let reason = ws::finish(
+            ws::Pair { sink, stream },
+            outcome,
+            app.config.slow_close_timeout,
+        )
+        .await;
         debug!(code = reason.code, reason = %reason.reason, "closed");
     }
     .instrument(span)

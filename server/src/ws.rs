@@ -34,10 +34,6 @@ use crate::{App, AppState};
 
 /// How long a close frame may take to leave before the socket is dropped.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
-/// The same for a peer closed because it stopped reading (1013): it may be slow rather than
-/// gone, and should learn why it was closed once it reads again; the bound frees the task of
-/// one that never does.
-const BACKPRESSURE_CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most queued frames written with one flush.
 const MAX_FRAMES_PER_FLUSH: u8 = 64;
 
@@ -217,8 +213,8 @@ pub fn serve(socket: Socket, conn: Box<Conn>) -> Connection {
 /// in a shared cell of its own, 0.36 KiB, besides the halves), [`Pump`] polls both its
 /// directions, and the steps taken once (joining, leaving, the close handshake) are boxed
 /// while they run. `async` blocks nested three deep (the connection, its peer, the reader and
-/// writer in a `select!`) came to 1,056 bytes for what this holds in about 600: each layer
-/// kept its own copy of its arguments and of locals that are never alive together.
+/// writer in a `select!`) came to 1,056 bytes for what this holds in 520: each layer kept its
+/// own copy of its arguments and of locals that are never alive together.
 pub struct Connection {
     /// Taken by the close handshake (and by a relay to another node, which ends with it).
     socket: Option<Fragmenting<Socket>>,
@@ -248,9 +244,10 @@ impl Connection {
     /// Leaves for the close handshake with `outcome`.
     fn close(&mut self, outcome: Option<CloseReason>) {
         let socket = self.socket.take();
+        let slow = self.app.config.slow_close_timeout;
         self.stage = Stage::Closing(Box::pin(async move {
             match socket {
-                Some(socket) => finish(socket, outcome).await,
+                Some(socket) => finish(socket, outcome, slow).await,
                 None => CloseReason::new(1000, "closed by peer"),
             }
         }));
@@ -280,7 +277,7 @@ impl Future for Connection {
                             };
                             let who = (&name, peer, auth);
                             let outcome = relayed(&mut socket, who, None, &app).await;
-                            finish(socket, outcome).await
+                            finish(socket, outcome, app.config.slow_close_timeout).await
                         }));
                     }
                 },
@@ -316,8 +313,8 @@ impl Future for Connection {
 /// a box it has handed on costs 8 bytes there instead of 144.
 pub struct Conn {
     pub name: DocName,
-    /// Boxed: a connection's future holds it in three places (here, the connection and its
-    /// peer), 8 bytes each instead of 72.
+    /// Boxed, and handed on to the join (which gives the room its own copy): the connection
+    /// keeps none of it once joined.
     pub auth: Box<PeerAuth>,
     pub app: AppState,
 }
@@ -698,8 +695,14 @@ fn room_gone() -> CloseReason {
 }
 
 /// The close handshake: send ours, then read until the client's Close (or the timeout) so
-/// the client sees our code instead of a reset connection. `None`: the client closed.
-pub(crate) async fn finish<T: Duplex>(mut conn: T, outcome: Option<CloseReason>) -> CloseReason {
+/// the client sees our code instead of a reset connection. `None`: the client closed. A
+/// client closed for not reading (1013) gets `slow` (`slow_close_timeout`) for it: it may be
+/// slow rather than gone.
+pub(crate) async fn finish<T: Duplex>(
+    mut conn: T,
+    outcome: Option<CloseReason>,
+    slow: Duration,
+) -> CloseReason {
     match outcome {
         Some(reason) => {
             let frame = WsMessage::Close(Some(CloseFrame {
@@ -707,7 +710,7 @@ pub(crate) async fn finish<T: Duplex>(mut conn: T, outcome: Option<CloseReason>)
                 reason: reason.reason.to_string().into(),
             }));
             let patience = if reason.code == close::TRY_AGAIN_LATER {
-                BACKPRESSURE_CLOSE_TIMEOUT
+                slow
             } else {
                 CLOSE_TIMEOUT
             };

@@ -163,20 +163,10 @@ impl ClientCloseWatcher {
     }
 }
 
-#[tokio::test]
-async fn a_client_that_stops_reading_is_closed_with_1013_and_others_keep_receiving() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = test_config(dir.path());
-    cfg.limits.peer_queue = 8;
-    let server = TestServer::start(cfg).await;
-    let url = server.url("slow");
-    let mut writer = Client::connect(&url, 1).await;
-    let mut fast = Client::connect(&url, 2).await;
-    let mut slow = Client::connect(&url, 3).await; // never reads until the end
-
-    // Large updates fill the slow client's socket buffers (loopback buffers hold a few MiB),
-    // then its queue. The writer paces itself on the fast client, whose queue never holds
-    // more than one update, so only the slow client can overflow.
+/// Sends 400 updates of 64 KiB through `writer`, paced on `fast`, which must receive them
+/// all: they fill the socket buffers of a client that does not read (loopback buffers hold a
+/// few MiB), then its queue of 8. Returns the text length `fast` ends with.
+async fn flood_past_a_client_that_does_not_read(writer: &mut Client, mut fast: Client) -> usize {
     let chunk = "y".repeat(64 * 1024);
     let n = 400usize;
     let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -208,14 +198,61 @@ async fn a_client_that_stops_reading_is_closed_with_1013_and_others_keep_receivi
         ok,
         "the fast client received every update (closed: {closed:?})"
     );
-    let total = n * chunk.len();
-    assert_eq!(len, total);
+    assert_eq!(len, n * chunk.len());
+    len
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_closed_with_1013_and_others_keep_receiving() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.limits.peer_queue = 8;
+    let server = TestServer::start(cfg).await;
+    let url = server.url("slow");
+    let mut writer = Client::connect(&url, 1).await;
+    let fast = Client::connect(&url, 2).await;
+    let mut slow = Client::connect(&url, 3).await; // never reads until the end
+    let total = flood_past_a_client_that_does_not_read(&mut writer, fast).await;
     assert!(server.metric("quire_broadcast_overflows_total").await >= 1.0);
     // Now the slow client reads: what was queued, then a 1013 close.
     assert_eq!(slow.wait_closed().await, Some(1013));
     // It resyncs on reconnect.
     let again = Client::connect(&url, 3).await;
     assert_eq!(again.text_len(), total);
+    server.stop().await;
+}
+
+/// The room's close order overtakes a write stuck on a client that never reads again, and
+/// the connection ends `slow_close_timeout` later, although its close frame never left: the
+/// client holds nothing of the server's for longer than that.
+#[tokio::test]
+async fn a_client_that_never_reads_again_is_dropped_after_the_slow_close_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.limits.peer_queue = 8;
+    cfg.slow_close_timeout = std::time::Duration::from_millis(300);
+    let server = TestServer::start(cfg).await;
+    let url = server.url("never-reads");
+    let mut writer = Client::connect(&url, 1).await;
+    let fast = Client::connect(&url, 2).await;
+    let slow = Client::connect(&url, 3).await; // never reads again
+    flood_past_a_client_that_does_not_read(&mut writer, fast).await;
+    assert!(server.metric("quire_broadcast_overflows_total").await >= 1.0);
+    // The fast client has left; the writer stays. The slow client's connection must end too,
+    // while it still reads nothing.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let open = server.metric("quire_connections").await;
+        if open == 1.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{open} connections still open: the one that never reads is held"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    drop(slow);
     server.stop().await;
 }
 
