@@ -623,17 +623,13 @@ impl Pump<'_> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<CloseReason>> {
         loop {
-            let writing = self.held.is_some() || self.ping;
-            if writing || self.flushing {
-                // A peer that stops reading blocks this write; the room's close order (1013
-                // when its queue overflows) must still get through.
-                if let Poll::Ready(reason) = self.out_rx.poll_killed(cx) {
-                    return Poll::Ready(Some(reason));
-                }
-            }
-            if writing {
+            // A peer that stops reading blocks a write; the room's close order (1013 when its
+            // queue overflows) must still get through, so a write that has to wait also waits
+            // for that order. (One that goes on sees it at the next frame: `try_recv` gives
+            // nothing once it is given, and `poll_next` gives it first.)
+            if self.held.is_some() || self.ping {
                 match Pin::new(&mut *conn).poll_ready(cx) {
-                    Poll::Pending => return Poll::Pending,
+                    Poll::Pending => return self.out_rx.poll_killed(cx).map(Some),
                     Poll::Ready(Err(_)) => return Poll::Ready(None),
                     Poll::Ready(Ok(())) => {}
                 }
@@ -660,7 +656,7 @@ impl Pump<'_> {
             }
             if self.flushing {
                 match Pin::new(&mut *conn).poll_flush(cx) {
-                    Poll::Pending => return Poll::Pending,
+                    Poll::Pending => return self.out_rx.poll_killed(cx).map(Some),
                     Poll::Ready(Err(_)) => return Poll::Ready(None),
                     Poll::Ready(Ok(())) => self.flushing = false,
                 }
