@@ -297,6 +297,13 @@ pub struct Settings {
     /// Admin key: a bearer credential with every permission, for issuing tokens [default: none]
     #[arg(long, env = "QUIRE_ADMIN_KEY")]
     pub admin_key: Option<Secret>,
+    /// How often the admin dashboard's figures are sampled and sent to open dashboards
+    /// [default: 1s]
+    #[arg(long, env = "QUIRE_ADMIN_SAMPLE_EVERY")]
+    pub admin_sample_every: Option<HumanDuration>,
+    /// How much of the sampled figures the server keeps for the dashboard's plots [default: 1h]
+    #[arg(long, env = "QUIRE_ADMIN_HISTORY")]
+    pub admin_history: Option<HumanDuration>,
     /// How long an Idempotency-Key is remembered [default: 24h]
     #[arg(long, env = "QUIRE_IDEMPOTENCY_TTL")]
     pub idempotency_ttl: Option<HumanDuration>,
@@ -357,6 +364,9 @@ pub struct Config {
     pub auth_keys: Vec<Secret>,
     pub admin_key: Option<Secret>,
     pub idempotency_ttl: Duration,
+    /// The admin dashboard: how often its figures are sampled, and how long they are kept.
+    pub admin_sample_every: Duration,
+    pub admin_history: Duration,
     pub forward_timeout: Duration,
     pub webhooks: WebhookConfig,
     /// The bus between nodes (NATS), if any.
@@ -553,6 +563,8 @@ impl Settings {
             auth_keys,
             admin_key,
             idempotency_ttl,
+            admin_sample_every,
+            admin_history,
             forward_timeout,
             webhook_urls,
             webhook_secret,
@@ -646,6 +658,9 @@ impl Settings {
             auth_keys: self.auth_keys.unwrap_or_default(),
             admin_key: self.admin_key,
             idempotency_ttl: d(self.idempotency_ttl, Duration::from_secs(24 * 3600)),
+            admin_sample_every: d(self.admin_sample_every, Duration::from_secs(1))
+                .max(Duration::from_millis(50)),
+            admin_history: d(self.admin_history, Duration::from_secs(3600)),
             forward_timeout: d(self.forward_timeout, Duration::from_secs(10)),
             bus_url: self.bus_url,
             bus_credentials: self.bus_credentials,

@@ -578,6 +578,10 @@ impl ApiState {
             token("fuzz-viewer", Permission::Read),
         ];
         let app = AppState::new(crate::App {
+            admin: Arc::new(crate::admin::Admin::new(
+                std::time::Duration::from_secs(1),
+                std::time::Duration::from_secs(3600),
+            )),
             relay_leases: Arc::default(),
             address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
             bus: None,

@@ -15,6 +15,7 @@
 /// The wire protocol (the `quire-protocol` crate, shared with the client and the benchmark).
 pub use quire_protocol as protocol;
 pub use quire_protocol::counts;
+pub mod admin;
 pub mod auth;
 pub mod bus;
 pub mod changes;
@@ -86,6 +87,8 @@ pub struct App {
     pub address_limits: Arc<limits::AddressLimits>,
     /// The owners of the documents this node relays connections to (`relay`).
     pub relay_leases: Arc<relay::LeaseWatch>,
+    /// The admin dashboard's kept figures and their stream.
+    pub admin: Arc<admin::Admin>,
 }
 
 /// The storage a server runs on: document content, API rows, and the signal that outbox
@@ -195,6 +198,10 @@ pub async fn run_with_stores(
         None => (None, None),
     };
     let app = AppState::new(App {
+        admin: Arc::new(admin::Admin::new(
+            config.admin_sample_every,
+            config.admin_history,
+        )),
         relay_leases: Arc::default(),
         address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
         bus,
@@ -208,6 +215,25 @@ pub async fn run_with_stores(
     });
     let background = TaskTracker::new();
     background.spawn(revocation::watch(app.clone(), shutdown.clone()));
+    background.spawn(admin::sample(
+        app.admin.clone(),
+        app.metrics.clone(),
+        app.registry.clone(),
+        shutdown.clone(),
+    ));
+    if app.registry.config.lease.is_some() {
+        // Several nodes may share the database: each tells the others it is alive.
+        let address = listener
+            .local_addr()
+            .map_or_else(|_| app.config.bind.to_string(), |a| a.to_string());
+        background.spawn(admin::heartbeat(
+            stores.api.clone(),
+            app.config.node_id.clone(),
+            address,
+            app.admin.started_at,
+            shutdown.clone(),
+        ));
+    }
     if app.bus.is_some() {
         background.spawn(app.relay_leases.clone().run(
             app.store.clone(),

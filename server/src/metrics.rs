@@ -9,6 +9,7 @@ pub struct Metrics {
     pub connections: IntGauge,
     pub updates_applied: IntCounter,
     pub updates_logged: IntCounter,
+    pub updates_sent: IntCounter,
     pub updates_duplicate: IntCounter,
     pub commits: IntCounter,
     pub commit_seconds: Histogram,
@@ -91,6 +92,10 @@ impl Metrics {
             connections: gauge("connections", "Open WebSocket connections"),
             updates_applied: counter("updates_applied_total", "Updates that changed a document"),
             updates_logged: counter("updates_logged_total", "Updates committed to the log"),
+            updates_sent: counter(
+                "updates_sent_total",
+                "Update deliveries queued to connections (one per update per receiving peer)",
+            ),
             updates_duplicate: counter(
                 "updates_duplicate_total",
                 "Updates that added nothing and were neither logged nor broadcast",

@@ -259,6 +259,97 @@ async fn an_event_that_exhausts_its_attempts_moves_to_the_dead_letter_table() {
     server.stop().await;
 }
 
+/// The dashboard's Retry: a dead event goes back to the outbox with its event id, is
+/// delivered, and leaves the dead-letter table; retrying it again changes nothing, and an id
+/// that is no dead event is 404.
+#[tokio::test]
+async fn a_dead_event_retried_is_delivered_with_its_event_id() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (l, addr) = listener().await;
+    // Fails the first 3 attempts of each event: with 3 attempts allowed, every event dies;
+    // its retry is the 4th attempt, which the receiver accepts.
+    let receiver = Receiver::start(3, l).await;
+    let mut cfg = webhook_config(dir.path(), addr);
+    cfg.webhooks.max_attempts = 3;
+    let server = TestServer::start(cfg).await;
+    let http = reqwest::Client::new();
+    let api = |p: &str| server.http(&format!("/api/v1{p}"));
+    http.post(api("/docs"))
+        .json(&json!({"name": "retried"}))
+        .send()
+        .await
+        .expect("post");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let dead = loop {
+        let outbox: Value = http.get(api("/admin/outbox")).json_body().await;
+        if let Some(d) = outbox["dead"].as_array().filter(|d| !d.is_empty()) {
+            break d[0].clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "event never died");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(receiver.accepted().is_empty());
+    let id = dead["id"].as_i64().expect("id");
+
+    let resp = http
+        .post(api(&format!("/admin/dead/{id}/retry")))
+        .send()
+        .await
+        .expect("retry");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let back: Value = resp.json().await.expect("json");
+    assert_eq!(back["event_id"], dead["event_id"]);
+    assert_eq!(back["attempts"], 0, "its attempts are counted afresh");
+    assert!(
+        receiver
+            .wait_for(|r| r.iter().any(|x| x.id == dead["event_id"]))
+            .await,
+        "the retried event was never delivered: {:?}",
+        receiver.all()
+    );
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let outbox: Value = http.get(api("/admin/outbox")).json_body().await;
+        let delivered = outbox["events"]
+            .as_array()
+            .and_then(|e| e.iter().find(|e| e["id"] == id))
+            .is_some_and(|e| e["status"] == "delivered");
+        if delivered {
+            assert_eq!(outbox["dead"], json!([]), "it left the dead-letter table");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never marked delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Again (a double click): the event as it is, delivered, and nothing sent again.
+    let again: Value = http
+        .post(api(&format!("/admin/dead/{id}/retry")))
+        .json_body()
+        .await;
+    assert_eq!(again["status"], "delivered");
+    assert_eq!(again["event_id"], dead["event_id"]);
+    let resp = http
+        .post(api("/admin/dead/987654/retry"))
+        .send()
+        .await
+        .expect("retry");
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        receiver
+            .all()
+            .iter()
+            .filter(|r| r.id == dead["event_id"])
+            .count(),
+        4,
+        "three failed attempts and the retry's"
+    );
+    server.stop().await;
+}
+
 /// The outbox row is committed with the change; the process dies before delivering it; the
 /// restarted server delivers it.
 #[tokio::test]

@@ -85,6 +85,11 @@ pub fn routes(app: &AppState) -> Router<AppState> {
         .route("/tokens", post(issue_token))
         .route("/tokens/revoke", post(revoke))
         .route("/admin/outbox", get(admin_outbox))
+        .route("/admin/overview", get(super::admin::overview))
+        .route("/admin/docs", get(super::admin::docs))
+        .route("/admin/cluster", get(super::admin::cluster))
+        .route("/admin/dead/{id}/retry", post(super::admin::retry_dead))
+        .route("/admin/stream", get(super::admin::stream))
         .route("/openapi.json", get(openapi_json))
 }
 
@@ -94,14 +99,18 @@ pub fn routes(app: &AppState) -> Router<AppState> {
     paths(
         create_doc, list_docs, get_doc, patch_doc, delete_doc, restore_doc, get_update,
         post_update, post_stateless, get_json, list_access, put_access, delete_access, get_user, patch_user,
-        get_me, issue_token, revoke, admin_outbox, history::get_history, history::list_versions,
+        get_me, issue_token, revoke, admin_outbox, super::admin::overview, super::admin::docs,
+        super::admin::cluster, super::admin::retry_dead, history::get_history, history::list_versions,
         history::create_version, history::delete_version, history::version_json,
         history::get_diff, history::restore_version, history::fork
     ),
     components(schemas(
         DocMeta, DocPatch, UserProfile, UserPatch, Role, Permission, Problem, CreateDoc, DocPage,
         UpdateApplied, StatelessMessage, StatelessSent, AccessEntry, SetRole, IssueToken, IssuedToken, RevokeRequest, Revocation,
-        OutboxView, OutboxEvent, DeadEvent, history::HistoryPage, crate::history::Session,
+        OutboxView, OutboxEvent, DeadEvent, super::admin::Overview, super::admin::AdminDocs,
+        super::admin::AdminDoc, super::admin::ClusterView, crate::storage::api::DocStats,
+        crate::storage::api::ClusterRows, crate::storage::api::NodeRow,
+        crate::storage::api::LeaseRow, history::HistoryPage, crate::history::Session,
         crate::history::AuthorShare, crate::storage::history::Version,
         crate::storage::history::VersionKind, history::CreateVersion, history::DiffView,
         crate::history::TextDiff, crate::history::Run, history::Restored, history::Fork

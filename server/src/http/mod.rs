@@ -1,6 +1,7 @@
 //! HTTP routes: health, readiness, metrics, the REST API under `/api/v1`, and the WebSocket
 //! entry point for documents (every other path).
 
+mod admin;
 pub mod api;
 mod error;
 mod extract;
@@ -52,6 +53,9 @@ pub fn router(app: AppState) -> Router {
         .route("/hocuspocus", get(crate::hocuspocus::socket))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/admin", get(crate::admin::page::index))
+        .route("/admin/", get(crate::admin::page::index))
+        .route("/admin/{file}", get(crate::admin::page::asset))
         .nest("/api/v1", api)
         .fallback(web_or_document)
         .with_state(app)

@@ -11,6 +11,7 @@ mod committed;
 pub mod join;
 pub mod queue;
 mod registry;
+pub mod stats;
 
 use std::borrow::Cow;
 use std::fmt;

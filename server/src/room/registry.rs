@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::actor;
+use super::stats::RoomStats;
 use super::{DocName, JoinError, RoomHandle};
 use crate::config::RoomConfig;
 use crate::metrics::Metrics;
@@ -17,6 +18,8 @@ use crate::storage::DocStore;
 struct Entry {
     generation: u64,
     handle: RoomHandle,
+    /// What the room reports of itself (the admin dashboard).
+    stats: Arc<RoomStats>,
 }
 
 /// Starts rooms on demand and forgets them when they stop. The mutex guards only the map and
@@ -95,15 +98,22 @@ impl Registry {
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(self.room_queue);
         let handle = RoomHandle::new(tx, self.config.room_queue_bytes);
+        let stats = Arc::new(RoomStats::default());
         rooms.insert(
             name.clone(),
             Entry {
                 generation,
                 handle: handle.clone(),
+                stats: stats.clone(),
             },
         );
-        self.tracker
-            .spawn(actor::run(self.clone(), name.clone(), generation, rx));
+        self.tracker.spawn(actor::run(
+            self.clone(),
+            name.clone(),
+            generation,
+            rx,
+            stats,
+        ));
         Ok(handle)
     }
 
@@ -117,6 +127,15 @@ impl Registry {
     pub fn all(&self) -> Vec<RoomHandle> {
         let rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
         rooms.values().map(|e| e.handle.clone()).collect()
+    }
+
+    /// Every loaded room's name and live figures (the admin dashboard), in no order.
+    pub fn live_stats(&self) -> Vec<(DocName, Arc<RoomStats>)> {
+        let rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
+        rooms
+            .iter()
+            .map(|(name, e)| (name.clone(), e.stats.clone()))
+            .collect()
     }
 
     /// Forgets the room if it is still the given generation.

@@ -163,6 +163,63 @@ pub struct DeadEvent {
     pub died_at: i64,
 }
 
+/// A document with what it takes in storage, for the admin dashboard's documents table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct DocStats {
+    pub id: DocId,
+    pub name: String,
+    pub title: String,
+    pub created_at: i64,
+    /// The log position the snapshot covers, and the snapshot's bytes (0: none).
+    pub snapshot_seq: i64,
+    pub snapshot_bytes: i64,
+    /// When the snapshot was written (ms since the epoch, by the database's clock; `None`:
+    /// no snapshot written since Quire recorded this).
+    pub snapshot_at: Option<i64>,
+    /// Log rows after the snapshot, and their bytes: what a load replays.
+    pub log_rows: i64,
+    pub log_bytes: i64,
+    /// When the newest log row still stored was committed (`None`: none is stored, a
+    /// snapshot covered and deleted them).
+    pub last_commit: Option<i64>,
+    /// The room lease on the document (several nodes): which node holds it, its epoch (the
+    /// fencing token) and until when (ms; in the past: expired or released).
+    pub lease_owner: Option<String>,
+    pub lease_epoch: Option<i64>,
+    pub lease_expires_at: Option<i64>,
+}
+
+/// A server process on this database, as its heartbeat last wrote it (`nodes`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct NodeRow {
+    pub id: String,
+    /// The address it listens on (`--bind`).
+    pub address: String,
+    /// Its Quire version.
+    pub version: String,
+    pub started_at: i64,
+    /// When its heartbeat last wrote (ms, the database's clock).
+    pub last_seen_at: i64,
+}
+
+/// A live room lease: which node serves which document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct LeaseRow {
+    pub doc_id: DocId,
+    pub doc_name: String,
+    pub owner: String,
+    pub epoch: i64,
+    pub expires_at: i64,
+}
+
+/// The nodes and the live leases, read at the database's time `now` (ms).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct ClusterRows {
+    pub now: i64,
+    pub nodes: Vec<NodeRow>,
+    pub leases: Vec<LeaseRow>,
+}
+
 /// Filter and page of `GET /docs`.
 #[derive(Debug, Clone, Default)]
 pub struct DocQuery {
@@ -303,6 +360,26 @@ pub trait ApiStore: super::history::HistoryStore + Send + Sync + 'static {
         &self,
         limit: u32,
     ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError>;
+    /// Puts dead event `id` back in the outbox as a new pending event with the same event id
+    /// (receivers deduplicate by it), due at `now`, its attempts counted afresh. Idempotent:
+    /// an event already back in the outbox is returned as it is. `None`: no such event.
+    async fn retry_dead(&self, id: i64, now: i64) -> Result<Option<OutboxEvent>, StorageError>;
+
+    /// A page of live documents (name prefix, after id, limit of `q`; deleted ones left out)
+    /// with their storage figures and leases.
+    async fn doc_stats(&self, q: &DocQuery) -> Result<Vec<DocStats>, StorageError>;
+    /// Bytes the database takes (SQLite: its pages; PostgreSQL: `pg_database_size`).
+    async fn store_size(&self) -> Result<i64, StorageError>;
+    /// Writes this node's row in `nodes`, seen now by the database's clock.
+    async fn node_heartbeat(
+        &self,
+        id: &str,
+        address: &str,
+        version: &str,
+        started_at: i64,
+    ) -> Result<(), StorageError>;
+    /// Every node's row and the leases not yet expired (at most `limit`, by document name).
+    async fn cluster_rows(&self, limit: u32) -> Result<ClusterRows, StorageError>;
 }
 
 /// Checks shared by the backends' unit tests.

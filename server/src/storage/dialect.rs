@@ -32,6 +32,9 @@ pub trait Dialect: Database {
     /// times come from it, the one clock every node sharing the database agrees on.
     const NOW_MS: &'static str;
 
+    /// A statement giving the bytes the database takes.
+    const STORE_SIZE: &'static str;
+
     /// Makes rows inserted into `table` by this transaction take their ids only after every
     /// earlier insert has committed, so that readers applying "the rows after the last id I
     /// have seen" never skip one. Run first in the inserting transaction.
@@ -62,6 +65,8 @@ impl Dialect for Sqlite {
     const SKIP_LOCKED: &'static str = "";
     const LOCK_ROWS: &'static str = "";
     const NOW_MS: &'static str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+    const STORE_SIZE: &'static str =
+        "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()";
 
     fn rows_affected(result: &Self::QueryResult) -> u64 {
         result.rows_affected()
@@ -116,6 +121,7 @@ impl Dialect for Postgres {
     const SKIP_LOCKED: &'static str = "FOR UPDATE SKIP LOCKED";
     const LOCK_ROWS: &'static str = "FOR NO KEY UPDATE";
     const NOW_MS: &'static str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+    const STORE_SIZE: &'static str = "SELECT pg_database_size(current_database())";
 
     fn rows_affected(result: &Self::QueryResult) -> u64 {
         result.rows_affected()

@@ -221,7 +221,8 @@ impl DocStore for PgStore {
         // a grant to another node waits for this transaction, or this one sees the new epoch.
         let new_version: Option<i64> = sqlx::query_scalar(
             "UPDATE documents SET snapshot_seq = $1, \
-             snapshot_version = snapshot_version + 1, snapshot_generation = $5 \
+             snapshot_version = snapshot_version + 1, snapshot_generation = $5, \
+             snapshot_at = (extract(epoch from clock_timestamp()) * 1000)::bigint \
              WHERE id = $2 AND snapshot_version = $3 \
                AND ($4::bigint IS NULL OR EXISTS ( \
                  SELECT 1 FROM room_leases WHERE doc_id = $2 AND epoch = $4 FOR SHARE)) \

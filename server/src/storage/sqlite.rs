@@ -722,7 +722,8 @@ async fn apply(conn: &mut SqliteConnection, op: &WriteOp) -> Result<WriteOutcome
             let generation = snapshot.generation();
             let done = sqlx::query(
                 "UPDATE documents SET snapshot_seq = ?1, \
-                 snapshot_version = snapshot_version + 1, snapshot_generation = ?5 \
+                 snapshot_version = snapshot_version + 1, snapshot_generation = ?5, \
+                 snapshot_at = CAST(unixepoch('subsec') * 1000 AS INTEGER) \
                  WHERE id = ?2 AND snapshot_version = ?3 \
                    AND (?4 IS NULL OR (SELECT epoch FROM room_leases WHERE doc_id = ?2) = ?4)",
             )

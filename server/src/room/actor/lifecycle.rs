@@ -25,6 +25,7 @@ pub(in crate::room) async fn run(
     name: DocName,
     generation: u64,
     rx: mpsc::Receiver<RoomCmd>,
+    stats: Arc<crate::room::stats::RoomStats>,
 ) {
     let span = info_span!("room", doc = %name);
     async move {
@@ -40,7 +41,7 @@ pub(in crate::room) async fn run(
         match load_owned(&registry, &name).await {
             Ok(Owned::Here(_, loaded)) if loaded.stored.deleted => leftover = JoinError::Deleted,
             Ok(Owned::Here(fence, loaded)) => {
-                let mut room = Room::new(registry.clone(), name.clone(), loaded, fence);
+                let mut room = Room::new(registry.clone(), name.clone(), loaded, fence, stats);
                 if room.run(&mut rx).await {
                     leftover = JoinError::Deleted;
                 }
@@ -367,6 +368,7 @@ impl Room {
         self.last_seq = stored.last_seq();
         self.stored_bytes = stored.stored_bytes();
         self.since_snapshot_updates = stored.updates.len() as u64;
+        self.report();
         self.since_snapshot_bytes = stored.updates.iter().map(|(_, u)| u.len() as u64).sum();
         self.committed = CommittedCopy::take(&mut stored, committed_copy_limit(&self.registry));
         // A snapshot encoded from the old copy is not written (its task finishes unheard).

@@ -334,6 +334,8 @@ struct Room {
     /// have seen.
     reload_needed: Option<StateVector>,
     unload_at: Option<Instant>,
+    /// What the room reports of itself (the admin dashboard), kept current by [`Room::report`].
+    stats: Arc<crate::room::stats::RoomStats>,
 }
 
 impl Room {
@@ -343,6 +345,7 @@ impl Room {
         name: DocName,
         loaded: Loaded,
         lease: Option<(Epoch, Instant)>,
+        stats: Arc<crate::room::stats::RoomStats>,
     ) -> Room {
         let Loaded { mut stored, doc } = loaded;
         let copy_limit = committed_copy_limit(&registry);
@@ -367,7 +370,7 @@ impl Room {
                 limit: registry.config.storage_timeout,
             })
         });
-        Room {
+        let room = Room {
             registry,
             name,
             doc_id: stored.id,
@@ -411,9 +414,26 @@ impl Room {
             reload_needed: None,
             unload_at: None,
             role_changes: HashMap::new(),
+            stats,
             // Last: it takes the snapshot and rows out of `stored`.
             committed: CommittedCopy::take(&mut stored, copy_limit),
-        }
+        };
+        use std::sync::atomic::Ordering::Relaxed;
+        let stats = &room.stats;
+        stats.loaded_at.store(crate::storage::now_ms(), Relaxed);
+        stats.epoch.store(room.fence.unwrap_or(0), Relaxed);
+        room.report();
+        room
+    }
+
+    /// Publishes the room's sizes and peer count to its [`RoomStats`](crate::room::stats).
+    fn report(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.stats.peers.store(self.peers.len() as u64, Relaxed);
+        self.stats.stored_bytes.store(self.stored_bytes, Relaxed);
+        self.stats
+            .log_rows
+            .store(self.since_snapshot_updates, Relaxed);
     }
 
     /// Runs until the room unloads, fails or shuts down. Returns true if the document was

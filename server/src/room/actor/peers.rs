@@ -38,6 +38,7 @@ impl Room {
             .and_then(|user| self.role_changes.get(user))
             .is_some_and(|&change| auth.seen_change < change);
         self.peers.insert(id, Peer { tx, auth, expires });
+        self.report();
         self.unload_at = None;
         if stale {
             // Its permission was read before a role change this room has already acted on
@@ -139,20 +140,25 @@ impl Room {
     }
 
     /// Sends `frame` to every peer but `except`. A peer whose queue is full is closed with
-    /// 1013: it will reconnect and resync, so nothing is dropped silently.
-    pub(super) fn broadcast(&mut self, frame: &Bytes, except: Option<PeerId>) {
+    /// 1013: it will reconnect and resync, so nothing is dropped silently. Returns how many
+    /// peers it was queued to.
+    pub(super) fn broadcast(&mut self, frame: &Bytes, except: Option<PeerId>) -> u64 {
         let mut overflowed = Vec::new();
+        let mut queued = 0;
         for (id, peer) in &self.peers {
             if Some(*id) == except {
                 continue;
             }
-            if let Err(SendError::Full) = peer.tx.try_send(frame.clone()) {
-                overflowed.push(*id);
+            match peer.tx.try_send(frame.clone()) {
+                Ok(()) => queued += 1,
+                Err(SendError::Full) => overflowed.push(*id),
+                Err(SendError::Disconnected) => {}
             }
         }
         for id in overflowed {
             self.overflow(id);
         }
+        queued
     }
 
     pub(super) fn send_to(&mut self, peer: PeerId, frame: Bytes) {
@@ -202,9 +208,13 @@ impl Room {
         if self.peers.is_empty() {
             self.unload_at = Some(Instant::now() + self.registry.config.unload_delay);
         }
+        self.report();
     }
 
     pub(super) fn close_all(&mut self, reason: CloseReason) {
+        self.stats
+            .peers
+            .store(0, std::sync::atomic::Ordering::Relaxed);
         for (_, peer) in self.peers.drain() {
             peer.tx.kill(reason.clone());
         }

@@ -491,13 +491,26 @@ impl Room {
         let last_seq = self.last_seq;
         let author = batch.iter().rev().find_map(|a| a.author.clone());
         self.versions.edited(Instant::now(), author);
+        {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.stats.updates_in.fetch_add(batch.len() as u64, Relaxed);
+            self.stats
+                .last_commit
+                .store(crate::storage::now_ms(), Relaxed);
+            self.report();
+        }
+        let mut delivered = 0;
         for applied in batch {
             let frame = protocol::encode_update(&applied.raw);
-            self.broadcast(&frame, applied.origin.peer());
+            delivered += self.broadcast(&frame, applied.origin.peer());
             if let Origin::Http(reply) = applied.origin {
                 let _ = reply.send(Ok(last_seq));
             }
         }
+        self.registry.metrics.updates_sent.inc_by(delivered);
+        self.stats
+            .updates_out
+            .fetch_add(delivered, std::sync::atomic::Ordering::Relaxed);
         self.release_waiters();
         self.release_withheld();
     }

@@ -334,6 +334,11 @@ impl Room {
                 self.since_snapshot_updates = logged_after;
                 self.since_snapshot_bytes = self.since_snapshot_bytes.saturating_sub(covered_bytes);
                 self.stored_bytes = size + self.since_snapshot_bytes;
+                self.stats.last_snapshot.store(
+                    crate::storage::now_ms(),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                self.report();
             }
             Ok(SnapshotOutcome::Conflict) => {
                 self.registry.metrics.snapshot_conflicts.inc();
