@@ -37,6 +37,8 @@ echo "--- the WASM client as an npm package, installed into a scratch project"
 node --test web/test/npm-package.test.mjs
 echo "--- end to end in Chromium (screenshots in target/screenshots/)"
 node --test web/test/e2e.mjs
+echo "--- the admin dashboard in Chromium, under a load (screenshots in target/screenshots/admin-*.png)"
+node --test web/test/admin.test.mjs
 
 pg_up() {
   local hostport=${PG_URL#*@}; hostport=${hostport%%/*}

@@ -4,6 +4,8 @@
 // chosen by users), never as HTML.
 
 const KEY = 'quire.admin.credential'
+// Dead letters listed with a Retry button (the newest).
+const DEAD_SHOWN = 20
 const $ = (id) => document.getElementById(id)
 
 let credential = sessionStorage.getItem(KEY)
@@ -261,7 +263,11 @@ async function loadOutbox () {
     cell(e.last_error || '', 'error'),
     cell(ago(e.created_at))
   ]), 'No events (webhooks are off, or nothing happened yet).')
-  fillTable('dead', view.dead.map((d) => {
+  const shown = view.dead.slice(0, DEAD_SHOWN)
+  $('dead-note').textContent = view.dead.length > shown.length
+    ? `the newest ${shown.length} of ${view.dead.length}${view.dead.length === 50 ? '+' : ''}`
+    : `${view.dead.length}`
+  fillTable('dead', shown.map((d) => {
     const button = document.createElement('button')
     button.type = 'button'
     button.textContent = 'Retry'
@@ -347,8 +353,12 @@ function niceMax (v) {
 // window ending now. Gaps (null) break the line.
 function plot (id, times, series, format) {
   const svg = $(id)
-  const windowMs = Number($('window').value) * 1000
   const end = times.length ? times[times.length - 1] : Date.now()
+  // "All kept": from the oldest sample kept (at least a minute), else the chosen window.
+  const chosen = $('window').value
+  const windowMs = chosen === 'auto'
+    ? Math.max(60_000, times.length ? end - times[0] : 0)
+    : Number(chosen) * 1000
   const start = end - windowMs
   const first = times.findIndex((t) => t >= start)
   const from = first < 0 ? times.length : first
