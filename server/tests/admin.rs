@@ -168,12 +168,15 @@ async fn the_page_is_served_with_a_strict_policy_and_holds_no_data() {
     assert!(script.contains("sessionStorage"));
     assert!(!script.contains("localStorage"));
     assert!(!script.contains("?token="));
+    // Any other path under /admin is not the page's (here: a document request without an
+    // upgrade, refused).
     let resp = http
         .get(server.http("/admin/secrets.txt"))
         .send()
         .await
         .expect("get");
-    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert!(resp.status().is_client_error(), "{}", resp.status());
+    assert!(resp.headers().get("content-security-policy").is_none());
     server.stop().await;
 }
 
@@ -410,6 +413,17 @@ async fn the_overview_reports_the_node_and_the_store() {
     assert_eq!(o["open_mode"], true);
     assert!(o["store_bytes"].as_i64().unwrap_or(0) > 0, "{o}");
     assert_eq!(o["history_ms"], 3_600_000);
+
+    // The page's paths stay documents for WebSocket clients: `admin` opens as before.
+    for name in ["admin", "admin/admin.js"] {
+        let mut client = Client::connect(&server.url(name), 11).await;
+        client.insert(0, "kept").await;
+        client.durable_ack(1).await;
+        client.close().await;
+        let fresh = Client::connect(&server.url(name), 12).await;
+        assert_eq!(fresh.text(), "kept", "document {name}");
+        fresh.close().await;
+    }
     server.stop().await;
 }
 

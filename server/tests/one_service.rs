@@ -442,6 +442,74 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
             &format!("/api/v1{path}").replace("/users/ann", "/users/{id}"),
         );
     }
+    // The admin dashboard's routes: the same stored facts on every node; what a node says of
+    // itself (its id, its loaded rooms under `live`, `this_node`) is its own by design.
+    let (status_a, overview_a) = call(&http, a, "GET", "/admin/overview", None, None).await;
+    let (status_c, overview_c) = call(&http, c, "GET", "/admin/overview", None, None).await;
+    assert_eq!((status_a, status_c), (StatusCode::OK, StatusCode::OK));
+    for field in ["database", "cluster", "version"] {
+        assert_eq!(overview_a[field], overview_c[field], "overview {field}");
+    }
+    assert_ne!(overview_a["node_id"], overview_c["node_id"]);
+    check("GET", "/api/v1/admin/overview");
+    let stored = |mut page: Value| {
+        if let Some(docs) = page["docs"].as_array_mut() {
+            for d in docs {
+                if let Some(d) = d.as_object_mut() {
+                    // Renewed while the two calls are made.
+                    d.remove("live");
+                    d.remove("lease_expires_at");
+                }
+            }
+        }
+        page
+    };
+    let (status_a, docs_a) = call(&http, a, "GET", "/admin/docs", None, None).await;
+    let (status_c, docs_c) = call(&http, c, "GET", "/admin/docs", None, None).await;
+    assert_eq!((status_a, status_c), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(stored(docs_a), stored(docs_c), "GET /admin/docs");
+    check("GET", "/api/v1/admin/docs");
+    // The nodes, and the lease of "svc" (whose writer stays; rooms of other documents may
+    // unload between the two calls).
+    let facts = |view: &Value| {
+        let leases: Vec<(Value, Value, Value)> = view["leases"]
+            .as_array()
+            .map(|l| {
+                l.iter()
+                    .filter(|l| l["doc_name"] == "svc")
+                    .map(|l| {
+                        (
+                            l["doc_name"].clone(),
+                            l["owner"].clone(),
+                            l["epoch"].clone(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let nodes: Vec<Value> = view["nodes"]
+            .as_array()
+            .map(|n| n.iter().map(|n| n["id"].clone()).collect())
+            .unwrap_or_default();
+        (nodes, leases)
+    };
+    let (status_a, cluster_a) = call(&http, a, "GET", "/admin/cluster", None, None).await;
+    let (status_c, cluster_c) = call(&http, c, "GET", "/admin/cluster", None, None).await;
+    assert_eq!((status_a, status_c), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(facts(&cluster_a), facts(&cluster_c), "GET /admin/cluster");
+    assert_eq!(facts(&cluster_a).0.len(), 3, "{cluster_a}");
+    assert_eq!(
+        facts(&cluster_a).1.len(),
+        1,
+        "the lease of svc: {cluster_a}"
+    );
+    check("GET", "/api/v1/admin/cluster");
+    let on_a = call(&http, a, "POST", "/admin/dead/424242/retry", None, None).await;
+    let on_c = call(&http, c, "POST", "/admin/dead/424242/retry", None, None).await;
+    assert_eq!(on_a, on_c, "POST /admin/dead/{{id}}/retry");
+    assert_eq!(on_a.0, StatusCode::NOT_FOUND);
+    check("POST", "/api/v1/admin/dead/{id}/retry");
+
     assert_eq!(
         checked,
         documented(&openapi),

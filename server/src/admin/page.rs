@@ -2,7 +2,6 @@
 //! no build step and nothing fetched from elsewhere, so `/admin` works wherever the binary
 //! runs. The headers forbid framing, inline scripts and any connection but to this server.
 
-use axum::extract::Path;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
@@ -15,7 +14,7 @@ const STYLE: &str = include_str!("page/admin.css");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
                    connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-fn file(content_type: &'static str, body: &'static str) -> Response {
+fn serve(content_type: &'static str, body: &'static str) -> Response {
     let mut response = (StatusCode::OK, body).into_response();
     let h = response.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -36,16 +35,13 @@ fn file(content_type: &'static str, body: &'static str) -> Response {
     response
 }
 
-/// `GET /admin`: the page.
-pub async fn index() -> Response {
-    file("text/html; charset=utf-8", INDEX)
-}
-
-/// `GET /admin/{file}`: its script and style sheet.
-pub async fn asset(Path(name): Path<String>) -> Response {
-    match name.as_str() {
-        "admin.js" => file("text/javascript; charset=utf-8", SCRIPT),
-        "admin.css" => file("text/css; charset=utf-8", STYLE),
-        _ => (StatusCode::NOT_FOUND, "no such file").into_response(),
-    }
+/// The page's file at a URL path (`/admin`, `/admin/`, `/admin/admin.js`,
+/// `/admin/admin.css`), if it is one.
+pub fn file(path: &str) -> Option<Response> {
+    Some(match path {
+        "/admin" | "/admin/" => serve("text/html; charset=utf-8", INDEX),
+        "/admin/admin.js" => serve("text/javascript; charset=utf-8", SCRIPT),
+        "/admin/admin.css" => serve("text/css; charset=utf-8", STYLE),
+        _ => return None,
+    })
 }

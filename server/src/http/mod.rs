@@ -53,9 +53,9 @@ pub fn router(app: AppState) -> Router {
         .route("/hocuspocus", get(crate::hocuspocus::socket))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/admin", get(crate::admin::page::index))
-        .route("/admin/", get(crate::admin::page::index))
-        .route("/admin/{file}", get(crate::admin::page::asset))
+        .route("/admin", get(admin_page))
+        .route("/admin/", get(admin_page))
+        .route("/admin/{file}", get(admin_page))
         .nest("/api/v1", api)
         .fallback(web_or_document)
         .with_state(app)
@@ -95,6 +95,17 @@ async fn web_or_document(State(app): State<AppState>, req: Request) -> Response 
         };
     }
     axum::handler::Handler::call(document_socket, req, app).await
+}
+
+/// `GET /admin` and its files: the dashboard's page, compiled into the binary. A WebSocket
+/// upgrade, or a path that is none of the page's files, is any other path's request, so a
+/// document named `admin` (or `admin/...`) opens as before.
+async fn admin_page(State(app): State<AppState>, req: Request) -> Response {
+    let upgrade = req.headers().contains_key(header::UPGRADE);
+    match crate::admin::page::file(req.uri().path()) {
+        Some(page) if !upgrade => page,
+        _ => web_or_document(State(app), req).await,
+    }
 }
 
 /// The file under `root` that a URL path names, if there is one. Only plain segments count
