@@ -18,6 +18,9 @@ pub use sampler::{LiveRoom, Sample, Sampler, Tick};
 
 use crate::storage::api::ApiStore;
 
+/// Most samples kept, whatever `admin_history / admin_sample_every` says (a day at one a
+/// second: about 7 MB of memory, and the history a dashboard loads first).
+pub const MAX_SAMPLES: usize = 86_400;
 /// Ticks a slow dashboard may fall behind before it skips to the newest.
 const TICK_BACKLOG: usize = 16;
 /// Rooms listed in each tick: the busiest, so a dashboard's tick stays small with many rooms.
@@ -49,7 +52,7 @@ impl Admin {
         let every_ms = every.as_millis().max(1);
         let capacity = usize::try_from(keep.as_millis() / every_ms)
             .unwrap_or(usize::MAX)
-            .clamp(1, 1_000_000);
+            .clamp(1, MAX_SAMPLES);
         let (ticks, _) = broadcast::channel(TICK_BACKLOG);
         Admin {
             every,
@@ -86,6 +89,12 @@ impl Admin {
         let h = self.history.lock().unwrap_or_else(|p| p.into_inner());
         let rx = self.ticks.subscribe();
         (h.samples.iter().copied().collect(), h.rooms.clone(), rx)
+    }
+
+    /// The newest tick (its rooms and their rates).
+    pub fn newest(&self) -> Arc<Tick> {
+        let h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        h.rooms.clone()
     }
 
     /// Samples kept now.

@@ -132,8 +132,11 @@ impl Sampler {
         let mut seen = HashMap::with_capacity(rooms.len());
         let mut live: Vec<LiveRoom> = rooms
             .iter()
-            .map(|(name, stats)| {
-                let f = stats.read();
+            .map(|(name, stats)| (name, stats.read()))
+            // A room still loading, or refusing joins after a failed load or for a document
+            // another node serves, has not started.
+            .filter(|(_, f)| f.loaded_at > 0)
+            .map(|(name, f)| {
                 let (since, old_in, old_out) = self.rooms.get(name).copied().unwrap_or((
                     f.loaded_at.max(now - (secs * 1000.0) as i64),
                     0,
@@ -266,9 +269,12 @@ mod tests {
         let quiet = Arc::new(RoomStats::default());
         quiet.loaded_at.store(5_000, Relaxed);
         quiet.peers.store(1, Relaxed);
+        // Still loading (or refusing joins): not listed.
+        let loading = Arc::new(RoomStats::default());
         let rooms = vec![
             (DocName::parse("quiet").expect("name"), quiet),
             (DocName::parse("busy").expect("name"), busy.clone()),
+            (DocName::parse("loading").expect("name"), loading),
         ];
         let tick = sampler.sample(&metrics, &rooms, 12_000, Some(1 << 20));
         assert_eq!(tick.sample.t, 12_000);

@@ -3,6 +3,7 @@
 //! for the credential, which it keeps in the tab's session storage and sends as a bearer
 //! header, never in a URL).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,7 @@ use super::error::ApiError;
 use super::extract::{ApiPath, ApiQuery};
 use crate::admin::{LiveRoom, Sample, Tick};
 use crate::auth::Principal;
+use crate::room::stats::RoomFigures;
 use crate::storage::api::{ClusterRows, DocQuery, DocStats, OutboxEvent};
 use crate::AppState;
 
@@ -139,50 +141,47 @@ pub(super) async fn docs(
             ..DocQuery::default()
         })
         .await?;
-    let (_, newest, _) = app.admin.subscribe();
+    let newest = app.admin.newest();
     let next_after = (stats.len() == limit as usize)
         .then(|| stats.last().map(|d| d.id))
         .flatten();
-    let live = |name: &str| {
-        // The tick lists the busiest rooms; any other loaded room is read now.
-        newest
-            .rooms
-            .iter()
-            .find(|r| r.name == name)
-            .cloned()
-            .or_else(|| live_now(&app, name))
-    };
-    let docs = stats
-        .into_iter()
-        .map(|stored| AdminDoc {
-            live: live(&stored.name),
-            stored,
-        })
-        .collect();
-    Ok(Json(AdminDocs { docs, next_after }))
-}
-
-/// A loaded room's figures read now, without rates.
-fn live_now(app: &AppState, name: &str) -> Option<LiveRoom> {
-    let name = crate::room::DocName::parse(name).ok()?;
-    let (_, stats) = app
+    // The figures are read now (a tick may be up to `admin_sample_every` old); only the rates
+    // come from the newest tick, which lists the busiest rooms (others show 0).
+    let loaded: HashMap<String, RoomFigures> = app
         .registry
         .live_stats()
         .into_iter()
-        .find(|(n, _)| *n == name)?;
-    let f = stats.read();
-    Some(LiveRoom {
-        name: name.as_str().to_owned(),
-        peers: f.peers,
-        updates_in: 0.0,
-        updates_out: 0.0,
-        stored_bytes: f.stored_bytes,
-        log_rows: f.log_rows,
-        last_commit: f.last_commit,
-        last_snapshot: f.last_snapshot,
-        loaded_at: f.loaded_at,
-        epoch: f.epoch,
-    })
+        .map(|(name, stats)| (name.as_str().to_owned(), stats.read()))
+        .filter(|(_, f)| f.loaded_at > 0)
+        .collect();
+    let rates: HashMap<&str, (f64, f64)> = newest
+        .rooms
+        .iter()
+        .map(|r| (r.name.as_str(), (r.updates_in, r.updates_out)))
+        .collect();
+    let docs = stats
+        .into_iter()
+        .map(|stored| {
+            let live = loaded.get(&stored.name).map(|f| {
+                let (updates_in, updates_out) =
+                    rates.get(stored.name.as_str()).copied().unwrap_or_default();
+                LiveRoom {
+                    name: stored.name.clone(),
+                    peers: f.peers,
+                    updates_in,
+                    updates_out,
+                    stored_bytes: f.stored_bytes,
+                    log_rows: f.log_rows,
+                    last_commit: f.last_commit,
+                    last_snapshot: f.last_snapshot,
+                    loaded_at: f.loaded_at,
+                    epoch: f.epoch,
+                }
+            });
+            AdminDoc { live, stored }
+        })
+        .collect();
+    Ok(Json(AdminDocs { docs, next_after }))
 }
 
 /// The nodes on this database and who serves which document.
@@ -304,6 +303,7 @@ fn ticks(
                 let tick = tokio::select! {
                     tick = rx.recv() => tick,
                     _ = shutdown.cancelled() => return None,
+                    _ = until_expiry(&principal) => return None,
                 };
                 let tick = match tick {
                     Ok(tick) => tick,
@@ -320,6 +320,20 @@ fn ticks(
             }
         }
     })
+}
+
+/// Resolves when the caller's credential expires (never for the admin key and open mode).
+async fn until_expiry(principal: &Principal) {
+    match principal.expires_at {
+        Some(exp) => {
+            let left = exp
+                .saturating_mul(1000)
+                .saturating_sub(crate::storage::now_ms())
+                .max(0);
+            tokio::time::sleep(Duration::from_millis(left as u64)).await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// The stream's credential has neither expired nor been revoked since it opened.

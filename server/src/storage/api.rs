@@ -370,7 +370,8 @@ pub trait ApiStore: super::history::HistoryStore + Send + Sync + 'static {
     async fn doc_stats(&self, q: &DocQuery) -> Result<Vec<DocStats>, StorageError>;
     /// Bytes the database takes (SQLite: its pages; PostgreSQL: `pg_database_size`).
     async fn store_size(&self) -> Result<i64, StorageError>;
-    /// Writes this node's row in `nodes`, seen now by the database's clock.
+    /// Writes this node's row in `nodes`, seen now by the database's clock, and drops the rows
+    /// of nodes not seen for a day.
     async fn node_heartbeat(
         &self,
         id: &str,
@@ -378,7 +379,8 @@ pub trait ApiStore: super::history::HistoryStore + Send + Sync + 'static {
         version: &str,
         started_at: i64,
     ) -> Result<(), StorageError>;
-    /// Every node's row and the leases not yet expired (at most `limit`, by document name).
+    /// The nodes' rows and the leases not yet expired (at most `limit` of each, by node id and
+    /// document name).
     async fn cluster_rows(&self, limit: u32) -> Result<ClusterRows, StorageError>;
 }
 

@@ -26,6 +26,9 @@ pub struct SqlApi<DB: Dialect> {
     pub(super) retention_ms: Arc<std::sync::atomic::AtomicI64>,
 }
 
+/// A node's row is dropped once it has not been seen for this long (ms).
+const NODE_FORGOTTEN_MS: i64 = 24 * 3600 * 1000;
+
 impl<DB: Dialect> SqlApi<DB> {
     /// The connection pool, for tests and tools that inspect the database.
     pub fn pool(&self) -> &Pool<DB> {
@@ -1022,6 +1025,15 @@ where
         .bind(started_at)
         .execute(&self.pool)
         .await?;
+        // Rows of nodes gone for a day (a node started without --node-id has a new id each
+        // time) are dropped, so the table stays the size of the cluster.
+        sqlx::query(&format!(
+            "DELETE FROM nodes WHERE last_seen_at < {now} - $1",
+            now = DB::NOW_MS
+        ))
+        .bind(NODE_FORGOTTEN_MS)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -1031,8 +1043,9 @@ where
             .fetch_one(&mut *tx)
             .await?;
         let nodes = sqlx::query(
-            "SELECT id, address, version, started_at, last_seen_at FROM nodes ORDER BY id",
+            "SELECT id, address, version, started_at, last_seen_at FROM nodes ORDER BY id LIMIT $1",
         )
+        .bind(i64::from(limit))
         .fetch_all(&mut *tx)
         .await?;
         let leases = sqlx::query(

@@ -363,7 +363,12 @@ function plot (id, times, series, format) {
   const first = times.findIndex((t) => t >= start)
   const from = first < 0 ? times.length : first
   const ts = times.slice(from)
-  const max = niceMax(Math.max(0, ...series.flatMap((s) => s.values.slice(from).filter((v) => v != null))))
+  // A loop, not Math.max(...values): a day of samples is too many arguments for one call.
+  let top = 0
+  for (const s of series) {
+    for (let i = from; i < s.values.length; i++) if (s.values[i] > top) top = s.values[i]
+  }
+  const max = niceMax(top)
   const x = (t) => PAD.left + (W - PAD.left - PAD.right) * (t - start) / windowMs
   const y = (v) => H - PAD.bottom - (H - PAD.top - PAD.bottom) * v / max
   const parts = []
