@@ -10,7 +10,7 @@ use prometheus::core::Metric;
 use serde::Serialize;
 
 use crate::metrics::Metrics;
-use crate::room::stats::RoomStats;
+use crate::room::stats::{RoomFigures, RoomStats};
 use crate::room::DocName;
 
 /// The server's figures over one tick.
@@ -49,6 +49,24 @@ pub struct LiveRoom {
     pub loaded_at: i64,
     /// The lease epoch its writes carry (0: no leases).
     pub epoch: i64,
+}
+
+impl LiveRoom {
+    /// Room `name` with its figures `f` and its rates over a tick.
+    pub fn new(name: &str, f: &RoomFigures, updates_in: f64, updates_out: f64) -> LiveRoom {
+        LiveRoom {
+            name: name.to_owned(),
+            peers: f.peers,
+            updates_in,
+            updates_out,
+            stored_bytes: f.stored_bytes,
+            log_rows: f.log_rows,
+            last_commit: f.last_commit,
+            last_snapshot: f.last_snapshot,
+            loaded_at: f.loaded_at,
+            epoch: f.epoch,
+        }
+    }
 }
 
 /// A sample and the busiest rooms ([`super::LIVE_ROOMS`] of `rooms_total`).
@@ -144,18 +162,12 @@ impl Sampler {
                 ));
                 let room_secs = (now - since).max(1) as f64 / 1000.0;
                 seen.insert(name.clone(), (now, f.updates_in, f.updates_out));
-                LiveRoom {
-                    name: name.as_str().to_owned(),
-                    peers: f.peers,
-                    updates_in: f.updates_in.saturating_sub(old_in) as f64 / room_secs,
-                    updates_out: f.updates_out.saturating_sub(old_out) as f64 / room_secs,
-                    stored_bytes: f.stored_bytes,
-                    log_rows: f.log_rows,
-                    last_commit: f.last_commit,
-                    last_snapshot: f.last_snapshot,
-                    loaded_at: f.loaded_at,
-                    epoch: f.epoch,
-                }
+                LiveRoom::new(
+                    name.as_str(),
+                    &f,
+                    f.updates_in.saturating_sub(old_in) as f64 / room_secs,
+                    f.updates_out.saturating_sub(old_out) as f64 / room_secs,
+                )
             })
             .collect();
         self.rooms = seen;

@@ -165,18 +165,7 @@ pub(super) async fn docs(
             let live = loaded.get(&stored.name).map(|f| {
                 let (updates_in, updates_out) =
                     rates.get(stored.name.as_str()).copied().unwrap_or_default();
-                LiveRoom {
-                    name: stored.name.clone(),
-                    peers: f.peers,
-                    updates_in,
-                    updates_out,
-                    stored_bytes: f.stored_bytes,
-                    log_rows: f.log_rows,
-                    last_commit: f.last_commit,
-                    last_snapshot: f.last_snapshot,
-                    loaded_at: f.loaded_at,
-                    epoch: f.epoch,
-                }
+                LiveRoom::new(&stored.name, f, updates_in, updates_out)
             });
             AdminDoc { live, stored }
         })
