@@ -227,6 +227,27 @@ async fn every_event_arrives_despite_failures_with_one_id_per_event() {
     server.stop().await;
 }
 
+/// Creates document `name` and waits until the outbox view holds a dead letter (the event's
+/// attempts have all failed); returns the view.
+async fn create_until_dead(server: &TestServer, name: &str) -> Value {
+    let http = reqwest::Client::new();
+    let api = |p: &str| server.http(&format!("/api/v1{p}"));
+    http.post(api("/docs"))
+        .json(&json!({ "name": name }))
+        .send()
+        .await
+        .expect("post");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let outbox: Value = http.get(api("/admin/outbox")).json_body().await;
+        if outbox["dead"].as_array().is_some_and(|d| !d.is_empty()) {
+            return outbox;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "event never died");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn an_event_that_exhausts_its_attempts_moves_to_the_dead_letter_table() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -235,23 +256,9 @@ async fn an_event_that_exhausts_its_attempts_moves_to_the_dead_letter_table() {
     let mut cfg = webhook_config(dir.path(), addr);
     cfg.webhooks.max_attempts = 3;
     let server = TestServer::start(cfg).await;
-    let http = reqwest::Client::new();
-    let api = |p: &str| server.http(&format!("/api/v1{p}"));
-    http.post(api("/docs"))
-        .json(&json!({"name": "undeliverable"}))
-        .send()
-        .await
-        .expect("post");
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let dead = loop {
-        let outbox: Value = http.get(api("/admin/outbox")).json_body().await;
-        if let Some(d) = outbox["dead"].as_array().filter(|d| !d.is_empty()) {
-            assert!(outbox["events"].as_array().is_some_and(|e| e.is_empty()));
-            break d.clone();
-        }
-        assert!(tokio::time::Instant::now() < deadline, "event never died");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let outbox = create_until_dead(&server, "undeliverable").await;
+    assert!(outbox["events"].as_array().is_some_and(|e| e.is_empty()));
+    let dead = outbox["dead"].clone();
     assert_eq!(dead[0]["type"], "document.created");
     assert_eq!(dead[0]["attempts"], 3);
     assert!(dead[0]["last_error"].as_str().unwrap_or("").contains("500"));
@@ -274,20 +281,7 @@ async fn a_dead_event_retried_is_delivered_with_its_event_id() {
     let server = TestServer::start(cfg).await;
     let http = reqwest::Client::new();
     let api = |p: &str| server.http(&format!("/api/v1{p}"));
-    http.post(api("/docs"))
-        .json(&json!({"name": "retried"}))
-        .send()
-        .await
-        .expect("post");
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let dead = loop {
-        let outbox: Value = http.get(api("/admin/outbox")).json_body().await;
-        if let Some(d) = outbox["dead"].as_array().filter(|d| !d.is_empty()) {
-            break d[0].clone();
-        }
-        assert!(tokio::time::Instant::now() < deadline, "event never died");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let dead = create_until_dead(&server, "retried").await["dead"][0].clone();
     assert!(receiver.accepted().is_empty());
     let id = dead["id"].as_i64().expect("id");
 
