@@ -94,8 +94,9 @@ impl Addressed {
     }
 }
 
-/// The messages of the Hocuspocus protocol.
-#[derive(Debug, Clone, PartialEq)]
+/// The messages of the Hocuspocus protocol. [`HpMessageKind`] names each kind.
+#[derive(Debug, Clone, PartialEq, strum::EnumDiscriminants)]
+#[strum_discriminants(name(HpMessageKind), derive(strum::EnumIter, strum::IntoStaticStr))]
 pub enum HpMessage {
     /// Sync (0): a y-protocols sync message (Step1, Step2 or Update), decoded like
     /// y-websocket's.

@@ -30,7 +30,9 @@ pub const MSG_DURABLE_ACK: u8 = 102;
 pub const MSG_STATELESS: u8 = 103;
 
 /// One decoded message of a frame. Byte payloads are slices of the original frame.
-#[derive(Debug, Clone, PartialEq)]
+/// [`MessageKind`] names each kind (the server's entry-point table has a row per kind).
+#[derive(Debug, Clone, PartialEq, strum::EnumDiscriminants)]
+#[strum_discriminants(name(MessageKind), derive(strum::EnumIter, strum::IntoStaticStr))]
 pub enum Message {
     /// Sync step 1 carrying the sender's state vector.
     SyncStep1(StateVector),

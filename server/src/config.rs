@@ -93,6 +93,23 @@ impl Default for CommitWindowSettings {
     }
 }
 
+/// The heavy-work gate (`gate.rs`): how much whole-document work (history rebuilds, diffs,
+/// forks, exports) runs at once, how long callers may wait for it, and how much of its
+/// results is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateConfig {
+    /// Heavy computations running at once on the node.
+    pub per_node: usize,
+    /// Heavy requests running or waiting at once per document.
+    pub per_doc: usize,
+    /// Requests waiting for a node slot at once.
+    pub queue: usize,
+    /// Longest a request waits for a node slot.
+    pub wait: Duration,
+    /// Bytes of computed answers kept.
+    pub cache_bytes: usize,
+}
+
 /// SQLite's `synchronous` pragma. `full` (the default) fsyncs the WAL on every commit, so an
 /// acknowledged update survives power loss; `normal` survives a process crash only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
@@ -311,6 +328,29 @@ pub struct Settings {
     /// write made on another node) may wait for its answer before 503 [default: 10s]
     #[arg(long, env = "QUIRE_FORWARD_TIMEOUT")]
     pub forward_timeout: Option<HumanDuration>,
+    /// Whole-document computations (history rebuilds, diffs, forks, exports) running at
+    /// once on this node, on the blocking pool [default: the number of cores]
+    #[arg(long, env = "QUIRE_HEAVY_PER_NODE")]
+    pub heavy_per_node: Option<usize>,
+    /// Whole-document requests running or waiting at once per document; more get 429
+    /// [default: 2]
+    #[arg(long, env = "QUIRE_HEAVY_PER_DOC")]
+    pub heavy_per_doc: Option<usize>,
+    /// Whole-document requests waiting for a free slot at once on this node; more get 503
+    /// [default: 32]
+    #[arg(long, env = "QUIRE_HEAVY_QUEUE")]
+    pub heavy_queue: Option<usize>,
+    /// Longest a whole-document request waits for a free slot before 503 [default: 5s]
+    #[arg(long, env = "QUIRE_HEAVY_WAIT")]
+    pub heavy_wait: Option<HumanDuration>,
+    /// Bytes of computed history answers (content at a position or version, encoded
+    /// states) kept so repeated reads cost one computation [default: 67108864]
+    #[arg(long, env = "QUIRE_HISTORY_CACHE_BYTES")]
+    pub history_cache_bytes: Option<usize>,
+    /// Bytes of named and restore versions one document may hold (each a full copy of the
+    /// content); past it creating one gets 507 [default: 1073741824]
+    #[arg(long, env = "QUIRE_MAX_VERSION_BYTES")]
+    pub max_version_bytes: Option<u64>,
     /// Webhook URLs that receive events; repeat or separate with commas [default: none]
     #[arg(
         long = "webhook-url",
@@ -368,6 +408,10 @@ pub struct Config {
     pub admin_sample_every: Duration,
     pub admin_history: Duration,
     pub forward_timeout: Duration,
+    /// The heavy-work gate.
+    pub gate: GateConfig,
+    /// Bytes of named and restore versions one document may hold.
+    pub max_version_bytes: u64,
     pub webhooks: WebhookConfig,
     /// The bus between nodes (NATS), if any.
     pub bus_url: Option<Secret>,
@@ -566,6 +610,12 @@ impl Settings {
             admin_sample_every,
             admin_history,
             forward_timeout,
+            heavy_per_node,
+            heavy_per_doc,
+            heavy_queue,
+            heavy_wait,
+            history_cache_bytes,
+            max_version_bytes,
             webhook_urls,
             webhook_secret,
             webhook_max_attempts,
@@ -662,6 +712,19 @@ impl Settings {
                 .max(Duration::from_millis(50)),
             admin_history: d(self.admin_history, Duration::from_secs(3600)),
             forward_timeout: d(self.forward_timeout, Duration::from_secs(10)),
+            gate: GateConfig {
+                per_node: self
+                    .heavy_per_node
+                    .unwrap_or_else(|| {
+                        std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+                    })
+                    .max(1),
+                per_doc: self.heavy_per_doc.unwrap_or(2).max(1),
+                queue: self.heavy_queue.unwrap_or(32),
+                wait: d(self.heavy_wait, Duration::from_secs(5)),
+                cache_bytes: self.history_cache_bytes.unwrap_or(64 << 20),
+            },
+            max_version_bytes: self.max_version_bytes.unwrap_or(1 << 30),
             bus_url: self.bus_url,
             bus_credentials: self.bus_credentials,
             cluster_key: self.cluster_key,

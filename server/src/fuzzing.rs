@@ -584,6 +584,7 @@ impl ApiState {
             )),
             relay_leases: Arc::default(),
             address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
+            gate: crate::gate::Gate::new(config.gate, registry.metrics.clone()),
             bus: None,
             store: stores.docs.clone(),
             api: stores.api.clone(),

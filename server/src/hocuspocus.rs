@@ -115,6 +115,7 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
             ended_rx,
             seen: seen.clone(),
             opened: Instant::now(),
+            authenticated: false,
             rates: PeerRates::new(limits),
             stateless: Bucket::full(limits.stateless_per_second.saturating_mul(2)),
             held_frames: 0,
@@ -287,6 +288,10 @@ struct Conn {
     ended_rx: mpsc::UnboundedReceiver<Ended>,
     seen: Arc<LastSeen>,
     opened: Instant,
+    /// Whether a document has been authenticated on this socket: until one is, the socket
+    /// lives at most `hocuspocus_auth_timeout` from its opening, whatever it sends (pings and
+    /// frames held for documents count for nothing).
+    authenticated: bool,
     /// Sync requests and awareness updates, counted across all the socket's documents.
     rates: PeerRates,
     stateless: Bucket,
@@ -328,7 +333,11 @@ impl Conn {
                     self.app.metrics.hocuspocus_pending_overflows.inc();
                     Err(CloseReason::new(
                         close::POLICY,
-                        "a document was not authenticated in time",
+                        if self.authenticated {
+                            "a document was not authenticated in time"
+                        } else {
+                            "no document was authenticated in time"
+                        },
                     ))
                 }
             };
@@ -338,15 +347,18 @@ impl Conn {
         }
     }
 
-    /// When the oldest held frames have waited `hocuspocus_auth_timeout`.
+    /// When the oldest held frames have waited `hocuspocus_auth_timeout`, or, before any
+    /// document is authenticated, when the socket has been open that long.
     fn held_deadline(&self) -> Option<Instant> {
         let timeout = self.app.config.limits.hocuspocus_auth_timeout;
+        let unauthenticated = (!self.authenticated).then_some(self.opened + timeout);
         self.docs
             .values()
             .filter_map(|d| match d {
                 DocState::Held { since, .. } => Some(*since + timeout),
                 _ => None,
             })
+            .chain(unauthenticated)
             .min()
     }
 
@@ -565,6 +577,7 @@ impl Conn {
         };
         self.app.connections.spawn(task.run(rx, auth_rx));
         self.docs.insert(address, DocState::Open(session));
+        self.authenticated = true;
     }
 
     /// A frame for an authenticated document.

@@ -21,8 +21,10 @@ pub mod bus;
 pub mod changes;
 pub mod close;
 pub mod config;
+pub mod entry_points;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod gate;
 pub mod history;
 pub mod hocuspocus;
 pub mod http;
@@ -85,6 +87,8 @@ pub struct App {
     pub bus: Option<Arc<bus::Bus>>,
     /// Per-client-address limits (new connections, failed authentications).
     pub address_limits: Arc<limits::AddressLimits>,
+    /// The admission gate every whole-document computation passes (`gate`).
+    pub gate: Arc<gate::Gate>,
     /// The owners of the documents this node relays connections to (`relay`).
     pub relay_leases: Arc<relay::LeaseWatch>,
     /// The admin dashboard's kept figures and their stream.
@@ -204,6 +208,7 @@ pub async fn run_with_stores(
         )),
         relay_leases: Arc::default(),
         address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
+        gate: gate::Gate::new(config.gate, metrics.clone()),
         bus,
         config: Arc::new(config),
         store: stores.docs.clone(),

@@ -1,6 +1,9 @@
 //! Prometheus metrics, served as text at `GET /metrics`.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntGauge, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
 
 /// Every metric Quire exports. Shared behind an `Arc`; updating a metric is a relaxed atomic.
 pub struct Metrics {
@@ -54,6 +57,14 @@ pub struct Metrics {
     pub hocuspocus_pending_overflows: IntCounter,
     pub stateless_received: IntCounter,
     pub stateless_sent: IntCounter,
+    pub heavy_admitted: IntCounter,
+    pub heavy_running: IntGauge,
+    pub heavy_waiting: IntGauge,
+    pub heavy_refused: IntCounterVec,
+    pub heavy_cache_hits: IntCounter,
+    pub heavy_cache_misses: IntCounter,
+    pub heavy_cache_bytes: IntGauge,
+    pub versions_refused: IntCounter,
 }
 
 impl Metrics {
@@ -261,6 +272,48 @@ impl Metrics {
             stateless_sent: counter(
                 "stateless_sent_total",
                 "Stateless messages sent to Hocuspocus clients (one per client reached)",
+            ),
+            heavy_admitted: counter(
+                "heavy_admitted_total",
+                "Whole-document computations (history reads, diffs, forks, exports) admitted by \
+                 the heavy-work gate",
+            ),
+            heavy_running: gauge(
+                "heavy_running",
+                "Whole-document computations running on the blocking pool now",
+            ),
+            heavy_waiting: gauge(
+                "heavy_waiting",
+                "Requests waiting for a slot of the heavy-work gate now",
+            ),
+            heavy_refused: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "heavy_refused_total",
+                        "Requests the heavy-work gate refused: `document` (429, the document's \
+                         share taken) or `node` (503, every slot taken and the queue full or \
+                         the wait over)",
+                    ),
+                    &["why"],
+                )
+                .unwrap_or_else(|_| unreachable_metric()),
+            ),
+            heavy_cache_hits: counter(
+                "heavy_cache_hits_total",
+                "Heavy reads answered from the cache or from a computation already under way",
+            ),
+            heavy_cache_misses: counter(
+                "heavy_cache_misses_total",
+                "Heavy reads computed (and cached when they fit the budget)",
+            ),
+            heavy_cache_bytes: gauge(
+                "heavy_cache_bytes",
+                "Bytes of computed answers the heavy-work gate keeps (history_cache_bytes)",
+            ),
+            versions_refused: counter(
+                "versions_refused_total",
+                "Versions refused because the document's version budget was full",
             ),
             registry,
         }

@@ -657,3 +657,92 @@ async fn two_restores_at_once_restore_the_text_once() {
     ann.close().await;
     server.stop().await;
 }
+
+/// Whole-document reads pass the heavy-work gate and its cache: the same version's content
+/// read three times is computed once (the cache's counters say so), and so is the content at
+/// one position; named versions count against `max_version_bytes`, and a restore that would
+/// pass it is refused before it changes anything.
+#[tokio::test]
+async fn heavy_reads_are_computed_once_and_versions_fit_their_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = secured(dir.path());
+    cfg.max_version_bytes = 2_000;
+    let server = TestServer::start(cfg).await;
+    let http = reqwest::Client::new();
+    let writer = token("ann", "cached", Permission::Write);
+    let mut ann = Client::connect(&ws(&server, "cached", "ann", Permission::Write), 1).await;
+    ann.insert(0, &"x".repeat(600)).await;
+    ann.durable_ack(1).await;
+    let (status, first) = post(
+        &http,
+        &server,
+        "/docs/cached/versions",
+        &writer,
+        json!({"label": "one"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let id = first["id"].as_i64().expect("id");
+
+    let misses = server.metric("quire_heavy_cache_misses_total").await;
+    let hits = server.metric("quire_heavy_cache_hits_total").await;
+    for _ in 0..3 {
+        let (status, content) =
+            get(&http, &server, &format!("/docs/cached/versions/{id}/json")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content["text"].as_str().map(str::len), Some(600));
+    }
+    for _ in 0..3 {
+        let (status, content) = get(&http, &server, "/docs/cached/json?at_position=1").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content["text"].as_str().map(str::len), Some(600));
+    }
+    assert_eq!(
+        server.metric("quire_heavy_cache_misses_total").await - misses,
+        2.0,
+        "one computation per content"
+    );
+    assert_eq!(
+        server.metric("quire_heavy_cache_hits_total").await - hits,
+        4.0
+    );
+
+    // Each named version holds the whole content: the budget takes a few, then 507.
+    let mut refused = None;
+    for i in 0..10 {
+        let (status, body) = post(
+            &http,
+            &server,
+            "/docs/cached/versions",
+            &writer,
+            json!({"label": format!("v{i}")}),
+        )
+        .await;
+        if status != StatusCode::CREATED {
+            refused = Some((status, body));
+            break;
+        }
+    }
+    let (status, body) = refused.expect("the budget filled up");
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{body}");
+    assert!(body["type"]
+        .as_str()
+        .unwrap_or("")
+        .ends_with("/version-budget-full"));
+    assert!(server.metric("quire_versions_refused_total").await >= 1.0);
+    // A restore records a version too: refused, and the content is untouched.
+    ann.insert(600, "after").await;
+    ann.durable_ack(2).await;
+    let (status, body) = post(
+        &http,
+        &server,
+        &format!("/docs/cached/versions/{id}/restore"),
+        &writer,
+        json!(null),
+    )
+    .await;
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{body}");
+    assert!(fresh_text(&server, "cached").await.ends_with("after"));
+    ann.close().await;
+    server.stop().await;
+}

@@ -508,6 +508,56 @@ async fn raw_frames_get_the_answers_and_bounds_hocuspocus_defines() {
     server.stop().await;
 }
 
+/// A socket that never authenticates a document is closed once `hocuspocus_auth_timeout` has
+/// passed since it opened, however lively it is: it pings (WebSocket pings and Hocuspocus'
+/// own), answers the server's pings, and is closed all the same with 1008. (Before the fix
+/// such sockets lived forever, up to 4 MiB of held frames each.)
+#[tokio::test]
+async fn a_socket_that_never_authenticates_is_closed_however_much_it_pings() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = secured(dir.path());
+    cfg.limits.hocuspocus_auth_timeout = Duration::from_millis(400);
+    let server = TestServer::start(cfg).await;
+    let mut sockets = Vec::new();
+    for _ in 0..5 {
+        sockets.push(Raw::open(server.addr).await);
+    }
+    let started = std::time::Instant::now();
+    let mut closed = Vec::new();
+    for mut s in sockets {
+        // Keep pinging until the server closes the socket (reading answers its pings).
+        let close = loop {
+            s.ws.send(Message::Ping(bytes::Bytes::from_static(b"alive")))
+                .await
+                .ok();
+            s.ws.send(Message::Binary(bytes::Bytes::from_static(&[
+                hp::types::PING,
+            ])))
+            .await
+            .ok();
+            match tokio::time::timeout(Duration::from_millis(100), s.ws.next()).await {
+                Ok(Some(Ok(Message::Close(Some(f))))) => {
+                    break (u16::from(f.code), f.reason.to_string())
+                }
+                Ok(None | Some(Err(_)) | Some(Ok(Message::Close(None)))) => {
+                    break (0, String::new())
+                }
+                _ => {}
+            }
+            assert!(
+                started.elapsed() < PATIENCE,
+                "a socket that authenticated nothing is still open"
+            );
+        };
+        closed.push(close);
+    }
+    for (code, reason) in closed {
+        assert_eq!(code, 1008, "{reason}");
+        assert!(reason.contains("no document was authenticated"), "{reason}");
+    }
+    server.stop().await;
+}
+
 /// With tokens: a document the token does not cover is refused with PermissionDenied and the
 /// socket's other document stays; a revocation closes the revoked token's documents only.
 #[tokio::test]

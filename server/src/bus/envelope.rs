@@ -120,8 +120,8 @@ pub enum Envelope {
     },
 }
 
-/// Which kind of message (for [`Faults`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which kind of message (for [`Faults`], and the entry-point table's rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
 pub enum Kind {
     Open,
     Frame,

@@ -17,12 +17,13 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use utoipa::{IntoParams, OpenApi, ToSchema};
 use yrs::updates::decoder::Decode;
-use yrs::{ReadTxn, StateVector, Transact, Update};
+use yrs::{StateVector, Update};
 
 use super::error::{etag, ApiError, Problem};
 use super::history;
 use crate::auth::{Permission, Principal};
 use crate::bus::Change;
+use crate::gate::Form;
 use crate::room::{ApplyCmd, ApplyError, DocName, RoomCmd};
 use crate::storage::api::{
     DeadEvent, DocMeta, DocPatch, DocQuery, OutboxEvent, Revocation, Role, UserPatch, UserProfile,
@@ -35,7 +36,7 @@ pub(super) type ApiResult<T> = Result<T, ApiError>;
 /// Most documents per page of `GET /docs`.
 const MAX_PAGE: u32 = 200;
 /// How long a content request waits for the room (loading included).
-const ROOM_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const ROOM_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn routes(app: &AppState) -> Router<AppState> {
     // Content writes go through the document's room: on the owner's node (see `owner.rs`).
@@ -252,51 +253,6 @@ pub(super) fn live(doc: DocMeta) -> ApiResult<DocMeta> {
         ));
     }
     Ok(doc)
-}
-
-/// Reads the document's committed state with `make` (a room command) or `from_doc`.
-///
-/// One node: through its room, loaded if needed. Several nodes: through this node's room if
-/// it serves the document; otherwise from storage, which holds exactly the committed state (an
-/// update is acknowledged only once committed), so every node answers like the owner, and
-/// without the owner's help.
-async fn read_committed<T>(
-    app: &AppState,
-    name: &str,
-    mut make: impl FnMut(oneshot::Sender<T>) -> RoomCmd,
-    from_doc: impl FnOnce(&yrs::Doc) -> T,
-) -> ApiResult<T> {
-    if app.registry.config.lease.is_none() {
-        return ask_room(app, name, make).await;
-    }
-    let name = DocName::parse(name)
-        .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
-    if let Some(room) = app.registry.get(&name) {
-        let (tx, rx) = oneshot::channel();
-        if room.command(make(tx)).await.is_ok() {
-            if let Ok(Ok(answer)) = tokio::time::timeout(ROOM_TIMEOUT, rx).await {
-                return Ok(answer);
-            }
-        }
-        // Served elsewhere after all, or unloading: storage answers.
-    }
-    app.metrics.stored_reads.inc();
-    match crate::room::read_stored(&app.registry, &name).await {
-        Ok(Some(doc)) => Ok(from_doc(&doc)),
-        Ok(None) => Err(ApiError::new(
-            StatusCode::GONE,
-            "document-deleted",
-            "the document is deleted; restore it first",
-        )),
-        Err(e) => {
-            tracing::warn!(doc = %name, error = %e, "cannot read the document from storage");
-            Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "document-unavailable",
-                "the document could not be read; retry later",
-            ))
-        }
-    }
 }
 
 /// Sends a command to the document's room (loading it if needed) and waits for the answer.
@@ -581,7 +537,7 @@ pub struct SvParams {
 
 /// The document's committed state as a Yjs v1 update (binary).
 #[utoipa::path(get, path = "/api/v1/docs/{name}/update", params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded"), SvParams),
-    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), BadRequest, Unauthorized, Forbidden, NotFound, Gone, Unavailable))]
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), BadRequest, Unauthorized, Forbidden, NotFound, Gone, Busy, Unavailable))]
 async fn get_update(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -590,31 +546,38 @@ async fn get_update(
 ) -> ApiResult<Response> {
     let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
     let since = match p.sv {
-        None => StateVector::default(),
+        None => None,
         Some(b64) => {
             let raw = base64::engine::general_purpose::STANDARD
                 .decode(&b64)
                 .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(&b64))
                 .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(&b64))
                 .map_err(|_| ApiError::bad_request("invalid-state-vector", "sv is not base64"))?;
-            crate::counts::check_state_vector(&raw)
+            let sv = crate::counts::check_state_vector(&raw)
                 .ok()
                 .and_then(|()| StateVector::decode_v1(&raw).ok())
                 .ok_or_else(|| {
                     ApiError::bad_request("invalid-state-vector", "sv is not a Yjs state vector")
-                })?
+                })?;
+            (sv != StateVector::default()).then_some(raw)
         }
     };
-    let update = read_committed(
-        &app,
-        &doc.name,
-        |reply| RoomCmd::ReadUpdate {
-            since: since.clone(),
-            reply,
-        },
-        |d| d.transact().encode_diff_v1(&since),
-    )
-    .await?;
+    // The whole state, computed once per position (the gate's cache); a diff against a state
+    // vector is cut from it off the runtime.
+    let whole = history::current(&app, &doc, Form::UpdateV1).await?;
+    let update = match since {
+        None => whole,
+        Some(sv) => {
+            let admission = app.gate.admit(doc.id).await?;
+            let diff = history::heavy(admission, move || {
+                yrs::diff_updates_v1(&whole, &sv).map_err(|e| {
+                    ApiError::bad_request("invalid-state-vector", format!("sv does not apply: {e}"))
+                })
+            })
+            .await?;
+            bytes::Bytes::from(diff)
+        }
+    };
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], update).into_response())
 }
 
@@ -747,27 +710,20 @@ pub struct AtParams {
 /// The document's root types as JSON (text as strings, maps as objects, arrays as arrays):
 /// now, or at a time or log position of its history.
 #[utoipa::path(get, path = "/api/v1/docs/{name}/json", params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded"), AtParams),
-    responses((status = 200, body = Object), BadRequest, Unauthorized, Forbidden, NotFound, Gone, Unavailable))]
+    responses((status = 200, body = Object), BadRequest, Unauthorized, Forbidden, NotFound, Gone, Busy, Unavailable))]
 async fn get_json(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(p): ApiQuery<AtParams>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Response> {
     let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
     if p.at.is_some() || p.at_position.is_some() {
-        return Ok(Json(
-            history::json_at(&app, &doc, p.at.as_deref(), p.at_position).await?,
-        ));
+        return history::json_at(&app, &doc, p.at.as_deref(), p.at_position).await;
     }
-    let json = read_committed(
-        &app,
-        &doc.name,
-        |reply| RoomCmd::ReadJson { reply },
-        crate::room::doc_json,
-    )
-    .await?;
-    Ok(Json(json))
+    Ok(history::json_response(
+        history::current(&app, &doc, Form::Json).await?,
+    ))
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -34,6 +34,8 @@ pub struct ApiError {
     pub detail: String,
     pub current: Option<serde_json::Value>,
     pub etag: Option<String>,
+    /// Sent as `Retry-After` (whole seconds, rounded up).
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ApiError {
@@ -44,6 +46,7 @@ impl ApiError {
             detail: detail.into(),
             current: None,
             etag: None,
+            retry_after: None,
         }
     }
 
@@ -81,6 +84,7 @@ impl ApiError {
             detail: "the resource changed since the version in If-Match".into(),
             current: serde_json::to_value(current).ok(),
             etag: Some(etag(version)),
+            retry_after: None,
         }
     }
 }
@@ -113,17 +117,49 @@ impl IntoResponse for ApiError {
         if let Some(tag) = self.etag.and_then(|t| HeaderValue::from_str(&t).ok()) {
             resp.headers_mut().insert(header::ETAG, tag);
         }
+        if let Some(wait) = self.retry_after {
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
         resp
     }
 }
 
 /// 429 with `Retry-After` (whole seconds, rounded up).
 pub fn too_many(kind: &'static str, detail: &str, wait: std::time::Duration) -> Response {
-    let mut resp = ApiError::new(StatusCode::TOO_MANY_REQUESTS, kind, detail).into_response();
-    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-    resp.headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-    resp
+    let mut error = ApiError::new(StatusCode::TOO_MANY_REQUESTS, kind, detail);
+    error.retry_after = Some(wait);
+    error.into_response()
+}
+
+impl From<crate::gate::Refused> for ApiError {
+    /// The heavy-work gate's refusals: 429 when the document has its share of heavy requests
+    /// under way, 503 when the node has no slot; both say when to retry.
+    fn from(refused: crate::gate::Refused) -> ApiError {
+        let (mut error, wait) = match refused {
+            crate::gate::Refused::Document(wait) => (
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "document-busy",
+                    "this document has as many whole-document requests under way as it may \
+                     (heavy_per_doc); retry after the time in Retry-After",
+                ),
+                wait,
+            ),
+            crate::gate::Refused::Node(wait) => (
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server-busy",
+                    "the server is running as many whole-document requests as it may \
+                     (heavy_per_node, heavy_queue); retry after the time in Retry-After",
+                ),
+                wait,
+            ),
+        };
+        error.retry_after = Some(wait);
+        error
+    }
 }
 
 /// A problem response from parts.
@@ -184,6 +220,13 @@ pub mod responses {
         /// A field fails validation, or an `Idempotency-Key` was reused for a different request.
         Unprocessable = 422, "a field is invalid, or the Idempotency-Key was used for a different request";
         NeedsIfMatch = 428, "If-Match is required";
-        Unavailable = 503, "the document cannot be served now; retry";
+        /// The document has its share of whole-document requests under way (`heavy_per_doc`);
+        /// `Retry-After` says when to retry.
+        Busy = 429, "too many requests: retry after the time in Retry-After";
+        /// The document cannot be served now, or the server runs as much whole-document work
+        /// as it may (`Retry-After` then says when to retry).
+        Unavailable = 503, "the document cannot be served now, or the server is busy; retry";
+        /// The document's named and restore versions would pass `max_version_bytes`.
+        BudgetFull = 507, "the document's version budget is full";
     }
 }

@@ -21,11 +21,13 @@ use super::error::responses::*;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::auth::{Permission, Principal};
+use crate::gate::{At, Form, Key};
 use crate::history::{self, Session, TextDiff};
 use crate::room::{ApplyCmd, DocName, RoomCmd};
 use crate::storage::api::DocMeta;
 use crate::storage::history::{NewVersion, StateAt, Version, VersionDelete, VersionKind};
 use crate::AppState;
+use bytes::Bytes;
 
 /// Most sessions per page of `GET /history`.
 const MAX_SESSIONS: u32 = 100;
@@ -40,29 +42,181 @@ fn not_retained(what: &str) -> ApiError {
     )
 }
 
-/// The content at log position `seq` (`None`: the last, read in the same database snapshot
-/// as the content), rebuilt from storage off the async threads; with its position.
-async fn doc_at(app: &AppState, doc: &DocMeta, seq: Option<i64>) -> ApiResult<(i64, yrs::Doc)> {
-    if let Some(seq) = seq {
-        let last = app.api.last_seq(doc.id).await?;
-        if seq < 0 || seq > last {
-            return Err(ApiError::bad_request(
-                "position-out-of-range",
-                format!("the document's positions are 0 to {last}"),
-            ));
+/// Checks that `seq` is one of the document's positions (0 to the last).
+async fn check_position(app: &AppState, doc: &DocMeta, seq: i64) -> ApiResult<()> {
+    let last = app.api.last_seq(doc.id).await?;
+    if seq < 0 || seq > last {
+        return Err(ApiError::bad_request(
+            "position-out-of-range",
+            format!("the document's positions are 0 to {last}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The content at `at` in `form`: computed once through the heavy-work gate (admitted, then
+/// read and rebuilt on the blocking pool) and cached, so repeated reads cost one rebuild.
+pub(super) async fn content(app: &AppState, doc: &DocMeta, at: At, form: Form) -> ApiResult<Bytes> {
+    // A cached position the prune job has since removed is gone, as it would be rebuilt.
+    if let At::Position(seq) = at {
+        if !app.api.position_retained(doc.id, seq).await? {
+            return Err(not_retained(&format!("position {seq}")));
         }
     }
-    let at: StateAt = app
-        .api
-        .state_at(doc.id, seq)
-        .await?
-        .ok_or_else(|| not_retained(&format!("position {}", seq.unwrap_or_default())))?;
-    let position = at.seq;
-    let content = tokio::task::spawn_blocking(move || history::rebuild(&at))
+    let key = Key {
+        doc: doc.id,
+        at,
+        form,
+    };
+    app.gate
+        .cached(key, async {
+            // Admitted before anything is read: the rows of a large document are its cost too.
+            let admission = app.gate.admit(doc.id).await?;
+            match at {
+                At::Position(seq) => {
+                    let rows: StateAt = app
+                        .api
+                        .state_at(doc.id, Some(seq))
+                        .await?
+                        .ok_or_else(|| not_retained(&format!("position {seq}")))?;
+                    heavy(admission, move || {
+                        let content = history::rebuild(&rows).map_err(stored_invalid)?;
+                        encode(&content, form)
+                    })
+                    .await
+                }
+                At::Version(id) => {
+                    let (_, state) = version_of(app, doc, id).await?;
+                    if form == Form::StateV2 {
+                        return Ok(Bytes::from(state));
+                    }
+                    heavy(admission, move || {
+                        let content = history::from_state(&state).map_err(stored_invalid)?;
+                        encode(&content, form)
+                    })
+                    .await
+                }
+            }
+        })
         .await
-        .map_err(|e| stored_invalid(e.to_string()))?
-        .map_err(stored_invalid)?;
-    Ok((position, content))
+}
+
+/// The committed content now in `form` (`Json` or `UpdateV1`), through the gate and its
+/// cache like [`content`]: replayed from the committed copy of the document's room where
+/// this node serves it (loading it on a single node; a stalled room's copy answers at once),
+/// else from storage at its last position.
+pub(super) async fn current(app: &AppState, doc: &DocMeta, form: Form) -> ApiResult<Bytes> {
+    let name = DocName::parse(&doc.name)
+        .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
+    let source = if app.registry.config.lease.is_none() {
+        Some(ask_room(app, &doc.name, |reply| RoomCmd::ReadCommitted { reply }).await?)
+    } else {
+        match app.registry.get(&name) {
+            Some(room) => {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                match room.command(RoomCmd::ReadCommitted { reply }).await {
+                    Ok(()) => tokio::time::timeout(super::api::ROOM_TIMEOUT, answer)
+                        .await
+                        .ok()
+                        .and_then(Result::ok),
+                    Err(_) => None,
+                }
+            }
+            None => None,
+        }
+    };
+    match source {
+        // The room's copy, replayed off the room.
+        Some(Some(source)) => {
+            let key = Key {
+                doc: doc.id,
+                at: At::Position(source.seq()),
+                form,
+            };
+            app.gate
+                .cached(key, async {
+                    let admission = app.gate.admit(doc.id).await?;
+                    heavy(admission, move || {
+                        let content = source.replay().map_err(stored_invalid)?;
+                        encode(&content, form)
+                    })
+                    .await
+                })
+                .await
+        }
+        // The room keeps no usable copy: it answers itself, one admission at a time.
+        Some(None) => {
+            let _admission = app.gate.admit(doc.id).await?;
+            let bytes = match form {
+                Form::Json => json_bytes(
+                    &ask_room(app, &doc.name, |reply| RoomCmd::ReadJson { reply }).await?,
+                ),
+                _ => {
+                    ask_room(app, &doc.name, |reply| RoomCmd::ReadUpdate {
+                        since: StateVector::default(),
+                        reply,
+                    })
+                    .await?
+                }
+            };
+            Ok(Bytes::from(bytes))
+        }
+        // Served by another node (or none): storage answers.
+        None => {
+            app.metrics.stored_reads.inc();
+            let seq = last_position(app, doc).await?;
+            content(app, doc, At::Position(seq), form).await
+        }
+    }
+}
+
+/// Runs `work` on the blocking pool under `admission`.
+pub(super) async fn heavy<T: Send + 'static>(
+    admission: crate::gate::Admission,
+    work: impl FnOnce() -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    admission
+        .run(work)
+        .await
+        .ok_or_else(|| stored_invalid("the computation panicked".into()))?
+}
+
+/// `content` in `form`.
+fn encode(content: &yrs::Doc, form: Form) -> ApiResult<Bytes> {
+    Ok(Bytes::from(match form {
+        Form::Json => json_bytes(&crate::room::doc_json(content)),
+        Form::StateV2 => state_of(content)?,
+        // Without the deleted content a history document keeps (rebuilt content skips
+        // garbage collection): the update a live room would send.
+        Form::UpdateV1 => {
+            let state = state_of(content)?;
+            let collected = yrs::Doc::new();
+            let decoded = Update::decode_v2(&state).map_err(|e| stored_invalid(e.to_string()))?;
+            collected
+                .transact_mut()
+                .apply_update(decoded)
+                .map_err(|e| stored_invalid(e.to_string()))?;
+            let v1 = collected
+                .transact()
+                .encode_state_as_update_v1(&StateVector::default());
+            v1
+        }
+    }))
+}
+
+/// A JSON value as the bytes of a response body.
+pub(super) fn json_bytes(value: &serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_else(|_| b"null".to_vec())
+}
+
+/// A response of JSON text already encoded.
+pub(super) fn json_response(body: Bytes) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// The document's last position.
+async fn last_position(app: &AppState, doc: &DocMeta) -> ApiResult<i64> {
+    Ok(app.api.last_seq(doc.id).await?)
 }
 
 /// The full state of `content` (Yjs v2), or 409 while it holds an update waiting for
@@ -149,10 +303,17 @@ pub(super) async fn json_at(
     doc: &DocMeta,
     at: Option<&str>,
     at_position: Option<i64>,
-) -> ApiResult<serde_json::Value> {
-    let seq = position(app, doc, at, at_position).await?;
-    let (_, content) = doc_at(app, doc, seq).await?;
-    Ok(crate::room::doc_json(&content))
+) -> ApiResult<Response> {
+    let seq = match position(app, doc, at, at_position).await? {
+        Some(seq) => {
+            check_position(app, doc, seq).await?;
+            seq
+        }
+        None => last_position(app, doc).await?,
+    };
+    Ok(json_response(
+        content(app, doc, At::Position(seq), Form::Json).await?,
+    ))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -231,7 +392,7 @@ pub struct CreateVersion {
 #[utoipa::path(post, path = "/api/v1/docs/{name}/versions", request_body = CreateVersion,
     params(("name" = String, Path, description = "The document's name, percent-encoded"),
         ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 201, body = Version), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, NotJson, Unprocessable))]
+    responses((status = 201, body = Version), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, NotJson, Unprocessable, Busy, Unavailable, BudgetFull))]
 pub async fn create_version(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -245,29 +406,31 @@ pub async fn create_version(
             format!("a label is 1 to {MAX_LABEL} bytes"),
         ));
     }
-    let (seq, content) = doc_at(&app, &doc, None).await?;
+    let seq = last_position(&app, &doc).await?;
+    let state = content(&app, &doc, At::Position(seq), Form::StateV2).await?;
     let version = record(
         &app,
         &doc,
         seq,
-        &content,
-        VersionKind::Named,
-        Some(body.label),
+        state,
+        (VersionKind::Named, Some(body.label)),
         &principal,
+        app.config.max_version_bytes,
     )
     .await?;
     Ok((StatusCode::CREATED, Json(version)).into_response())
 }
 
-/// Records `content` (the document at `seq`) as a version.
+/// Records `state` (the document at `seq`, Yjs v2) as a version, within the document's
+/// version budget (`max_version_bytes`: 507 when full).
 async fn record(
     app: &AppState,
     doc: &DocMeta,
     seq: i64,
-    content: &yrs::Doc,
-    kind: VersionKind,
-    label: Option<String>,
+    state: Bytes,
+    (kind, label): (VersionKind, Option<String>),
     principal: &Principal,
+    budget: u64,
 ) -> ApiResult<Version> {
     let created_at = crate::storage::now_ms();
     let new = NewVersion {
@@ -276,10 +439,13 @@ async fn record(
         kind,
         label: label.clone(),
         author: Some(principal.user.clone()),
-        state: state_of(content)?,
+        state: state.to_vec(),
         created_at,
     };
-    let id = app.store.add_version(new).await?;
+    let Some(id) = app.api.add_version_within(new, budget).await? else {
+        app.metrics.versions_refused.inc();
+        return Err(budget_full(app.config.max_version_bytes));
+    };
     app.metrics.versions_created.inc();
     Ok(Version {
         id,
@@ -289,6 +455,26 @@ async fn record(
         author: Some(principal.user.clone()),
         created_at,
     })
+}
+
+/// 507: the document's version budget is full.
+fn budget_full(budget: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::INSUFFICIENT_STORAGE,
+        "version-budget-full",
+        format!(
+            "the document's named and restore versions would hold more than \
+             max_version_bytes ({budget} bytes); delete versions it no longer needs"
+        ),
+    )
+}
+
+/// The version's row (without its state), or 404.
+async fn version_meta(app: &AppState, doc: &DocMeta, id: i64) -> ApiResult<Version> {
+    app.api
+        .version(doc.id, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("version"))
 }
 
 /// The version, or 404.
@@ -325,16 +511,18 @@ pub async fn delete_version(
 /// The content at a version, in the shape of `GET /docs/{name}/json`.
 #[utoipa::path(get, path = "/api/v1/docs/{name}/versions/{id}/json",
     params(("name" = String, Path, description = "The document's name, percent-encoded"), ("id" = i64, Path)),
-    responses((status = 200, body = Object), BadRequest, Unauthorized, Forbidden, NotFound, Gone))]
+    responses((status = 200, body = Object), BadRequest, Unauthorized, Forbidden, NotFound, Gone, Busy, Unavailable))]
 pub async fn version_json(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
     ApiPath((name, id)): ApiPath<(String, i64)>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Response> {
     let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
-    let (_, state) = version_of(&app, &doc, id).await?;
-    let content = history::from_state(&state).map_err(stored_invalid)?;
-    Ok(Json(crate::room::doc_json(&content)))
+    // The version's row first: a deleted version is 404 even while its content is cached.
+    version_meta(&app, &doc, id).await?;
+    Ok(json_response(
+        content(&app, &doc, At::Version(id), Form::Json).await?,
+    ))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -358,7 +546,7 @@ pub struct DiffView {
 /// What changed in each text between two versions, with authors.
 #[utoipa::path(get, path = "/api/v1/docs/{name}/diff",
     params(("name" = String, Path, description = "The document's name, percent-encoded"), DiffParams),
-    responses((status = 200, body = DiffView), BadRequest, Unauthorized, Forbidden, NotFound, Gone))]
+    responses((status = 200, body = DiffView), BadRequest, Unauthorized, Forbidden, NotFound, Gone, Busy, Unavailable))]
 pub async fn get_diff(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -366,31 +554,34 @@ pub async fn get_diff(
     ApiQuery(p): ApiQuery<DiffParams>,
 ) -> ApiResult<Json<DiffView>> {
     let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
-    let (from, from_state) = version_of(&app, &doc, p.from).await?;
-    let (to, to_seq, to_state) = match p.to {
+    let from = version_meta(&app, &doc, p.from).await?;
+    let (to, to_at) = match p.to {
         Some(id) => {
-            let (v, s) = version_of(&app, &doc, id).await?;
-            (Some(v.clone()), v.seq, s)
+            let v = version_meta(&app, &doc, id).await?;
+            let seq = v.seq;
+            (Some(v), (seq, At::Version(id)))
         }
         None => {
-            let (seq, content) = doc_at(&app, &doc, None).await?;
-            (None, seq, state_of(&content)?)
+            let seq = last_position(&app, &doc).await?;
+            (None, (seq, At::Position(seq)))
         }
     };
+    let from_state = content(&app, &doc, At::Version(from.id), Form::StateV2).await?;
+    let to_state = content(&app, &doc, to_at.1, Form::StateV2).await?;
     // The older state goes first into the diff's document; from a newer version to an
     // older one, what the newer has alone is what the older "deleted".
-    let reversed = from.seq > to_seq;
+    let reversed = from.seq > to_at.0;
     let authors = app.api.authors(doc.id).await?;
-    let texts = tokio::task::spawn_blocking(move || {
+    let admission = app.gate.admit(doc.id).await?;
+    let texts = heavy(admission, move || {
         if reversed {
             history::diff(&to_state, &from_state, &authors).map(history::reverse)
         } else {
             history::diff(&from_state, &to_state, &authors)
         }
+        .map_err(stored_invalid)
     })
-    .await
-    .map_err(|e| stored_invalid(e.to_string()))?
-    .map_err(stored_invalid)?;
+    .await?;
     Ok(Json(DiffView { from, to, texts }))
 }
 
@@ -408,52 +599,68 @@ pub struct Restored {
 #[utoipa::path(post, path = "/api/v1/docs/{name}/versions/{id}/restore",
     params(("name" = String, Path, description = "The document's name, percent-encoded"), ("id" = i64, Path),
         ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 200, body = Restored), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, TooLarge, Unprocessable, Unavailable))]
+    responses((status = 200, body = Restored), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, TooLarge, Unprocessable, Busy, Unavailable, BudgetFull))]
 pub async fn restore_version(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
     ApiPath((name, id)): ApiPath<(String, i64)>,
 ) -> ApiResult<Json<Restored>> {
     let doc = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
-    let (restored, state) = version_of(&app, &doc, id).await?;
+    let restored = version_meta(&app, &doc, id).await?;
+    let state = content(&app, &doc, At::Version(id), Form::StateV2).await?;
+    // The restore records a version: refused before it changes anything if that would not
+    // fit the document's version budget.
+    let budget = app.config.max_version_bytes;
+    if app.api.kept_version_bytes(doc.id).await? + state.len() as u64 > budget {
+        app.metrics.versions_refused.inc();
+        return Err(budget_full(budget));
+    }
     // One restore of a document at a time (they all run on its owner): two computed from
     // the same content would each insert the text deleted since, twice over.
     let lock = restore_lock(doc.id);
     let _one_at_a_time = lock.lock().await;
     // The current content, committed, from the room (this node owns it: `on_owner`).
-    let current = ask_room(&app, &doc.name, |reply| RoomCmd::ReadUpdate {
-        since: StateVector::default(),
-        reply,
-    })
-    .await?;
+    let current = current(&app, &doc, Form::UpdateV1).await?;
     if let Some(hold) = &app.config.restore_hold {
         let _ = tokio::time::timeout(std::time::Duration::from_millis(500), hold.wait()).await;
     }
     let client = history::server_client_id();
-    let update =
-        tokio::task::spawn_blocking(move || history::restore_update(&state, &current, client))
-            .await
-            .map_err(|e| stored_invalid(e.to_string()))?
-            .map_err(stored_invalid)?;
+    let admission = app.gate.admit(doc.id).await?;
+    let update = heavy(admission, move || {
+        history::restore_update(&state, &current, client).map_err(stored_invalid)
+    })
+    .await?;
     let seq = apply(&app, &doc, &principal, update).await?;
     // The content at the restore's position; should a snapshot without history have taken
     // that position's rows meanwhile, the content now (a later position).
-    let (seq_recorded, content) = match doc_at(&app, &doc, Some(seq)).await {
-        Ok(found) => found,
-        Err(e) if e.status == StatusCode::GONE => doc_at(&app, &doc, None).await?,
+    let (seq_recorded, recorded) = match content(&app, &doc, At::Position(seq), Form::StateV2).await
+    {
+        Ok(found) => (seq, found),
+        Err(e) if e.status == StatusCode::GONE => {
+            let last = last_position(&app, &doc).await?;
+            (
+                last,
+                content(&app, &doc, At::Position(last), Form::StateV2).await?,
+            )
+        }
         Err(e) => return Err(e),
     };
     drop(_one_at_a_time);
     drop(lock);
     forget_restore_lock(doc.id);
+    // The restore is made: its version is recorded whatever the budget says now (checked
+    // above), so an applied restore always has its version.
     let version = record(
         &app,
         &doc,
         seq_recorded,
-        &content,
-        VersionKind::Restore,
-        Some(format!("restored version {}", restored.id)),
+        recorded,
+        (
+            VersionKind::Restore,
+            Some(format!("restored version {}", restored.id)),
+        ),
         &principal,
+        u64::MAX,
     )
     .await?;
     Ok(Json(Restored { seq, version }))
@@ -530,7 +737,7 @@ pub struct Fork {
 #[utoipa::path(post, path = "/api/v1/docs/{name}/fork", request_body = Fork,
     params(("name" = String, Path, description = "The document's name, percent-encoded"),
         ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 201, body = DocMeta, headers(("ETag" = String))), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, NotJson, Unprocessable, Unavailable))]
+    responses((status = 201, body = DocMeta, headers(("ETag" = String))), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, NotJson, Unprocessable, Busy, Unavailable))]
 pub async fn fork(
     State(app): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -551,14 +758,21 @@ pub async fn fork(
             "write permission on the new name is required",
         ));
     }
-    let content = match (body.version, &body.at, body.at_position) {
+    // Without the deleted content the history document keeps (`Form::UpdateV1`).
+    let update = match (body.version, &body.at, body.at_position) {
         (Some(id), None, None) => {
-            let (_, state) = version_of(&app, &source, id).await?;
-            history::from_state(&state).map_err(stored_invalid)?
+            version_meta(&app, &source, id).await?;
+            content(&app, &source, At::Version(id), Form::UpdateV1).await?
         }
         (None, at, at_position) => {
-            let seq = position(&app, &source, at.as_deref(), at_position).await?;
-            doc_at(&app, &source, seq).await?.1
+            let seq = match position(&app, &source, at.as_deref(), at_position).await? {
+                Some(seq) => {
+                    check_position(&app, &source, seq).await?;
+                    seq
+                }
+                None => last_position(&app, &source).await?,
+            };
+            content(&app, &source, At::Position(seq), Form::UpdateV1).await?
         }
         _ => {
             return Err(ApiError::bad_request(
@@ -566,19 +780,6 @@ pub async fn fork(
                 "give at most one of version, at and at_position",
             ))
         }
-    };
-    // Without the deleted content the history document keeps.
-    let update = {
-        let gc = yrs::Doc::new();
-        let state = state_of(&content)?;
-        let decoded = Update::decode_v2(&state).map_err(|e| stored_invalid(e.to_string()))?;
-        gc.transact_mut()
-            .apply_update(decoded)
-            .map_err(|e| stored_invalid(e.to_string()))?;
-        let v1 = gc
-            .transact()
-            .encode_state_as_update_v1(&StateVector::default());
-        v1
     };
     let created = app
         .api
@@ -591,7 +792,7 @@ pub async fn fork(
                 "a document with this name exists",
             )
         })?;
-    apply(&app, &created, &principal, update).await?;
+    apply(&app, &created, &principal, update.to_vec()).await?;
     let mut resp = (StatusCode::CREATED, Json(&created)).into_response();
     if let Ok(v) = HeaderValue::from_str(&super::error::etag(created.version)) {
         resp.headers_mut().insert(header::ETAG, v);

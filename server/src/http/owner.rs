@@ -1,7 +1,7 @@
 //! Requests only the document's owner may serve, made on another node.
 //!
 //! With several nodes, a document's room runs on one node (the one holding its lease). Reads
-//! of committed content work on every node (from storage: see `api::read_committed`), but a
+//! of committed content work on every node (from storage: see `history::current`), but a
 //! content write must go through the owner's room, so [`on_owner`] (a layer on those routes)
 //! forwards the request over the bus to the owner and answers with the owner's response: the
 //! client cannot tell which node it asked. The caller's permission is checked here first (an

@@ -62,19 +62,32 @@ fn split_rows<'a>(
 }
 
 /// The committed state at one position, owned, to encode a snapshot from on a blocking
-/// thread while the room goes on ([`CommittedCopy::source`]).
-pub(super) struct SnapshotSource {
+/// thread while the room goes on ([`CommittedCopy::source`]), or to answer an HTTP read
+/// there ([`crate::room::RoomCmd::ReadCommitted`]).
+pub struct SnapshotSource {
     snapshot: Option<Bytes>,
+    snapshot_seq: i64,
     data: Bytes,
     rows: Vec<(i64, usize)>,
 }
 
 impl SnapshotSource {
+    /// The log position this state is at.
+    pub fn seq(&self) -> i64 {
+        self.rows.last().map_or(self.snapshot_seq, |(seq, _)| *seq)
+    }
+
+    /// Replays the state into a fresh `Doc` (a blocking computation: call it off the
+    /// runtime's threads).
+    pub fn replay(&self) -> Result<Doc, String> {
+        replay(self.snapshot.as_deref(), split_rows(&self.data, &self.rows))
+    }
+
     /// Replays the state and encodes it as a snapshot (Yjs v2). An error if it does not
     /// replay, if an update in it waits on missing dependencies (yrs may panic encoding
     /// that; see the room's `spawn_snapshot`), or if encoding panics all the same.
     pub(super) fn encode(self) -> Result<Vec<u8>, String> {
-        let doc = replay(self.snapshot.as_deref(), split_rows(&self.data, &self.rows))?;
+        let doc = self.replay()?;
         if doc.transact().has_missing_updates() {
             return Err("an update waits on missing dependencies".into());
         }
@@ -197,6 +210,7 @@ impl CommittedCopy {
     pub(super) fn source(&self) -> Option<SnapshotSource> {
         (!self.given_up).then(|| SnapshotSource {
             snapshot: self.snapshot.clone(),
+            snapshot_seq: self.snapshot_seq,
             data: Bytes::copy_from_slice(&self.data),
             rows: self.rows.clone(),
         })

@@ -25,6 +25,7 @@ use yrs::sync::AwarenessUpdate;
 use yrs::{StateVector, Update};
 
 pub use actor::doc_json;
+pub use committed::SnapshotSource;
 
 /// A document's state replayed from what storage returned: its snapshot and the log rows
 /// after it. The error names the part that does not decode or apply.
@@ -229,6 +230,12 @@ pub enum RoomCmd {
     ReadUpdate {
         since: StateVector,
         reply: oneshot::Sender<Vec<u8>>,
+    },
+    /// The committed state as the room holds it (its snapshot and the rows after it), to
+    /// replay off the room; `None` when the room keeps no usable copy (then `ReadJson` and
+    /// `ReadUpdate` answer).
+    ReadCommitted {
+        reply: oneshot::Sender<Option<SnapshotSource>>,
     },
     /// The committed state as JSON, one key per root type.
     ReadJson {

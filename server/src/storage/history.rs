@@ -135,6 +135,19 @@ pub const PRUNE_JOB: &str = "history-prune";
 pub trait HistoryStore: Send + Sync {
     /// The document's versions, oldest first.
     async fn versions(&self, doc: DocId) -> Result<Vec<Version>, StorageError>;
+    /// One version, without its state.
+    async fn version(&self, doc: DocId, id: i64) -> Result<Option<Version>, StorageError>;
+    /// Records a named or restore version if the document's named and restore versions,
+    /// with this one, hold at most `budget` bytes of state (checked in the statement that
+    /// writes it); `None` when they would hold more.
+    async fn add_version_within(
+        &self,
+        version: NewVersion,
+        budget: u64,
+    ) -> Result<Option<i64>, StorageError>;
+    /// Bytes of state the document's named and restore versions hold (what
+    /// [`HistoryStore::add_version_within`] counts).
+    async fn kept_version_bytes(&self, doc: DocId) -> Result<u64, StorageError>;
     /// One version with its state (Yjs v2).
     async fn version_state(
         &self,
@@ -168,6 +181,9 @@ pub trait HistoryStore: Send + Sync {
     /// position, found in the same read); `None` if the rows it needs are no longer retained.
     async fn state_at(&self, doc: DocId, seq: Option<i64>)
         -> Result<Option<StateAt>, StorageError>;
+    /// Whether the content at `seq` can still be rebuilt (what [`HistoryStore::state_at`]
+    /// would find), without reading it.
+    async fn position_retained(&self, doc: DocId, seq: i64) -> Result<bool, StorageError>;
     /// The last log position committed at or before `at_ms` (0 before the first, if the
     /// history reaches back to it); `None` if that time is no longer retained.
     async fn position_at(&self, doc: DocId, at_ms: i64) -> Result<Option<i64>, StorageError>;
@@ -205,6 +221,56 @@ where
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(version_row::<DB>).collect()
+    }
+
+    async fn version(&self, doc: DocId, id: i64) -> Result<Option<Version>, StorageError> {
+        let row = sqlx::query(
+            "SELECT id, seq, kind, label, author, created_at FROM doc_versions \
+             WHERE doc_id = $1 AND id = $2",
+        )
+        .bind(doc)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(version_row::<DB>).transpose()
+    }
+
+    async fn kept_version_bytes(&self, doc: DocId) -> Result<u64, StorageError> {
+        let bytes: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(SUM(LENGTH(state)), 0) FROM doc_versions \
+             WHERE doc_id = $1 AND kind <> 'auto'",
+        )
+        .bind(doc)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u64::try_from(bytes).unwrap_or(0))
+    }
+
+    async fn add_version_within(
+        &self,
+        v: NewVersion,
+        budget: u64,
+    ) -> Result<Option<i64>, StorageError> {
+        let size = i64::try_from(v.state.len()).unwrap_or(i64::MAX);
+        let budget = i64::try_from(budget).unwrap_or(i64::MAX);
+        Ok(sqlx::query_scalar(
+            "INSERT INTO doc_versions (doc_id, seq, kind, label, author, state, created_at) \
+             SELECT $1, $2, $3, $4, $5, $6, $7 \
+             WHERE (SELECT COALESCE(SUM(LENGTH(state)), 0) FROM doc_versions \
+                    WHERE doc_id = $1 AND kind <> 'auto') + $8 <= $9 \
+             RETURNING id",
+        )
+        .bind(v.doc)
+        .bind(v.seq)
+        .bind(v.kind.as_str())
+        .bind(v.label)
+        .bind(v.author)
+        .bind(v.state.as_slice())
+        .bind(v.created_at)
+        .bind(size)
+        .bind(budget)
+        .fetch_optional(&self.pool)
+        .await?)
     }
 
     async fn version_state(
@@ -389,6 +455,40 @@ where
             base,
             updates: rows.into_iter().map(|(_, data)| data).collect(),
         }))
+    }
+
+    async fn position_retained(&self, doc: DocId, seq: i64) -> Result<bool, StorageError> {
+        // The same choice of base as `state_at`, in one read snapshot, counting the rows.
+        let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
+        let snapshot_seq: i64 =
+            sqlx::query_scalar("SELECT snapshot_seq FROM documents WHERE id = $1")
+                .bind(doc)
+                .fetch_one(&mut *tx)
+                .await?;
+        let version_seq: Option<i64> = sqlx::query_scalar(
+            "SELECT seq FROM doc_versions WHERE doc_id = $1 AND seq <= $2 \
+             ORDER BY seq DESC, id DESC LIMIT 1",
+        )
+        .bind(doc)
+        .bind(seq)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let version_seq = version_seq.unwrap_or(-1);
+        let base_seq = if snapshot_seq <= seq && snapshot_seq > 0 && snapshot_seq >= version_seq {
+            snapshot_seq
+        } else {
+            version_seq.max(0)
+        };
+        let rows: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM doc_updates WHERE doc_id = $1 AND seq > $2 AND seq <= $3",
+        )
+        .bind(doc)
+        .bind(base_seq)
+        .bind(seq)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(rows == seq - base_seq)
     }
 
     async fn position_at(&self, doc: DocId, at_ms: i64) -> Result<Option<i64>, StorageError> {

@@ -588,6 +588,12 @@ impl Room {
             }
             RoomCmd::ReadUpdate { since, reply } => self.read_update(since, reply),
             RoomCmd::ReadJson { reply } => self.read_json(reply),
+            RoomCmd::ReadCommitted { reply } => {
+                if self.stalled.is_on() {
+                    self.registry.metrics.stalled_reads.inc();
+                }
+                let _ = reply.send(self.committed.source());
+            }
             RoomCmd::Apply(apply) => {
                 let ApplyCmd {
                     raw,

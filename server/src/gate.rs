@@ -1,0 +1,415 @@
+//! The admission gate for heavy work: every request whose cost grows with the document (a
+//! rebuild at a position or a version, a whole-document encode, a diff, a fork, an export)
+//! passes here and nowhere else.
+//!
+//! - **Off the runtime.** Admitted work runs on tokio's blocking pool
+//!   ([`Admission::run`]), never on the threads that drive sockets and rooms.
+//! - **Bounded.** At most `per_node` computations run at once on the node and `per_doc` per
+//!   document (running or waiting); at most `queue` wait for a node slot, each at most `wait`.
+//!   Beyond that the caller is refused at once: [`Refused::Document`] (429) or
+//!   [`Refused::Node`] (503), both with a time to retry after. Nothing queues without end.
+//! - **Computed once.** A result is cached by (document, what was read, at which version or
+//!   position) within a byte budget, least recently used out first; readers asking for the
+//!   same thing while it is being computed wait for that one computation
+//!   ([`Gate::cached`]). Content at a log position or a version never changes, so a cached
+//!   answer is never stale (a deleted document's id is never reused).
+//!
+//! The permit is held by the blocking work itself: a client that hangs up does not free a
+//! slot its computation still occupies.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{OnceCell, OwnedSemaphorePermit, Semaphore};
+
+pub use crate::config::GateConfig;
+use crate::metrics::Metrics;
+
+/// Why the gate refused a request; each says when to retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The document already has `per_doc` heavy requests running or waiting (429).
+    Document(Duration),
+    /// Every node slot is taken and the queue is full or the wait ran out (503).
+    Node(Duration),
+}
+
+/// What is cached: a document's content in one form at one point of its history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub doc: i64,
+    pub at: At,
+    pub form: Form,
+}
+
+/// A point of a document's history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum At {
+    /// The content at this log position.
+    Position(i64),
+    /// The content recorded as this version.
+    Version(i64),
+}
+
+/// The form an answer takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Form {
+    /// `GET /json`: the roots as JSON text.
+    Json,
+    /// `GET /update`: the whole state as a Yjs v1 update.
+    UpdateV1,
+    /// The whole state as a Yjs v2 update (diffs, forks).
+    StateV2,
+}
+
+pub struct Gate {
+    config: GateConfig,
+    node: Arc<Semaphore>,
+    state: Mutex<State>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Heavy requests running or waiting, per document.
+    per_doc: HashMap<i64, usize>,
+    /// Requests waiting for a node slot.
+    waiting: usize,
+    cache: Cache,
+    /// Computations under way: later readers of the same key wait for them.
+    inflight: HashMap<Key, Arc<OnceCell<Bytes>>>,
+}
+
+/// The cached answers, least recently used first out, within a byte budget.
+struct Cache {
+    entries: lru::LruCache<Key, Bytes>,
+    bytes: usize,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Cache {
+            entries: lru::LruCache::unbounded(),
+            bytes: 0,
+        }
+    }
+}
+
+/// A document's admission: a node slot and its share of the document's, released when the
+/// work it runs ends (or when it is dropped unused).
+pub struct Admission {
+    gate: Arc<Gate>,
+    doc: i64,
+    _slot: OwnedSemaphorePermit,
+}
+
+/// How long a refused caller is told to wait: about one computation.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+impl Gate {
+    pub fn new(config: GateConfig, metrics: Arc<Metrics>) -> Arc<Gate> {
+        Arc::new(Gate {
+            node: Arc::new(Semaphore::new(config.per_node)),
+            config,
+            state: Mutex::new(State::default()),
+            metrics,
+        })
+    }
+
+    pub fn config(&self) -> &GateConfig {
+        &self.config
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Admits one heavy computation on document `doc`: at once if a node slot is free, else
+    /// after a bounded wait; refused beyond the bounds.
+    pub async fn admit(self: &Arc<Gate>, doc: i64) -> Result<Admission, Refused> {
+        {
+            let mut state = self.state();
+            let n = state.per_doc.entry(doc).or_default();
+            if *n >= self.config.per_doc {
+                drop(state);
+                self.refused("document");
+                return Err(Refused::Document(RETRY_AFTER));
+            }
+            *n += 1;
+        }
+        // From here the document's count is ours: every way out gives it back.
+        let slot = match self.node.clone().try_acquire_owned() {
+            Ok(slot) => Ok(slot),
+            Err(_) => self.wait_for_slot().await,
+        };
+        match slot {
+            Ok(slot) => {
+                self.metrics.heavy_admitted.inc();
+                self.metrics.heavy_running.inc();
+                Ok(Admission {
+                    gate: self.clone(),
+                    doc,
+                    _slot: slot,
+                })
+            }
+            Err(refused) => {
+                self.release_doc(doc);
+                self.refused("node");
+                Err(refused)
+            }
+        }
+    }
+
+    async fn wait_for_slot(&self) -> Result<OwnedSemaphorePermit, Refused> {
+        {
+            let mut state = self.state();
+            if state.waiting >= self.config.queue {
+                return Err(Refused::Node(RETRY_AFTER));
+            }
+            state.waiting += 1;
+        }
+        self.metrics.heavy_waiting.inc();
+        let got = tokio::time::timeout(self.config.wait, self.node.clone().acquire_owned()).await;
+        self.state().waiting -= 1;
+        self.metrics.heavy_waiting.dec();
+        match got {
+            Ok(Ok(slot)) => Ok(slot),
+            _ => Err(Refused::Node(RETRY_AFTER)),
+        }
+    }
+
+    fn refused(&self, why: &str) {
+        self.metrics.heavy_refused.with_label_values(&[why]).inc();
+    }
+
+    fn release_doc(&self, doc: i64) {
+        let mut state = self.state();
+        if let Some(n) = state.per_doc.get_mut(&doc) {
+            *n -= 1;
+            if *n == 0 {
+                state.per_doc.remove(&doc);
+            }
+        }
+    }
+
+    /// The answer for `key`: from the cache, from a computation another reader started, or
+    /// computed by `build` (which passes the gate itself, through [`Gate::admit`]). A failed
+    /// computation is not cached: the next reader tries again.
+    pub async fn cached<E, F>(&self, key: Key, build: F) -> Result<Bytes, E>
+    where
+        F: Future<Output = Result<Bytes, E>>,
+    {
+        let cell = {
+            let mut state = self.state();
+            if let Some(hit) = state.cache.entries.get(&key).cloned() {
+                drop(state);
+                self.metrics.heavy_cache_hits.inc();
+                return Ok(hit);
+            }
+            state.inflight.entry(key).or_default().clone()
+        };
+        let mut built = false;
+        let result = cell
+            .get_or_try_init(|| {
+                built = true;
+                build
+            })
+            .await
+            .cloned();
+        if !built {
+            self.metrics.heavy_cache_hits.inc();
+        }
+        let mut state = self.state();
+        if state
+            .inflight
+            .get(&key)
+            .is_some_and(|c| Arc::ptr_eq(c, &cell))
+        {
+            // Done: later readers find the cache (or, after a failure, start afresh; the
+            // readers already waiting on this cell try in turn).
+            state.inflight.remove(&key);
+        }
+        if let (true, Ok(bytes)) = (built, &result) {
+            self.metrics.heavy_cache_misses.inc();
+            state.insert(key, bytes.clone(), self.config.cache_bytes);
+            self.metrics.heavy_cache_bytes.set(state.cache.bytes as i64);
+        }
+        result
+    }
+
+    /// Bytes of answers cached now.
+    pub fn cached_bytes(&self) -> usize {
+        self.state().cache.bytes
+    }
+}
+
+impl State {
+    fn insert(&mut self, key: Key, value: Bytes, budget: usize) {
+        if value.len() > budget {
+            return;
+        }
+        if let Some(old) = self.cache.entries.put(key, value.clone()) {
+            self.cache.bytes -= old.len();
+        }
+        self.cache.bytes += value.len();
+        while self.cache.bytes > budget {
+            match self.cache.entries.pop_lru() {
+                Some((_, old)) => self.cache.bytes -= old.len(),
+                None => break,
+            }
+        }
+    }
+}
+
+impl Admission {
+    /// Runs `work` on the blocking pool, holding the admission until it returns (even if the
+    /// caller stops waiting). `None` if it panicked.
+    pub async fn run<T, F>(self, work: F) -> Option<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        tokio::task::spawn_blocking(move || {
+            let _admission = self;
+            work()
+        })
+        .await
+        .ok()
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.gate.metrics.heavy_running.dec();
+        self.gate.release_doc(self.doc);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(per_node: usize, per_doc: usize, queue: usize, cache_bytes: usize) -> Arc<Gate> {
+        Gate::new(
+            GateConfig {
+                per_node,
+                per_doc,
+                queue,
+                wait: Duration::from_millis(200),
+                cache_bytes,
+            },
+            Arc::new(Metrics::new()),
+        )
+    }
+
+    fn key(doc: i64, seq: i64) -> Key {
+        Key {
+            doc,
+            at: At::Position(seq),
+            form: Form::Json,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_document_over_its_share_is_refused_while_others_go_on() {
+        let gate = gate(4, 2, 8, 1 << 20);
+        let a = gate.admit(1).await.expect("first");
+        let b = gate.admit(1).await.expect("second");
+        assert!(matches!(gate.admit(1).await, Err(Refused::Document(_))));
+        let other = gate
+            .admit(2)
+            .await
+            .expect("another document is not held up");
+        drop((a, other));
+        let c = gate.admit(1).await.expect("a share was given back");
+        drop((b, c));
+        assert!(gate.state().per_doc.is_empty(), "counts return to zero");
+    }
+
+    #[tokio::test]
+    async fn past_the_node_slots_callers_wait_a_bounded_time_in_a_bounded_queue() {
+        let gate = gate(1, 8, 1, 1 << 20);
+        let held = gate.admit(1).await.expect("the one slot");
+        // One may wait; it gets the slot when it is given back.
+        let waiter = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.admit(2).await.map(drop) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(gate.state().waiting, 1);
+        // The queue is full: refused at once.
+        assert!(matches!(gate.admit(3).await, Err(Refused::Node(_))));
+        drop(held);
+        assert!(waiter.await.expect("joins").is_ok());
+        // Waiting longer than `wait` is refused too.
+        let held = gate.admit(1).await.expect("the slot again");
+        let late = gate.admit(2).await;
+        assert!(matches!(late, Err(Refused::Node(_))), "{:?}", late.err());
+        drop(held);
+        assert!(gate.state().per_doc.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_slot_is_held_until_the_blocking_work_ends() {
+        let gate = gate(1, 1, 0, 1 << 20);
+        let (release, hold) = std::sync::mpsc::channel::<()>();
+        let admission = gate.admit(1).await.expect("admitted");
+        let work = tokio::spawn(admission.run(move || hold.recv().is_ok()));
+        tokio::task::yield_now().await;
+        // The caller gave up waiting; the work still runs and still holds the slot.
+        work.abort();
+        assert!(matches!(gate.admit(1).await, Err(Refused::Document(_))));
+        assert!(matches!(gate.admit(2).await, Err(Refused::Node(_))));
+        release.send(()).expect("work waits");
+        for _ in 0..200 {
+            if gate.admit(2).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("the slot was not given back");
+    }
+
+    #[tokio::test]
+    async fn readers_of_the_same_key_share_one_computation_and_the_cache_keeps_its_budget() {
+        let gate = gate(4, 4, 8, 10);
+        let builds = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (go, wait) = tokio::sync::watch::channel(false);
+        let mut readers = Vec::new();
+        for _ in 0..5 {
+            let (gate, builds, mut wait) = (gate.clone(), builds.clone(), wait.clone());
+            readers.push(tokio::spawn(async move {
+                gate.cached(key(1, 7), async move {
+                    builds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let _ = wait.wait_for(|go| *go).await;
+                    Ok::<_, ()>(Bytes::from_static(b"12345"))
+                })
+                .await
+            }));
+        }
+        tokio::task::yield_now().await;
+        go.send(true).expect("readers wait");
+        for r in readers {
+            assert_eq!(r.await.expect("joins"), Ok(Bytes::from_static(b"12345")));
+        }
+        assert_eq!(builds.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Cached: no build.
+        let again = gate.cached(key(1, 7), async { Err::<Bytes, ()>(()) }).await;
+        assert_eq!(again, Ok(Bytes::from_static(b"12345")));
+        // Two more answers of 5 bytes: the least recently used goes.
+        let five = || async { Ok::<_, ()>(Bytes::from_static(b"abcde")) };
+        gate.cached(key(1, 8), five()).await.expect("built");
+        gate.cached(key(1, 9), five()).await.expect("built");
+        assert_eq!(gate.cached_bytes(), 10);
+        let rebuilt = gate.cached(key(1, 7), async { Err::<Bytes, ()>(()) }).await;
+        assert_eq!(rebuilt, Err(()), "evicted, so built again (and failed)");
+        // An answer larger than the budget is not kept.
+        let big = || async { Ok::<_, ()>(Bytes::from(vec![0u8; 11])) };
+        gate.cached(key(2, 1), big()).await.expect("built");
+        assert_eq!(gate.cached_bytes(), 10);
+        assert!(gate.state().inflight.is_empty());
+    }
+}
