@@ -358,6 +358,7 @@ fn bus_seeds(seeds: &mut Seeds, fixtures: &[(String, Bytes)]) {
                 expires_at: Some(1_767_225_600),
                 seen_change: 0,
                 hocuspocus: false,
+                profile: None,
             },
         ),
         (
@@ -371,6 +372,7 @@ fn bus_seeds(seeds: &mut Seeds, fixtures: &[(String, Bytes)]) {
                 expires_at: None,
                 seen_change: 0,
                 hocuspocus: true,
+                profile: None,
             },
         ),
         (

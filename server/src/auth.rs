@@ -66,8 +66,9 @@ pub struct Claims {
     pub jti: String,
 }
 
-/// Who is calling, once their credentials are checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who is calling, once their credentials are checked. (Serialized only into a forwarded
+/// request's envelope: the verified caller, in place of the credential.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Principal {
     pub user: String,
     pub token_id: Option<String>,

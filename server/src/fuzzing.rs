@@ -585,6 +585,7 @@ impl ApiState {
             relay_leases: Arc::default(),
             address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
             gate: crate::gate::Gate::new(config.gate, registry.metrics.clone()),
+            forward_guard: Arc::default(),
             bus: None,
             store: stores.docs.clone(),
             api: stores.api.clone(),

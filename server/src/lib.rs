@@ -89,6 +89,8 @@ pub struct App {
     pub address_limits: Arc<limits::AddressLimits>,
     /// The admission gate every whole-document computation passes (`gate`).
     pub gate: Arc<gate::Gate>,
+    /// The nonces of the forwarded requests served lately (`http::owner`).
+    pub forward_guard: Arc<http::owner::ReplayGuard>,
     /// The owners of the documents this node relays connections to (`relay`).
     pub relay_leases: Arc<relay::LeaseWatch>,
     /// The admin dashboard's kept figures and their stream.
@@ -209,6 +211,7 @@ pub async fn run_with_stores(
         relay_leases: Arc::default(),
         address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
         gate: gate::Gate::new(config.gate, metrics.clone()),
+        forward_guard: Arc::default(),
         bus,
         config: Arc::new(config),
         store: stores.docs.clone(),

@@ -65,6 +65,8 @@ pub struct Metrics {
     pub heavy_cache_misses: IntCounter,
     pub heavy_cache_bytes: IntGauge,
     pub versions_refused: IntCounter,
+    pub awareness_refused: IntCounter,
+    pub forward_refused: IntCounter,
 }
 
 impl Metrics {
@@ -310,6 +312,16 @@ impl Metrics {
             heavy_cache_bytes: gauge(
                 "heavy_cache_bytes",
                 "Bytes of computed answers the heavy-work gate keeps (history_cache_bytes)",
+            ),
+            forward_refused: counter(
+                "forward_refused_total",
+                "Forwarded requests this node dropped: replayed (a nonce seen), stale (older than \
+                 30 s), or malformed",
+            ),
+            awareness_refused: counter(
+                "awareness_refused_total",
+                "Awareness entries dropped because they spoke for a client id another user's \
+                 live connection holds",
             ),
             versions_refused: counter(
                 "versions_refused_total",

@@ -222,6 +222,10 @@ where
         expires_at: auth.expires_at,
         seen_change: auth.seen_change,
         hocuspocus: auth.hocuspocus,
+        profile: auth
+            .profile
+            .as_ref()
+            .map(|(name, color)| (name.to_string(), color.to_string())),
     };
     let watching = Watching::new(&app.relay_leases, doc, &link.owner);
     let (outcome, link) = if bus.send(&link.owner, open).await.is_err() {
@@ -316,8 +320,26 @@ where
             },
             msg = inbox.recv() => match msg {
                 Next::Frame(data) => {
-                    if sink.send(WsMessage::Binary(data)).await.is_err() {
-                        break None;
+                    // A client that stops reading blocks this write: the close order
+                    // (1013 when the queue overflows, or the owner dropping the peer) and
+                    // the checks each tick overtake it, as on a local connection, and the
+                    // close frame then gets slow_close_timeout to leave (`ws::finish`).
+                    let write = sink.send(WsMessage::Binary(data));
+                    let mut write = std::pin::pin!(futures_util::FutureExt::map(write, |r| r.is_ok()));
+                    let stuck = loop {
+                        tokio::select! {
+                            biased;
+                            reason = inbox.killed() => break Some(Some(reason)),
+                            sent = &mut write => break (!sent).then_some(None),
+                            _ = tick.tick() => {
+                                if let Some(reason) = still_relayed(&link, doc, &auth, app).await {
+                                    break Some(Some(reason));
+                                }
+                            }
+                        }
+                    };
+                    if let Some(outcome) = stuck {
+                        break outcome;
                     }
                 }
                 Next::Kill(reason) => break Some(reason),

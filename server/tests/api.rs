@@ -502,3 +502,95 @@ async fn text_with_a_nul_character_is_refused_everywhere_with_400() {
     assert_eq!(resp.status(), StatusCode::CREATED);
     server.stop().await;
 }
+
+/// Presence cannot be forged: mallory (another user) sends alice's client id with a higher
+/// clock and a name of its choosing, and the others keep seeing alice's state, stamped with
+/// the identity the server verified (with alice's profile name and colour); alice's second
+/// tab (the same user) may take the id over, and mallory's own id works as usual.
+#[tokio::test]
+async fn presence_cannot_be_forged_and_carries_the_verified_identity() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(secured(dir.path())).await;
+    let http = reqwest::Client::new();
+    let alice_token = token("alice", "room", quire_server::auth::Permission::Write);
+    let me = http
+        .get(api(&server, "/me"))
+        .bearer_auth(&alice_token)
+        .send()
+        .await
+        .expect("me");
+    let etag = me.headers()["etag"].to_str().expect("etag").to_owned();
+    let resp = http
+        .patch(api(&server, "/users/alice"))
+        .bearer_auth(&alice_token)
+        .header("If-Match", etag)
+        .json(&json!({"display_name": "Alice Example", "color": "#e11d48"}))
+        .send()
+        .await
+        .expect("profile");
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let url = |user: &str| {
+        format!(
+            "{}?token={}",
+            server.url("room"),
+            token(user, "room", quire_server::auth::Permission::Write)
+        )
+    };
+    let mut alice = Client::connect(&url("alice"), 1).await;
+    let mut bob = Client::connect(&url("bob"), 2).await;
+    let mut mallory = Client::connect(&url("mallory"), 3).await;
+    alice
+        .send_raw(presence_at(
+            1,
+            1,
+            r#"{"name":"alice","quire":{"user":"root"}}"#,
+        ))
+        .await;
+    assert!(
+        bob.pump_until(PATIENCE, |c| c.awareness.contains_key(&1))
+            .await
+    );
+    let state: Value = serde_json::from_str(&bob.awareness[&1]).expect("json");
+    assert_eq!(state["name"], "alice");
+    assert_eq!(
+        state["quire"],
+        json!({"user": "alice", "name": "Alice Example", "color": "#e11d48"}),
+        "the verified identity, not the client's"
+    );
+
+    // Mallory speaks for alice's id, then for its own.
+    mallory
+        .send_raw(presence_at(1, 9, r#"{"name":"mallory-as-alice"}"#))
+        .await;
+    mallory
+        .send_raw(presence_at(3, 1, r#"{"name":"mallory"}"#))
+        .await;
+    assert!(
+        bob.pump_until(PATIENCE, |c| c.awareness.contains_key(&3))
+            .await
+    );
+    let state: Value = serde_json::from_str(&bob.awareness[&1]).expect("json");
+    assert_eq!(state["name"], "alice", "a forged state reached bob");
+    let own: Value = serde_json::from_str(&bob.awareness[&3]).expect("json");
+    assert_eq!(own["quire"]["user"], "mallory");
+    assert!(server.metric("quire_awareness_refused_total").await >= 1.0);
+
+    // Alice's second tab (the same user) takes the id over while the first is open.
+    let mut tab = Client::connect(&url("alice"), 4).await;
+    tab.send_raw(presence_at(1, 10, r#"{"name":"alice (tab 2)"}"#))
+        .await;
+    assert!(
+        bob.pump_until(PATIENCE, |c| c
+            .awareness
+            .get(&1)
+            .is_some_and(|s| s.contains("tab 2")))
+            .await
+    );
+    alice
+        .pump_until(Duration::from_millis(100), |_| false)
+        .await;
+    for c in [alice, bob, mallory, tab] {
+        c.close().await;
+    }
+    server.stop().await;
+}

@@ -253,6 +253,7 @@ async fn messages_not_signed_with_the_cluster_key_cannot_write() {
             expires_at: None,
             seen_change: 0,
             hocuspocus: false,
+            profile: None,
         };
         let frame = Envelope::Frame {
             from: "mallory".into(),

@@ -8,6 +8,8 @@ mod common;
 
 use std::time::Duration;
 
+use futures_util::StreamExt;
+
 use common::*;
 
 /// The owner and epoch of a document's lease.
@@ -521,4 +523,253 @@ async fn a_revoked_token_closes_a_relayed_connection() {
         n.signal("TERM");
     }
     drop(nats);
+}
+
+/// A relayed client that never reads again is closed on the node that relays it, as a local
+/// one is: the close order (its queue overflowed) overtakes the write stuck on it, and its
+/// socket is dropped `slow_close_timeout` later although its close frame never left. Before,
+/// the relay awaited that write for ever and held the task, the socket and the frame.
+#[tokio::test]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
+async fn a_relayed_client_that_never_reads_again_is_dropped_after_the_slow_close_timeout() {
+    require_postgres();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nats = Nats::start().await;
+    let mut nodes = Vec::new();
+    for id in ["node-a", "node-b"] {
+        let mut cfg = node_config(dir.path(), id, &nats.url);
+        cfg.limits.peer_queue = 8;
+        cfg.room.peer_queue = 8;
+        cfg.slow_close_timeout = Duration::from_millis(300);
+        nodes.push(TestServer::start(cfg).await);
+    }
+    // The writer makes node A the owner; the slow client is relayed by node B.
+    let mut writer = Client::connect(&nodes[0].url("never-reads"), 1).await;
+    writer.insert(0, "start").await;
+    writer.durable_ack(1).await;
+    let slow = Client::connect(&nodes[1].url("never-reads"), 3).await;
+    assert_eq!(nodes[1].metric("quire_connections").await, 1.0);
+    let chunk = "y".repeat(64 * 1024);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut sent = 0;
+    loop {
+        if nodes[1].metric("quire_connections").await == 0.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the relayed client that never reads is still held after {sent} updates"
+        );
+        if sent < 600 {
+            writer.insert(0, &chunk).await;
+            sent += 1;
+        } else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    drop(slow);
+    writer.close().await;
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
+/// Two in-process nodes on one database and a private NATS; node A owns document `doc`
+/// (a client of A wrote `text` to it). `b_timeout`: node B's forward_timeout; A holds each
+/// restore half a second between reading the content and applying it when `hold` is set.
+async fn forwarding_pair(
+    dir: &std::path::Path,
+    nats: &Nats,
+    hold: bool,
+    b_timeout: Duration,
+) -> Vec<TestServer> {
+    let mut nodes = Vec::new();
+    for id in ["node-a", "node-b"] {
+        let mut cfg = node_config(dir, id, &nats.url);
+        cfg.auth_keys = vec![API_KEY.into()];
+        cfg.admin_key = Some(API_ADMIN.into());
+        if id == "node-a" && hold {
+            cfg.restore_hold = Some(std::sync::Arc::new(tokio::sync::Barrier::new(2)));
+        }
+        if id == "node-b" {
+            cfg.forward_timeout = b_timeout;
+        }
+        nodes.push(TestServer::start(cfg).await);
+    }
+    nodes
+}
+
+const API_KEY: &str = "k1:test-secret-0123456789";
+const API_ADMIN: &str = "admin-key-for-tests";
+
+fn writer_token(doc: &str) -> String {
+    let auth = quire_server::auth::Auth::new(&[API_KEY.into()], None).expect("key");
+    auth.issue(
+        "ann",
+        doc,
+        quire_server::auth::Permission::Write,
+        3600,
+        quire_server::auth::now_secs(),
+    )
+    .expect("issue")
+    .0
+}
+
+/// Writes `text` through a client of `node` (which then owns the document) and records a
+/// named version of it; the version's id.
+async fn owned_with_version(node: &TestServer, doc: &str, text: &str) -> i64 {
+    let mut c = Client::connect(&format!("{}?token={}", node.url(doc), writer_token(doc)), 1).await;
+    c.insert(0, text).await;
+    c.durable_ack(1).await;
+    c.close().await;
+    let resp = reqwest::Client::new()
+        .post(node.http(&format!("/api/v1/docs/{doc}/versions")))
+        .bearer_auth(API_ADMIN)
+        .json(&serde_json::json!({"label": "base"}))
+        .send()
+        .await
+        .expect("version");
+    assert_eq!(resp.status(), 201);
+    let v: serde_json::Value = resp.json().await.expect("json");
+    v["id"].as_i64().expect("id")
+}
+
+/// What a fresh client of `node` reads of `doc`.
+async fn fresh(node: &TestServer, doc: &str) -> String {
+    fresh_text_via(&[format!("{}?token={}", node.url(doc), writer_token(doc))]).await
+}
+
+/// Appends `text` through a fresh client of `node`, acknowledged.
+async fn append(node: &TestServer, doc: &str, text: &str, id: u64) {
+    let mut c = Client::connect(
+        &format!("{}?token={}", node.url(doc), writer_token(doc)),
+        id,
+    )
+    .await;
+    let at = c.text_len() as u32;
+    c.insert(at, text).await;
+    c.durable_ack(1).await;
+    c.close().await;
+}
+
+/// A forwarded request carries no credential across the bus (a subscriber to every subject
+/// sees neither the token nor the admin key), and a captured restore envelope published again
+/// later is dropped by the owner: the edits made since stay.
+#[tokio::test]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
+async fn forwarded_requests_carry_no_credential_and_a_replayed_one_changes_nothing() {
+    require_postgres();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nats = Nats::start().await;
+    let nodes = forwarding_pair(dir.path(), &nats, false, Duration::from_secs(10)).await;
+    let version = owned_with_version(&nodes[0], "fwd", "base").await;
+    let spy = async_nats::connect(&nats.url).await.expect("spy connects");
+    let mut captured = spy.subscribe("quire.>").await.expect("subscribe");
+    spy.flush().await.expect("flush");
+
+    // Through node B: an update with the writer's token, a restore with the admin key.
+    append(&nodes[0], "fwd", " later", 2).await;
+    let token = writer_token("fwd");
+    let http = reqwest::Client::new();
+    let update = one_edit(77, "x");
+    let resp = http
+        .post(nodes[1].http("/api/v1/docs/fwd/update"))
+        .bearer_auth(&token)
+        .body(update)
+        .send()
+        .await
+        .expect("forwarded update");
+    assert_eq!(resp.status(), 200);
+    let resp = http
+        .post(nodes[1].http(&format!("/api/v1/docs/fwd/versions/{version}/restore")))
+        .bearer_auth(API_ADMIN)
+        .send()
+        .await
+        .expect("forwarded restore");
+    assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
+    assert!(nodes[1].metric("quire_forwarded_requests_total").await >= 2.0);
+
+    // Every message so far: no credential in any of them; the restore's request kept.
+    let mut restore = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, captured.next()).await {
+        let bytes = msg.payload.as_ref();
+        for secret in [token.as_bytes(), API_ADMIN.as_bytes(), b"Bearer"] {
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret),
+                "a credential crossed the bus on {}",
+                msg.subject
+            );
+        }
+        if bytes.windows(8).any(|w| w == b"/restore") {
+            restore = Some((msg.subject.to_string(), msg.payload.clone()));
+        }
+    }
+    let (subject, payload) = restore.expect("the restore's request was seen on the bus");
+
+    // Edits after the restore, then the captured restore published again: dropped.
+    append(&nodes[0], "fwd", " after", 3).await;
+    let refused = nodes[0].metric("quire_forward_refused_total").await;
+    spy.publish(subject, payload).await.expect("replay");
+    spy.flush().await.expect("flush");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while nodes[0].metric("quire_forward_refused_total").await <= refused {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replay was not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(fresh(&nodes[0], "fwd").await, "base after");
+    for node in nodes {
+        node.stop().await;
+    }
+}
+
+/// A restore forwarded to the owner that answers after node B's forward_timeout: B answers
+/// 503, the owner did restore. The client retries with the same Idempotency-Key after more
+/// edits: the owner replays the first restore's answer instead of restoring again, so those
+/// edits stay.
+#[tokio::test]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
+async fn a_restore_retried_after_a_forward_timeout_runs_once() {
+    require_postgres();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nats = Nats::start().await;
+    let nodes = forwarding_pair(dir.path(), &nats, true, Duration::from_millis(150)).await;
+    let version = owned_with_version(&nodes[0], "retry", "base").await;
+    append(&nodes[0], "retry", " gone", 2).await;
+    let http = reqwest::Client::new();
+    let restore = || {
+        http.post(nodes[1].http(&format!("/api/v1/docs/retry/versions/{version}/restore")))
+            .bearer_auth(API_ADMIN)
+            .header("Idempotency-Key", "restore-once")
+            .send()
+    };
+    let first = restore().await.expect("first try");
+    assert_eq!(first.status(), 503, "B gave up waiting");
+    // The owner finishes the restore (it held half a second), then more edits come.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while fresh(&nodes[0], "retry").await != "base" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the restore never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    append(&nodes[0], "retry", " kept", 3).await;
+    let retry = restore().await.expect("retry");
+    assert_eq!(retry.status(), 200);
+    assert_eq!(
+        retry
+            .headers()
+            .get("idempotent-replayed")
+            .and_then(|v| v.to_str().ok()),
+        Some("true"),
+        "the owner's answer to the first request"
+    );
+    assert_eq!(fresh(&nodes[0], "retry").await, "base kept");
+    for node in nodes {
+        node.stop().await;
+    }
 }

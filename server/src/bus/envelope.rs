@@ -13,7 +13,8 @@ const OUT: u8 = 5;
 const KILL: u8 = 6;
 const BEAT: u8 = 7;
 const CHANGED: u8 = 8;
-const REQUEST: u8 = 9;
+/// (9 was a request that carried the caller's credential: no longer accepted.)
+const REQUEST: u8 = 12;
 const RESPONSE: u8 = 10;
 const REAUTH: u8 = 11;
 
@@ -50,6 +51,9 @@ pub enum Envelope {
         seen_change: i64,
         /// A document of a Hocuspocus socket (`PeerAuth::hocuspocus`).
         hocuspocus: bool,
+        /// The user's profile name and colour (`PeerAuth::profile`), for the identity the
+        /// owner stamps into the client's awareness states.
+        profile: Option<(String, String)>,
     },
     Frame {
         from: String,
@@ -92,10 +96,16 @@ pub enum Envelope {
         change: Change,
     },
     /// An HTTP request that must run on the document's owner (a content write made through
-    /// another node), to be run through the owner's router and answered with `Response`.
+    /// another node), to be run through the owner's router and answered with `Response`. It
+    /// carries the caller as the sending node verified it (`principal`, JSON), never the
+    /// caller's credential, and is bound to a fresh `nonce` and the time it was sent: the
+    /// owner refuses one older than `FORWARD_MAX_AGE` or whose nonce it has seen.
     Request {
         from: String,
         id: u64,
+        nonce: String,
+        sent_at_ms: i64,
+        principal: String,
         method: String,
         uri: String,
         headers: Vec<(String, String)>,
@@ -208,6 +218,7 @@ impl Envelope {
                 expires_at,
                 seen_change,
                 hocuspocus,
+                profile,
             } => {
                 b.put_u8(OPEN);
                 b.put_u64(*conn);
@@ -230,11 +241,17 @@ impl Envelope {
                 }
                 // Left out when 0, as a node of an earlier version leaves it out, unless the
                 // flags byte follows it.
-                if *seen_change != 0 || *hocuspocus {
+                if *seen_change != 0 || *hocuspocus || profile.is_some() {
                     b.put_i64(*seen_change);
                 }
-                if *hocuspocus {
+                if *hocuspocus || profile.is_some() {
+                    b.put_u8(u8::from(*hocuspocus));
+                }
+                // After the flags (an earlier version ignores it): the profile.
+                if let Some((name, color)) = profile {
                     b.put_u8(1);
+                    put_str(&mut b, name);
+                    put_str(&mut b, color);
                 }
             }
             Envelope::Frame {
@@ -303,6 +320,9 @@ impl Envelope {
             Envelope::Request {
                 from,
                 id,
+                nonce,
+                sent_at_ms,
+                principal,
                 method,
                 uri,
                 headers,
@@ -311,6 +331,9 @@ impl Envelope {
                 b.put_u8(REQUEST);
                 b.put_u64(*id);
                 put_str(&mut b, from);
+                put_str(&mut b, nonce);
+                b.put_i64(*sent_at_ms);
+                put_str(&mut b, principal);
                 put_str(&mut b, method);
                 put_str(&mut b, uri);
                 put_headers(&mut b, headers);
@@ -393,9 +416,14 @@ impl Envelope {
                     8.. => b.get_i64(),
                     _ => return None,
                 };
-                // Flags, after the change id (absent: a y-websocket client); anything after
-                // them is a later version's and ignored.
+                // Flags, after the change id (absent: a y-websocket client).
                 let hocuspocus = b.remaining() > 0 && b.get_u8() & 1 == 1;
+                // The profile, after the flags; anything after it is a later version's and
+                // ignored.
+                let profile = match b.remaining() > 0 && b.get_u8() == 1 {
+                    true => Some((get_str(&mut b)?, get_str(&mut b)?)),
+                    false => None,
+                };
                 Envelope::Open {
                     from,
                     conn,
@@ -405,6 +433,7 @@ impl Envelope {
                     expires_at,
                     seen_change,
                     hocuspocus,
+                    profile,
                 }
             }
             FRAME => {
@@ -471,6 +500,9 @@ impl Envelope {
             REQUEST => Envelope::Request {
                 from: get_str(&mut b)?,
                 id: conn,
+                nonce: get_str(&mut b)?,
+                sent_at_ms: (b.remaining() >= 8).then(|| b.get_i64())?,
+                principal: get_str(&mut b)?,
                 method: get_str(&mut b)?,
                 uri: get_str(&mut b)?,
                 headers: get_headers(&mut b)?,
@@ -592,6 +624,7 @@ mod tests {
                 expires_at: Some(1_800_000_000),
                 seen_change: 3,
                 hocuspocus: false,
+                profile: Some(("Ann".into(), "#e11d48".into())),
             },
             Envelope::Open {
                 from: "n1".into(),
@@ -602,6 +635,7 @@ mod tests {
                 expires_at: None,
                 seen_change: 0,
                 hocuspocus: true,
+                profile: None,
             },
             Envelope::Open {
                 from: "n1".into(),
@@ -612,6 +646,7 @@ mod tests {
                 expires_at: None,
                 seen_change: 3,
                 hocuspocus: false,
+                profile: None,
             },
             Envelope::Reauth {
                 from: "n1".into(),
@@ -673,9 +708,12 @@ mod tests {
             Envelope::Request {
                 from: "n2".into(),
                 id: 11,
+                nonce: "0f1e2d3c".into(),
+                sent_at_ms: 1_800_000_000_000,
+                principal: r#"{"user":"ann"}"#.into(),
                 method: "POST".into(),
                 uri: "/api/v1/docs/3/update".into(),
-                headers: vec![("authorization".into(), "Bearer t".into())],
+                headers: vec![("content-type".into(), "application/octet-stream".into())],
                 body: Bytes::from_static(&[0, 0]),
             },
             Envelope::Response {
@@ -701,6 +739,7 @@ mod tests {
                 expires_at: None,
                 seen_change,
                 hocuspocus: false,
+                profile: None,
             }
             .encode();
             truncated.truncate(truncated.len() - 3);
@@ -721,6 +760,7 @@ mod tests {
             expires_at: None,
             seen_change: 3,
             hocuspocus: false,
+            profile: None,
         }
         .encode();
         let sealed = key.seal("quire.node.n2", &body);

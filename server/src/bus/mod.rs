@@ -93,11 +93,18 @@ pub enum Inbound {
 }
 
 /// An HTTP request or response carried over the bus (see `crate::http::owner`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Forwarded {
     /// The node that sent it and its id for the exchange.
     pub from: String,
     pub id: u64,
+    /// A request's fresh nonce and when it was sent (milliseconds since the epoch, the
+    /// sender's clock); empty and 0 in a response.
+    pub nonce: String,
+    pub sent_at_ms: i64,
+    /// The caller of a request as the sending node verified it (`auth::Principal` as JSON);
+    /// empty in a response.
+    pub principal: String,
     /// The method and URI (path and query) of a request; empty in a response.
     pub method: String,
     pub uri: String,
@@ -394,6 +401,9 @@ impl Bus {
         let env = Envelope::Request {
             from: self.node.to_string(),
             id,
+            nonce: request.nonce,
+            sent_at_ms: request.sent_at_ms,
+            principal: request.principal,
             method: request.method,
             uri: request.uri,
             headers: request.headers,
@@ -557,6 +567,7 @@ impl Bus {
                 expires_at,
                 seen_change,
                 hocuspocus,
+                profile,
             } => {
                 let Ok(name) = DocName::parse(&doc) else {
                     return;
@@ -586,6 +597,7 @@ impl Bus {
                     expires_at,
                     seen_change,
                     hocuspocus,
+                    profile: profile.map(|(name, color)| (name.into(), color.into())),
                 };
                 let inbox = RemoteInbox { rx, queued };
                 let open = RemoteOpen {
@@ -654,6 +666,9 @@ impl Bus {
             Envelope::Request {
                 from,
                 id,
+                nonce,
+                sent_at_ms,
+                principal,
                 method,
                 uri,
                 headers,
@@ -662,6 +677,9 @@ impl Bus {
                 let request = Forwarded {
                     from,
                     id,
+                    nonce,
+                    sent_at_ms,
+                    principal,
                     method,
                     uri,
                     status: 0,
@@ -679,13 +697,11 @@ impl Bus {
                 // (A duplicate or a late response finds nothing waiting.)
                 if let Some(waiting) = lock(&self.pending).remove(&id) {
                     let _ = waiting.send(Forwarded {
-                        from: String::new(),
                         id,
-                        method: String::new(),
-                        uri: String::new(),
                         status,
                         headers,
                         body,
+                        ..Forwarded::default()
                     });
                 }
             }

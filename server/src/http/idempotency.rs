@@ -83,13 +83,20 @@ pub async fn idempotency(
     h.update(&body);
     let hash = hex(&h.finalize());
 
+    // A forwarded request's key is recorded on the owner too, apart from the forwarding
+    // node's record of it (both live in the shared database): a retry after the forward timed
+    // out finds the owner's record and replays the first answer.
+    let scope = match parts.extensions.get::<super::owner::ForwardedBy>() {
+        Some(_) => format!("forwarded:{}", principal.scope()),
+        None => principal.scope(),
+    };
     let ttl_ms = app.config.idempotency_ttl.as_millis() as i64;
     let waited_until = tokio::time::Instant::now() + WAIT_FOR_FIRST;
     loop {
         let now = now_ms();
         let claim = match app
             .api
-            .idem_claim(&principal.scope(), &key, &hash, now, now - ttl_ms)
+            .idem_claim(&scope, &key, &hash, now, now - ttl_ms)
             .await
         {
             Ok(c) => c,
@@ -100,7 +107,7 @@ pub async fn idempotency(
                 // On its own task: if the client goes away, the request still finishes and its
                 // response is stored, instead of leaving the key "in progress" until it expires.
                 let req = Request::from_parts(parts, Body::from(body));
-                let scope = principal.scope();
+                let scope = scope.clone();
                 let app = app.clone();
                 let task =
                     tokio::spawn(async move { run_and_store(&app, &scope, &key, next, req).await });

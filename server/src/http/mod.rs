@@ -298,6 +298,24 @@ pub(crate) fn verify_credential(
 
 /// Checks the bearer credential of an API request and stores the [`Principal`] in the request.
 async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
+    // A request another node forwarded: the principal it verified, checked again here for a
+    // revocation or an expiry since (no credential crossed the bus).
+    if let Some(owner::ForwardedBy(_, principal)) = req.extensions().get::<owner::ForwardedBy>() {
+        let principal = principal.clone();
+        if let (Some(token), Some(exp)) = (&principal.token_id, principal.expires_at) {
+            if app
+                .auth
+                .is_revoked(token, &principal.user, principal.issued_at)
+            {
+                return ApiError::unauthorized(AuthError::Revoked).into_response();
+            }
+            if exp <= crate::auth::now_secs() {
+                return ApiError::unauthorized(AuthError::Expired).into_response();
+            }
+        }
+        req.extensions_mut().insert(principal);
+        return next.run(req).await;
+    }
     let principal = if app.auth.is_open() {
         Principal::open(client_ip(&req))
     } else {
@@ -441,6 +459,12 @@ pub(crate) async fn socket_permission(
     if existing.is_none() && perm < Permission::Write {
         return Err(ApiError::not_found("document"));
     }
+    // The profile's name and colour go into the identity stamped on the peer's presence.
+    let profile = app
+        .api
+        .get_user(&principal.user)
+        .await?
+        .map(|p| (p.display_name.into(), p.color.into()));
     Ok(PeerAuth {
         user: Some(principal.user.as_str().into()),
         token_id: principal.token_id.as_deref().map(Into::into),
@@ -449,6 +473,7 @@ pub(crate) async fn socket_permission(
         expires_at: principal.expires_at,
         seen_change,
         hocuspocus: false,
+        profile,
     })
 }
 

@@ -4,15 +4,22 @@
 //! of committed content work on every node (from storage: see `history::current`), but a
 //! content write must go through the owner's room, so [`on_owner`] (a layer on those routes)
 //! forwards the request over the bus to the owner and answers with the owner's response: the
-//! client cannot tell which node it asked. The caller's permission is checked here first (an
-//! unknown or forbidden document is refused as it would be on the owner, without a forward);
-//! the owner checks again with the same `Authorization`. A request is forwarded at most once
-//! (the owner serves what arrives through the bus, marked [`ForwardedBy`], a request extension
-//! no client can set), without its `Idempotency-Key` (this node's idempotency layer, outside
-//! this one, records the owner's response under the key).
+//! client cannot tell which node it asked. The caller's credential is checked here first (an
+//! unknown or forbidden document is refused as it would be on the owner, without a forward),
+//! and **the credential never crosses the bus**: the envelope carries the principal this node
+//! verified (user, token id, scope, permission, expiry), with no `Authorization` or cookie
+//! header, and the owner checks that principal's permission again (and its revocation and
+//! expiry). Each forwarded request is bound to a fresh nonce and the time it was sent: the owner
+//! refuses one older than [`FORWARD_MAX_AGE`] (or as far in the future) and any nonce it has
+//! seen within that window ([`ReplayGuard`], bounded), so a captured envelope replayed later
+//! changes nothing. A request is forwarded at most once (the owner serves what arrives through
+//! the bus, marked [`ForwardedBy`], a request extension no client can set).
 //!
-//! If the owner does not answer within `forward_timeout` the answer is 503 with
-//! `Retry-After`: the request may have been served (an update applied twice changes nothing).
+//! The `Idempotency-Key` travels with the request and the owner records it too (under the
+//! caller's scope marked as forwarded, so it does not meet this node's own record of the key).
+//! If the owner does not answer within `forward_timeout` the answer is 503 with `Retry-After`
+//! and this node forgets the key; a retry with the same key reaches the owner again, which
+//! answers with the first request's response instead of running it again.
 
 use std::net::SocketAddr;
 
@@ -28,22 +35,89 @@ use crate::bus::Forwarded;
 use crate::room::DocName;
 use crate::AppState;
 
-/// Marks a request another node forwarded: served here, never forwarded again.
+/// Marks a request another node forwarded: served here, never forwarded again, as the
+/// principal that node verified (the `authenticate` layer takes it instead of a credential).
 #[derive(Debug, Clone)]
-pub struct ForwardedBy(pub String);
+pub struct ForwardedBy(pub String, pub Principal);
+
+/// Oldest (and furthest in the future, for clocks apart) a forwarded request may be when it
+/// arrives: past it the owner drops it. Nodes' clocks must agree within this.
+pub const FORWARD_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Most nonces remembered: a node that has seen this many within [`FORWARD_MAX_AGE`] drops
+/// further forwarded requests (the sender answers 503) until the oldest age out.
+const MAX_NONCES: usize = 1 << 16;
+
+/// The nonces seen, and when, oldest first.
+type Seen = (
+    std::collections::HashSet<String>,
+    std::collections::VecDeque<(i64, String)>,
+);
+
+/// The nonces of the forwarded requests served within [`FORWARD_MAX_AGE`], oldest first.
+#[derive(Default)]
+pub struct ReplayGuard {
+    seen: std::sync::Mutex<Seen>,
+}
+
+/// Why a forwarded request was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// Sent longer ago than [`FORWARD_MAX_AGE`] (or that far ahead).
+    Stale,
+    /// Its nonce was seen.
+    Seen,
+    /// The guard is full of nonces still within the window.
+    Full,
+}
+
+impl ReplayGuard {
+    /// Admits a request sent at `sent_at_ms` with `nonce`, at `now_ms`, once.
+    pub fn admit(&self, nonce: &str, sent_at_ms: i64, now_ms: i64) -> Result<(), Replay> {
+        let window = FORWARD_MAX_AGE.as_millis() as i64;
+        if nonce.is_empty() || (now_ms - sent_at_ms).abs() > window {
+            return Err(Replay::Stale);
+        }
+        let mut guard = self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (set, order) = &mut *guard;
+        // A nonce stays until its request could no longer be admitted anyway.
+        while order
+            .front()
+            .is_some_and(|(at, _)| now_ms - at > window * 2)
+        {
+            if let Some((_, old)) = order.pop_front() {
+                set.remove(&old);
+            }
+        }
+        if set.contains(nonce) {
+            return Err(Replay::Seen);
+        }
+        if set.len() >= MAX_NONCES {
+            return Err(Replay::Full);
+        }
+        set.insert(nonce.to_owned());
+        order.push_back((now_ms, nonce.to_owned()));
+        Ok(())
+    }
+}
 
 /// Room for the envelope around a forwarded body (method, URI, headers) within NATS's
 /// message size.
 const ENVELOPE_ROOM: usize = 16 << 10;
 
-/// Headers not carried across: hop-by-hop ones, the length (recomputed) and the
-/// idempotency key (recorded by the node the client asked).
-const NOT_CARRIED: [&str; 7] = [
+/// Headers not carried across: hop-by-hop ones, the length (recomputed) and every
+/// credential (the envelope carries the verified principal instead).
+const NOT_CARRIED: [&str; 9] = [
+    "authorization",
     "connection",
     "content-length",
+    "cookie",
     "host",
-    "idempotency-key",
     "keep-alive",
+    "proxy-authorization",
     "transfer-encoding",
     "upgrade",
 ];
@@ -143,14 +217,18 @@ pub async fn on_owner(State(app): State<AppState>, req: Request, next: Next) -> 
     let uri = uri
         .path_and_query()
         .map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned());
+    let Some(principal) = principal.and_then(|p| serde_json::to_string(&p).ok()) else {
+        return ApiError::unauthorized(crate::auth::AuthError::Missing).into_response();
+    };
     let request = Forwarded {
-        from: String::new(),
-        id: 0,
+        nonce: uuid::Uuid::new_v4().simple().to_string(),
+        sent_at_ms: crate::storage::now_ms(),
+        principal,
         method: parts.method.to_string(),
         uri,
-        status: 0,
         headers: carried(&parts.headers),
         body,
+        ..Forwarded::default()
     };
     app.metrics.forwarded_requests.inc();
     match bus
@@ -206,8 +284,24 @@ pub async fn serve_forwarded(app: AppState, router: axum::Router, request: Forwa
         builder = builder.header(name.as_str(), value.as_str());
     }
     let from = request.from.clone();
+    // A replayed or stale envelope is dropped (its sender, if it is waiting, answers 503).
+    if let Err(why) =
+        app.forward_guard
+            .admit(&request.nonce, request.sent_at_ms, crate::storage::now_ms())
+    {
+        app.metrics.forward_refused.inc();
+        tracing::warn!(from = %from, reason = ?why, "dropped a forwarded request");
+        return;
+    }
+    let principal: Principal = match serde_json::from_str(&request.principal) {
+        Ok(p) => p,
+        Err(_) => {
+            app.metrics.forward_refused.inc();
+            return;
+        }
+    };
     let built = builder
-        .extension(ForwardedBy(from.clone()))
+        .extension(ForwardedBy(from.clone(), principal))
         // Per-address limits: the node that forwarded it applied them to the client.
         .extension(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 0))))
         .body(Body::from(request.body));
@@ -223,13 +317,34 @@ pub async fn serve_forwarded(app: AppState, router: axum::Router, request: Forwa
         .await
         .unwrap_or_default();
     let answer = Forwarded {
-        from: String::new(),
         id: request.id,
-        method: String::new(),
-        uri: String::new(),
         status: parts.status.as_u16(),
         headers: carried(&parts.headers),
         body,
+        ..Forwarded::default()
     };
     bus.respond(&from, request.id, answer).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nonce_is_admitted_once_and_only_within_the_window() {
+        let guard = ReplayGuard::default();
+        let now = 1_000_000;
+        let window = FORWARD_MAX_AGE.as_millis() as i64;
+        assert_eq!(guard.admit("a", now, now), Ok(()));
+        assert_eq!(guard.admit("a", now, now + 1), Err(Replay::Seen));
+        assert_eq!(guard.admit("b", now - window - 1, now), Err(Replay::Stale));
+        assert_eq!(guard.admit("c", now + window + 1, now), Err(Replay::Stale));
+        assert_eq!(guard.admit("", now, now), Err(Replay::Stale));
+        // Long after, "a" is forgotten: and it could not pass the age check anyway.
+        let later = now + 3 * window;
+        assert_eq!(guard.admit("a", now, later), Err(Replay::Stale));
+        assert_eq!(guard.admit("d", later, later), Ok(()));
+        let seen = guard.seen.lock().expect("lock");
+        assert_eq!(seen.0.len(), 1, "old nonces are dropped");
+    }
 }

@@ -5,6 +5,13 @@
 //! rules (a newer clock wins; an equal clock with a `null` state removes), remembers which
 //! connection introduced each client id so its states can be removed when it closes, and drops
 //! states that were not refreshed in time.
+//!
+//! Presence cannot be forged: a connection may set or remove only the states of client ids it
+//! introduced, of ids no live connection holds, or of ids a connection of the same user holds
+//! (a reconnect that arrives before the old socket is noticed dead keeps its presence); any
+//! other entry is dropped and counted. Every state the room keeps and relays carries, under
+//! the reserved key [`VERIFIED_KEY`], the identity the server verified for the connection that
+//! set it; a client's own value for that key is replaced.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +24,43 @@ use yrs::ClientID;
 use super::PeerId;
 
 const NULL: &str = "null";
+
+/// The reserved key of every awareness state the server relays: `{"user", "name", "color"}`
+/// as the server verified them (docs/protocol.md). Clients cannot set it.
+pub const VERIFIED_KEY: &str = "quire";
+
+/// Who sent an awareness update, as the room knows them.
+pub struct Sender<'a> {
+    pub peer: PeerId,
+    /// Whether the sender may speak for a client id that connection `owner` introduced: true
+    /// when `owner` is closed or is a connection of the same user.
+    pub may_take: &'a dyn Fn(PeerId) -> bool,
+    /// The identity stamped into the sender's states (`None`: the key is removed).
+    pub verified: Option<&'a serde_json::Value>,
+}
+
+/// What applying an update did.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// The entries that changed something, stamped: what to relay (`None`: nothing).
+    pub relay: Option<AwarenessUpdate>,
+    /// Entries dropped because they spoke for another user's client id.
+    pub refused: usize,
+}
+
+/// `json` with the verified identity under [`VERIFIED_KEY`]; a state that is not a JSON
+/// object is kept as it is (it has no key to forge).
+fn stamp(json: &Arc<str>, verified: Option<&serde_json::Value>) -> Arc<str> {
+    let Ok(serde_json::Value::Object(mut state)) = serde_json::from_str::<serde_json::Value>(json)
+    else {
+        return json.clone();
+    };
+    match verified {
+        Some(who) => state.insert(VERIFIED_KEY.to_owned(), who.clone()),
+        None => state.remove(VERIFIED_KEY),
+    };
+    serde_json::to_string(&state).map_or_else(|_| json.clone(), Arc::from)
+}
 
 struct State {
     clock: u32,
@@ -35,40 +79,58 @@ pub struct AwarenessTable {
 }
 
 impl AwarenessTable {
-    /// Applies an update from `peer`. Returns true if any state changed (then the message is
-    /// relayed to the other peers).
-    pub fn apply(&mut self, update: &AwarenessUpdate, peer: PeerId, now: Instant) -> bool {
+    /// Applies an update from `from`: the entries it may set (see the module's notes),
+    /// stamped with its verified identity. Returns what to relay to the other peers.
+    pub fn apply(&mut self, update: &AwarenessUpdate, from: &Sender<'_>, now: Instant) -> Applied {
         // Even an update that changes nothing visible may add a removed client's clock.
         self.frame = None;
-        let mut changed = false;
+        let mut applied = Applied::default();
+        let mut relay = HashMap::new();
         for (client, entry) in &update.clients {
-            let json = (entry.json.as_ref() != NULL).then(|| entry.json.clone());
-            match self.states.get_mut(&client.get()) {
+            if let Some(s) = self.states.get(&client.get()) {
+                if s.owner != from.peer && !(from.may_take)(s.owner) {
+                    applied.refused += 1;
+                    continue;
+                }
+            }
+            let json = (entry.json.as_ref() != NULL).then(|| stamp(&entry.json, from.verified));
+            let changed = match self.states.get_mut(&client.get()) {
                 Some(s) => {
                     let removes = s.clock == entry.clock && json.is_none() && s.json.is_some();
-                    if s.clock < entry.clock || removes {
+                    let newer = s.clock < entry.clock || removes;
+                    if newer {
                         s.clock = entry.clock;
-                        s.json = json;
+                        s.json = json.clone();
                         s.last_updated = now;
-                        s.owner = peer;
-                        changed = true;
+                        s.owner = from.peer;
                     }
+                    newer
                 }
                 None => {
-                    changed |= json.is_some();
                     self.states.insert(
                         client.get(),
                         State {
                             clock: entry.clock,
-                            json,
+                            json: json.clone(),
                             last_updated: now,
-                            owner: peer,
+                            owner: from.peer,
                         },
                     );
+                    json.is_some()
                 }
+            };
+            if changed {
+                relay.insert(
+                    *client,
+                    AwarenessUpdateEntry {
+                        clock: entry.clock,
+                        json: json.unwrap_or_else(|| Arc::from(NULL)),
+                    },
+                );
             }
         }
-        changed
+        applied.relay = (!relay.is_empty()).then_some(AwarenessUpdate { clients: relay });
+        applied
     }
 
     /// Removes every live state `peer` introduced; returns the removal to broadcast.
@@ -160,6 +222,15 @@ impl AwarenessTable {
 mod tests {
     use super::*;
 
+    /// A sender that may take over any id (the rules before ownership), without identity.
+    fn anyone(peer: PeerId) -> Sender<'static> {
+        Sender {
+            peer,
+            may_take: &|_| true,
+            verified: None,
+        }
+    }
+
     fn update(entries: &[(u64, u32, &str)]) -> AwarenessUpdate {
         AwarenessUpdate {
             clients: entries
@@ -181,18 +252,30 @@ mod tests {
     fn newer_clock_wins_and_equal_clock_null_removes() {
         let now = Instant::now();
         let mut t = AwarenessTable::default();
-        assert!(t.apply(&update(&[(1, 1, "{\"a\":1}")]), 10, now));
+        assert!(t
+            .apply(&update(&[(1, 1, "{\"a\":1}")]), &anyone(10), now)
+            .relay
+            .is_some());
         assert!(
-            !t.apply(&update(&[(1, 1, "{\"a\":2}")]), 10, now),
+            t.apply(&update(&[(1, 1, "{\"a\":2}")]), &anyone(10), now)
+                .relay
+                .is_none(),
             "same clock, not null"
         );
         assert!(
-            !t.apply(&update(&[(1, 0, "{\"a\":3}")]), 10, now),
+            t.apply(&update(&[(1, 0, "{\"a\":3}")]), &anyone(10), now)
+                .relay
+                .is_none(),
             "older clock"
         );
-        assert!(t.apply(&update(&[(1, 2, "{\"a\":4}")]), 10, now));
+        assert!(t
+            .apply(&update(&[(1, 2, "{\"a\":4}")]), &anyone(10), now)
+            .relay
+            .is_some());
         assert!(
-            t.apply(&update(&[(1, 2, "null")]), 10, now),
+            t.apply(&update(&[(1, 2, "null")]), &anyone(10), now)
+                .relay
+                .is_some(),
             "equal clock with null"
         );
         assert!(t.full_state().is_none());
@@ -202,8 +285,8 @@ mod tests {
     fn closing_a_peer_removes_only_its_states() {
         let now = Instant::now();
         let mut t = AwarenessTable::default();
-        t.apply(&update(&[(1, 1, "{}"), (2, 5, "{}")]), 10, now);
-        t.apply(&update(&[(3, 1, "{}")]), 11, now);
+        t.apply(&update(&[(1, 1, "{}"), (2, 5, "{}")]), &anyone(10), now);
+        t.apply(&update(&[(3, 1, "{}")]), &anyone(11), now);
         let removal = t.remove_peer(10, now).expect("peer 10 had states");
         assert_eq!(removal.clients.len(), 2);
         assert_eq!(removal.clients[&ClientID::new(2)].clock, 6);
@@ -220,11 +303,11 @@ mod tests {
         let now = Instant::now();
         let mut t = AwarenessTable::default();
         assert!(t.full_state_frame().is_none());
-        t.apply(&update(&[(1, 1, "{}")]), 10, now);
+        t.apply(&update(&[(1, 1, "{}")]), &anyone(10), now);
         let a = t.full_state_frame().expect("one state");
         let b = t.full_state_frame().expect("one state");
         assert_eq!(a.as_ptr(), b.as_ptr(), "encoded once");
-        t.apply(&update(&[(2, 1, "{}")]), 11, now);
+        t.apply(&update(&[(2, 1, "{}")]), &anyone(11), now);
         let c = t.full_state_frame().expect("two states");
         assert!(c.len() > a.len(), "re-encoded after a change");
         t.remove_peer(10, now);
@@ -233,10 +316,67 @@ mod tests {
     }
 
     #[test]
+    fn only_the_ids_a_connection_may_speak_for_are_applied_and_each_state_is_stamped() {
+        let now = Instant::now();
+        let mut t = AwarenessTable::default();
+        let alice = serde_json::json!({"user": "alice"});
+        let mallory = serde_json::json!({"user": "mallory"});
+        // Peer 10 (alice) introduces client 1, claiming to be someone else.
+        let from_alice = Sender {
+            peer: 10,
+            may_take: &|_| false,
+            verified: Some(&alice),
+        };
+        let applied = t.apply(
+            &update(&[(1, 1, r#"{"name":"alice","quire":{"user":"root"}}"#)]),
+            &from_alice,
+            now,
+        );
+        let relayed = applied.relay.expect("relayed");
+        let state: serde_json::Value =
+            serde_json::from_str(&relayed.clients[&ClientID::new(1)].json).expect("json");
+        assert_eq!(
+            state["quire"], alice,
+            "the verified identity replaces the client's"
+        );
+        assert_eq!(state["name"], "alice");
+        // Peer 11 (mallory, another user, while alice's connection lives) may not take it.
+        let from_mallory = Sender {
+            peer: 11,
+            may_take: &|_| false,
+            verified: Some(&mallory),
+        };
+        let forged = t.apply(
+            &update(&[(1, 9, r#"{"name":"mallory-as-alice"}"#)]),
+            &from_mallory,
+            now,
+        );
+        assert!(forged.relay.is_none());
+        assert_eq!(forged.refused, 1);
+        let kept = t.full_state().expect("alice's state");
+        assert!(kept.clients[&ClientID::new(1)].json.contains("\"alice\""));
+        // Nor remove it, but it may set ids of its own in the same message.
+        let mixed = t.apply(&update(&[(1, 1, "null"), (2, 1, "{}")]), &from_mallory, now);
+        assert_eq!(mixed.refused, 1);
+        assert_eq!(mixed.relay.map(|r| r.clients.len()), Some(1));
+        // A connection allowed to take over (alice reconnecting, or alice's closed) may.
+        let alice_again = Sender {
+            peer: 12,
+            may_take: &|owner| owner == 10,
+            verified: Some(&alice),
+        };
+        let taken = t.apply(&update(&[(1, 2, r#"{"name":"alice"}"#)]), &alice_again, now);
+        assert!(taken.relay.is_some());
+        // Closing the old connection no longer removes the state it handed on.
+        assert!(t.remove_peer(10, now).is_none());
+        assert!(t.remove_peer(12, now).is_some());
+    }
+
+    #[test]
     fn stale_states_expire() {
         let start = Instant::now();
         let mut t = AwarenessTable::default();
-        t.apply(&update(&[(1, 1, "{}")]), 10, start);
+        t.apply(&update(&[(1, 1, "{}")]), &anyone(10), start);
         let timeout = Duration::from_secs(30);
         assert!(t.expire(start + Duration::from_secs(29), timeout).is_none());
         let gone = t

@@ -146,6 +146,25 @@ pub struct PeerAuth {
     /// back to it (the provider's liveness timer counts on that), and sends it stateless
     /// messages.
     pub hocuspocus: bool,
+    /// The user's display name and colour from their profile, when they have one: with
+    /// `user`, the identity the room stamps into the peer's awareness states.
+    pub profile: Option<(Arc<str>, Arc<str>)>,
+}
+
+impl PeerAuth {
+    /// The identity the server verified, as the reserved field of awareness states carries it
+    /// (docs/protocol.md): `{"user": ..., "name": ..., "color": ...}`, name and colour only
+    /// when the user has a profile. `None` without a user.
+    pub fn verified(&self) -> Option<serde_json::Value> {
+        let user = self.user.as_deref()?;
+        let mut who = serde_json::Map::new();
+        who.insert("user".into(), user.into());
+        if let Some((name, color)) = &self.profile {
+            who.insert("name".into(), (**name).into());
+            who.insert("color".into(), (**color).into());
+        }
+        Some(serde_json::Value::Object(who))
+    }
 }
 
 /// Which peers a [`RoomCmd::Close`] applies to.

@@ -29,11 +29,16 @@ type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// An awareness message announcing one client's state (clock 1) as `json`.
 pub fn presence(client: u64, json: &str) -> Bytes {
+    presence_at(client, 1, json)
+}
+
+/// [`presence`] with a clock of the sender's choosing.
+pub fn presence_at(client: u64, clock: u32, json: &str) -> Bytes {
     let update = yrs::sync::AwarenessUpdate {
         clients: [(
             yrs::ClientID::new(client),
             yrs::sync::awareness::AwarenessUpdateEntry {
-                clock: 1,
+                clock,
                 json: json.into(),
             },
         )]

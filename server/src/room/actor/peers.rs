@@ -2,6 +2,7 @@
 //! them through their bounded queues (a peer that overflows is closed and resyncs).
 
 use super::*;
+use crate::room::awareness::Sender;
 
 /// The instant a token expiring at `exp` (seconds since the epoch) runs out, on the room's
 /// clock.
@@ -85,13 +86,38 @@ impl Room {
                     self.answer_step1(peer, &sv);
                 }
             }
-            PeerMsg::Awareness { update, raw } => {
-                if self.awareness.apply(&update, peer, Instant::now()) {
+            PeerMsg::Awareness { update, .. } => {
+                let Some(sender) = self.peers.get(&peer) else {
+                    return;
+                };
+                let (user, echo) = (sender.auth.user.clone(), sender.auth.hocuspocus);
+                let verified = sender.auth.verified();
+                let peers = &self.peers;
+                // Another connection's client id: only once that connection is gone, or if
+                // it is the same user's (a reconnect racing the old socket's end).
+                let may_take = |owner: PeerId| {
+                    peers
+                        .get(&owner)
+                        .is_none_or(|o| user.is_some() && o.auth.user == user)
+                };
+                let from = Sender {
+                    peer,
+                    may_take: &may_take,
+                    verified: verified.as_ref(),
+                };
+                let applied = self.awareness.apply(&update, &from, Instant::now());
+                if applied.refused > 0 {
+                    self.registry
+                        .metrics
+                        .awareness_refused
+                        .inc_by(applied.refused as u64);
+                }
+                if let Some(relay) = applied.relay {
                     // Hocuspocus echoes awareness to its sender too: a provider that hears
                     // nothing for 30 s reconnects, and its 15-second awareness renewal coming
                     // back is what it hears on a quiet document.
-                    let echo = self.peers.get(&peer).is_some_and(|p| p.auth.hocuspocus);
-                    self.broadcast(&raw, (!echo).then_some(peer));
+                    let frame = protocol::encode_awareness(&relay);
+                    self.broadcast(&frame, (!echo).then_some(peer));
                 }
             }
             PeerMsg::QueryAwareness => {
@@ -108,10 +134,14 @@ impl Room {
 
     /// Replaces a peer's credential (a token refresh): its permission, token and expiry. A
     /// refresh that lowers the permission takes effect for the peer's next update.
-    pub(super) fn reauth(&mut self, peer: PeerId, auth: PeerAuth) -> bool {
+    pub(super) fn reauth(&mut self, peer: PeerId, mut auth: PeerAuth) -> bool {
         let Some(p) = self.peers.get_mut(&peer) else {
             return false;
         };
+        // A relayed refresh carries no profile: the one read at the join stands.
+        if auth.profile.is_none() && auth.user == p.auth.user {
+            auth.profile = p.auth.profile.take();
+        }
         if let Some(at) = p.expires.take() {
             self.expiries.remove(&(at, peer));
         }
