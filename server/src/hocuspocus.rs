@@ -652,7 +652,17 @@ impl Conn {
                     Ok(_) => return Ok(()),
                     Err(e) => return Err(self.malformed(e.to_string())),
                 };
-                let (name, user) = (session.name.clone(), session.auth.borrow().user.clone());
+                let (name, user, can_write) = {
+                    let auth = session.auth.borrow();
+                    (session.name.clone(), auth.user.clone(), auth.can_write)
+                };
+                // Each one is an outbox row (a webhook event): a write, so read-only sessions
+                // may not send them.
+                if !can_write {
+                    self.app.metrics.stateless_refused.inc();
+                    debug!(doc = %name, "stateless message from a read-only session dropped");
+                    return Ok(());
+                }
                 return self.on_stateless(&name, user.as_deref(), &payload).await;
             }
             types::CLOSE => {

@@ -67,6 +67,7 @@ pub struct Metrics {
     pub versions_refused: IntCounter,
     pub awareness_refused: IntCounter,
     pub forward_refused: IntCounter,
+    pub stateless_refused: IntCounter,
 }
 
 impl Metrics {
@@ -312,6 +313,10 @@ impl Metrics {
             heavy_cache_bytes: gauge(
                 "heavy_cache_bytes",
                 "Bytes of computed answers the heavy-work gate keeps (history_cache_bytes)",
+            ),
+            stateless_refused: counter(
+                "stateless_refused_total",
+                "Stateless messages dropped because their Hocuspocus session is read-only",
             ),
             forward_refused: counter(
                 "forward_refused_total",

@@ -266,6 +266,15 @@ async fn named_versions_are_created_listed_and_deleted_with_permissions_and_idem
 
     let id = first["id"].as_i64().expect("id");
     let url = api(&server, &format!("/docs/spec/versions/{id}"));
+    // Another writer may not delete a version someone else named; its author may.
+    let other_writer = token("bo", "spec", Permission::Write);
+    let refused = http
+        .delete(&url)
+        .bearer_auth(&other_writer)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
     let deleted = http
         .delete(&url)
         .bearer_auth(&writer)
@@ -743,6 +752,82 @@ async fn heavy_reads_are_computed_once_and_versions_fit_their_budget() {
     .await;
     assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{body}");
     assert!(fresh_text(&server, "cached").await.ends_with("after"));
+    ann.close().await;
+    server.stop().await;
+}
+
+/// A fork is atomic: when its content cannot be written (a fault injected in the database:
+/// a trigger refuses the new document's log row), the request fails and no empty document is
+/// left behind; once the fault is gone, the retry with the same name succeeds with the content.
+#[tokio::test]
+async fn a_fork_whose_content_cannot_be_written_leaves_nothing_and_its_retry_succeeds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), Duration::from_secs(600)).await;
+    let http = reqwest::Client::new();
+    let writer = token("ann", "*", Permission::Write);
+    let mut ann = Client::connect(&ws(&server, "source", "ann", Permission::Write), 1).await;
+    ann.insert(0, "forked text").await;
+    ann.durable_ack(1).await;
+
+    let pool = open_db(dir.path()).await;
+    let (create, drop) = if on_postgres() {
+        (
+            vec![
+                "CREATE FUNCTION refuse_doomed() RETURNS trigger AS $$ BEGIN \
+                   IF (SELECT name FROM documents WHERE id = NEW.doc_id) = 'doomed' THEN \
+                     RAISE EXCEPTION 'injected fault'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql",
+                "CREATE TRIGGER refuse_doomed BEFORE INSERT ON doc_updates \
+                   FOR EACH ROW EXECUTE FUNCTION refuse_doomed()",
+            ],
+            vec!["DROP TRIGGER refuse_doomed ON doc_updates"],
+        )
+    } else {
+        (
+            vec![
+                "CREATE TRIGGER refuse_doomed BEFORE INSERT ON doc_updates \
+                   WHEN (SELECT name FROM documents WHERE id = NEW.doc_id) = 'doomed' \
+                   BEGIN SELECT RAISE(ABORT, 'injected fault'); END",
+            ],
+            vec!["DROP TRIGGER refuse_doomed"],
+        )
+    };
+    for sql in create {
+        sqlx::query(sql).execute(&pool).await.expect("fault");
+    }
+    let (status, body) = post(
+        &http,
+        &server,
+        "/docs/source/fork",
+        &writer,
+        json!({"name": "doomed"}),
+    )
+    .await;
+    assert!(status.is_server_error(), "{status} {body}");
+    let (status, _) = get(&http, &server, "/docs/doomed").await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "no empty document left behind"
+    );
+    for sql in drop {
+        sqlx::query(sql)
+            .execute(&pool)
+            .await
+            .expect("fault removed");
+    }
+    let (status, body) = post(
+        &http,
+        &server,
+        "/docs/source/fork",
+        &writer,
+        json!({"name": "doomed"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(fresh_text(&server, "doomed").await, "forked text");
+    // The fork's row is attributed to whoever forked it.
+    let (_, page) = get(&http, &server, "/docs/doomed/history").await;
+    assert_eq!(page["items"][0]["authors"][0]["author"], "ann", "{page}");
     ann.close().await;
     server.stop().await;
 }

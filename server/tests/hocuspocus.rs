@@ -707,3 +707,33 @@ async fn a_token_refresh_reaches_the_owner_of_a_relayed_document() {
         owner_side.text()
     );
 }
+
+/// Each stateless message a client sends is an outbox row (a webhook event), so it takes
+/// write permission: a read-only session's are dropped and counted, a writer's recorded.
+#[tokio::test]
+async fn stateless_messages_need_write_permission() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(secured(dir.path())).await;
+    let mut s = Raw::open(server.addr).await;
+    let reader = token("rita", "notes", Permission::Read);
+    let writer = token("will", "notes", Permission::Write);
+    let (ro, rw) = ("notes\0ro", "notes\0rw");
+    // The writer first: its open creates the document the reader may then open.
+    for (address, credential) in [(rw, &writer), (ro, &reader)] {
+        s.send(hp::encode_auth(address, credential)).await;
+        s.next_for(address, |m| matches!(m, hp::HpMessage::Authenticated(_)))
+            .await;
+    }
+    s.send(hp::encode_stateless(ro, "from the reader")).await;
+    s.send(hp::encode_stateless(rw, "from the writer")).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while server.metric("quire_stateless_received_total").await < 1.0
+        || server.metric("quire_stateless_refused_total").await < 1.0
+    {
+        assert!(tokio::time::Instant::now() < deadline, "not both handled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(server.metric("quire_stateless_received_total").await, 1.0);
+    assert_eq!(server.metric("quire_stateless_refused_total").await, 1.0);
+    server.stop().await;
+}

@@ -496,6 +496,22 @@ pub async fn delete_version(
     ApiPath((name, id)): ApiPath<(String, i64)>,
 ) -> ApiResult<StatusCode> {
     let doc = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
+    // A version someone recorded (named, or a restore) is theirs: deleting it takes its
+    // author, the document's owner, or admin permission on the document.
+    let version = version_meta(&app, &doc, id).await?;
+    let mine = version.kind == VersionKind::Auto
+        || version.author.is_none()
+        || version.author.as_deref() == Some(principal.user.as_str())
+        || doc.owner.as_deref() == Some(principal.user.as_str());
+    if !mine
+        && doc_for(&app, &principal, &name, Permission::Admin)
+            .await
+            .is_err()
+    {
+        return Err(ApiError::forbidden(
+            "only the version's author, the document's owner or an administrator may delete it",
+        ));
+    }
     match app.api.delete_version(doc.id, id).await? {
         VersionDelete::Deleted => Ok(StatusCode::NO_CONTENT),
         VersionDelete::NotFound => Err(ApiError::not_found("version")),
@@ -781,9 +797,42 @@ pub async fn fork(
             ))
         }
     };
+    if update.len() as u64 > app.registry.config.max_doc_size {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "document-too-large",
+            "the fork would exceed max_doc_size",
+        ));
+    }
+    // What the content's row records for the history (counted off the runtime).
+    let admission = app.gate.admit(source.id).await?;
+    let data = update.clone();
+    let changes = heavy(admission, move || {
+        let doc = yrs::Doc::new();
+        let decoded = Update::decode_v1(&data).map_err(|e| stored_invalid(e.to_string()))?;
+        let mut txn = doc.transact_mut();
+        txn.apply_update(decoded)
+            .map_err(|e| stored_invalid(e.to_string()))?;
+        Ok(crate::room::Changes::of(&txn))
+    })
+    .await?;
+    // The document and its content in one transaction: a fork exists whole or not at all,
+    // so a failed one leaves no empty document behind and its retry can take the name.
+    let first = crate::storage::LogEntry {
+        data: update,
+        author: Some(principal.user.as_str().into()),
+        inserted: changes.inserted,
+        deleted: changes.deleted,
+        clients: changes.clients,
+    };
     let created = app
         .api
-        .create_doc(new_name.as_str(), &body.title, Some(&principal.user))
+        .create_doc_with(
+            new_name.as_str(),
+            &body.title,
+            Some(&principal.user),
+            Some(first),
+        )
         .await?
         .ok_or_else(|| {
             ApiError::new(
@@ -792,7 +841,6 @@ pub async fn fork(
                 "a document with this name exists",
             )
         })?;
-    apply(&app, &created, &principal, update.to_vec()).await?;
     let mut resp = (StatusCode::CREATED, Json(&created)).into_response();
     if let Ok(v) = HeaderValue::from_str(&super::error::etag(created.version)) {
         resp.headers_mut().insert(header::ETAG, v);

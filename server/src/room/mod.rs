@@ -25,6 +25,7 @@ use yrs::sync::AwarenessUpdate;
 use yrs::{StateVector, Update};
 
 pub use actor::doc_json;
+pub(crate) use actor::Changes;
 pub use committed::SnapshotSource;
 
 /// A document's state replayed from what storage returned: its snapshot and the log rows

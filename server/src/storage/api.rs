@@ -243,6 +243,19 @@ pub trait ApiStore: super::history::HistoryStore + Send + Sync + 'static {
         name: &str,
         title: &str,
         owner: Option<&str>,
+    ) -> Result<Option<DocMeta>, StorageError> {
+        self.create_doc_with(name, title, owner, None).await
+    }
+    /// [`ApiStore::create_doc`] with the document's first log row (position 1) written in
+    /// the same transaction: a document created with content (a fork) exists with it or not
+    /// at all. No room can hold a document that does not exist yet, so the row is its first
+    /// content as a room would have logged it.
+    async fn create_doc_with(
+        &self,
+        name: &str,
+        title: &str,
+        owner: Option<&str>,
+        first: Option<super::LogEntry>,
     ) -> Result<Option<DocMeta>, StorageError>;
     async fn get_doc(&self, id: DocId) -> Result<Option<DocMeta>, StorageError>;
     async fn get_doc_by_name(&self, name: &str) -> Result<Option<DocMeta>, StorageError>;

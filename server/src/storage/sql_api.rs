@@ -281,11 +281,12 @@ where
         SqlApi::set_history_retention(self, retention)
     }
 
-    async fn create_doc(
+    async fn create_doc_with(
         &self,
         name: &str,
         title: &str,
         owner: Option<&str>,
+        first: Option<super::LogEntry>,
     ) -> Result<Option<DocMeta>, StorageError> {
         let now = now_ms();
         let mut tx = self.pool.begin().await?;
@@ -312,6 +313,32 @@ where
             .bind(owner)
             .execute(&mut *tx)
             .await?;
+        }
+        if let Some(first) = first {
+            sqlx::query(
+                "INSERT INTO doc_updates (doc_id, seq, data, created_at, author, inserted, deleted) \
+                 VALUES ($1, 1, $2, $3, $4, $5, $6)",
+            )
+            .bind(doc.id)
+            .bind(first.data.as_ref())
+            .bind(now)
+            .bind(first.author.as_deref())
+            .bind(first.inserted)
+            .bind(first.deleted)
+            .execute(&mut *tx)
+            .await?;
+            for (doc_id, client, author, seq) in super::client_rows(doc.id, 1, &[first]) {
+                sqlx::query(
+                    "INSERT INTO doc_clients (doc_id, client_id, author, first_seq) \
+                     VALUES ($1, $2, $3, $4)",
+                )
+                .bind(doc_id)
+                .bind(client)
+                .bind(author)
+                .bind(seq)
+                .execute(&mut *tx)
+                .await?;
+            }
         }
         self.emit(
             &mut tx,
