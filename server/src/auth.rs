@@ -184,16 +184,19 @@ pub struct Auth {
 impl Auth {
     /// `keys` are `kid:secret` pairs, the first one signs.
     pub fn new(keys: &[Secret], admin_key: Option<Secret>) -> Result<Auth, String> {
+        // An error names the key by its place in the list, never by any part of it: a key
+        // written without its `kid:` would otherwise be printed whole.
         let keys = keys
             .iter()
-            .map(|k| match k.expose().split_once(':') {
+            .enumerate()
+            .map(|(i, k)| match k.expose().split_once(':') {
                 Some((id, secret)) if !id.is_empty() && secret.len() >= 16 => Ok(Key {
                     id: id.to_owned(),
                     secret: secret.as_bytes().to_vec(),
                 }),
                 _ => Err(format!(
-                    "auth key {:?} must be `kid:secret` with a secret of at least 16 bytes",
-                    k.expose().split(':').next().unwrap_or("")
+                    "auth key number {} must be `kid:secret` with a secret of at least 16 bytes",
+                    i + 1
                 )),
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -209,6 +209,21 @@ pub async fn restore(
             target.display()
         );
     }
+    // A write-ahead log or shared-memory file left beside the target (a database removed
+    // without its companions) would be read by SQLite as part of the restored file: its
+    // pages would replay over the backup's.
+    for suffix in ["-wal", "-shm", "-journal"] {
+        let mut leftover = target.clone().into_os_string();
+        leftover.push(suffix);
+        let leftover = std::path::PathBuf::from(leftover);
+        if leftover.exists() {
+            bail!(
+                "{} exists beside the target: it belongs to a database that was there before \
+                 and SQLite would read it into the restored one; move it away first",
+                leftover.display()
+            );
+        }
+    }
     let started = Instant::now();
     let copy = async {
         let mut conn = SqliteConnectOptions::new()

@@ -540,13 +540,36 @@ impl Default for Config {
     }
 }
 
+/// `message` with what it quotes (`"..."`, a value from the file, perhaps a secret) left out;
+/// field names, which serde quotes with backticks, stay.
+fn unquoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for (i, part) in message.split('"').enumerate() {
+        out.push_str(if i % 2 == 0 { part } else { "[value]" });
+    }
+    out
+}
+
 impl Settings {
     /// Reads a TOML file of settings.
     pub fn from_file(path: &PathBuf) -> anyhow::Result<Settings> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("cannot read config file {}: {e}", path.display()))?;
-        toml::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("invalid config file {}: {e}", path.display()))
+        // The error's message and place only: its usual display quotes the offending line,
+        // which may hold a secret.
+        toml::from_str(&text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+            let message = unquoted(e.message());
+            match line {
+                Some(line) => anyhow::anyhow!(
+                    "invalid config file {}, line {line}: {message}",
+                    path.display(),
+                ),
+                None => anyhow::anyhow!("invalid config file {}: {message}", path.display()),
+            }
+        })
     }
 
     /// Fills every field this layer leaves unset from `lower`.

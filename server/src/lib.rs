@@ -97,6 +97,29 @@ pub struct App {
     pub admin: Arc<admin::Admin>,
 }
 
+/// Checks what `quire serve` can check of its configuration before it binds its port or
+/// opens the database: the auth keys, the database URL's scheme, and `--bus` with its cluster
+/// key. No error names a secret.
+pub fn check_config(config: &Config) -> anyhow::Result<()> {
+    Auth::new(&config.auth_keys, config.admin_key.clone()).map_err(anyhow::Error::msg)?;
+    let url = config.database_url.expose();
+    let postgres = is_postgres_url(url);
+    if !postgres && !url.starts_with("sqlite:") {
+        return Err(StorageError::UnsupportedUrl(storage::redact_url(url)).into());
+    }
+    if config.bus_url.is_some() && postgres {
+        let Some(key) = &config.cluster_key else {
+            anyhow::bail!(
+                "--bus needs --cluster-key (QUIRE_CLUSTER_KEY): a shared secret of at least \
+                 {} bytes, the same on every node, that signs the messages between nodes",
+                bus::MIN_CLUSTER_KEY
+            );
+        };
+        bus::ClusterKey::new(key.expose())?;
+    }
+    Ok(())
+}
+
 /// The storage a server runs on: document content, API rows, and the signal that outbox
 /// events were written.
 #[derive(Clone)]

@@ -149,6 +149,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let config = args.resolve()?;
             quire_server::telemetry::init(config.log_format, &config.log);
+            // Everything that can be checked before the port is taken and "listening" said.
+            quire_server::check_config(&config)?;
             let listener = tokio::net::TcpListener::bind(config.bind)
                 .await
                 .with_context(|| format!("cannot listen on {}", config.bind))?;

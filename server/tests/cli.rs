@@ -649,6 +649,29 @@ async fn backup_while_serving_then_restore_into_an_empty_store_on_sqlite() {
 
     let fresh = tempfile::tempdir().expect("tempdir");
     let fresh_db = database_url(fresh.path());
+    // A write-ahead log left beside the target (its database removed without it) would be
+    // replayed over the restored file: refused until it is moved away.
+    let leftover = fresh.path().join("quire.db-wal");
+    std::fs::write(&leftover, b"pages of another database").expect("leftover");
+    let refused = quire()
+        .args([
+            "restore-backup",
+            file,
+            "--database",
+            &fresh_db,
+            "--server",
+            nobody,
+        ])
+        .output()
+        .expect("run");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("exists beside the target"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(!fresh.path().join("quire.db").exists(), "nothing restored");
+    std::fs::remove_file(&leftover).expect("move it away");
     let printed = quire_ok(&[
         "restore-backup",
         file,
@@ -824,4 +847,86 @@ async fn the_curl_examples_in_the_api_docs_work() {
     assert!(printed.contains("Plan, v2"), "{printed}");
     assert!(dir.path().join("plan.bin").exists());
     drop(server);
+}
+
+/// Every configuration error `quire serve` can meet before it serves: it exits with an error
+/// before it binds or says "listening", and no secret it was given appears in anything it
+/// printed (a malformed auth key used to be printed whole).
+#[test]
+fn configuration_errors_come_before_listening_and_never_print_a_secret() {
+    const SECRET: &str = "HUNTER2SECRETVALUE0123";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wrong_type = dir.path().join("wrong-type.toml");
+    std::fs::write(&wrong_type, format!("auth_keys = \"{SECRET}\"\n")).expect("write");
+    let unknown = dir.path().join("unknown.toml");
+    std::fs::write(
+        &unknown,
+        format!("admin_key = \"{SECRET}\"\nbindd = \"127.0.0.1:1\"\n"),
+    )
+    .expect("write");
+    let pg = format!("postgres://quire:{SECRET}@127.0.0.1:1/quire");
+    let nats = format!("nats://quire:{SECRET}@127.0.0.1:1");
+    let cases: Vec<Vec<String>> = vec![
+        vec!["--auth-key".into(), SECRET.into()],
+        vec!["--auth-key".into(), format!("{SECRET}:short")],
+        vec![
+            "--database".into(),
+            format!("mysql://quire:{SECRET}@db/quire"),
+        ],
+        vec![
+            "--database".into(),
+            pg.clone(),
+            "--bus".into(),
+            nats.clone(),
+        ],
+        vec![
+            "--database".into(),
+            pg,
+            "--bus".into(),
+            nats,
+            "--cluster-key".into(),
+            SECRET[..12].into(),
+        ],
+        vec!["--config".into(), wrong_type.display().to_string()],
+        vec!["--config".into(), unknown.display().to_string()],
+    ];
+    for args in cases {
+        let mut child = quire()
+            .args(["serve", "--bind", "127.0.0.1:0"])
+            .args(&args)
+            .current_dir(dir.path())
+            .env_remove("QUIRE_AUTH_KEYS")
+            .env_remove("QUIRE_DATABASE_URL")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while child.try_wait().expect("wait").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("quire serve {args:?} did not exit: its configuration was accepted");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("output");
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{args:?} was accepted: {printed}");
+        assert!(
+            !printed.contains("listening"),
+            "{args:?}: listening before the configuration was checked: {printed}"
+        );
+        assert!(
+            !printed.contains(&SECRET[..12]),
+            "{args:?}: a secret was printed: {printed}"
+        );
+        assert!(
+            printed.contains("rror"),
+            "{args:?}: no error said: {printed}"
+        );
+    }
 }

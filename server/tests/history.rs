@@ -831,3 +831,87 @@ async fn a_fork_whose_content_cannot_be_written_leaves_nothing_and_its_retry_suc
     ann.close().await;
     server.stop().await;
 }
+
+/// Deleting a version and the prune job are serialized per document. The test holds the
+/// prune's half open: in a transaction that locks the document's row as prune does, the log
+/// rows up to a named version are deleted (the version becomes the history's base). A
+/// DELETE of that version arriving meanwhile waits for that transaction, then sees the
+/// version is the base and answers 409, so the positions after it stay readable. (On
+/// PostgreSQL, READ COMMITTED let the delete run at once, see the rows not yet pruned and
+/// delete the base; the positions then answered 410.)
+#[tokio::test]
+async fn deleting_the_version_a_prune_is_making_the_base_waits_and_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), Duration::from_secs(600)).await;
+    let http = reqwest::Client::new();
+    let writer = token("ann", "raced", Permission::Write);
+    let mut ann = Client::connect(&ws(&server, "raced", "ann", Permission::Write), 1).await;
+    ann.insert(0, "ab").await;
+    ann.durable_ack(1).await;
+    let (_, version) = post(
+        &http,
+        &server,
+        "/docs/raced/versions",
+        &writer,
+        json!({"label": "base"}),
+    )
+    .await;
+    let (id, seq) = (
+        version["id"].as_i64().expect("id"),
+        version["seq"].as_i64().expect("seq"),
+    );
+    ann.insert(2, "cd").await;
+    ann.durable_ack(2).await;
+    let (_, doc) = get(&http, &server, "/docs/raced").await;
+    let doc_id = doc["id"].as_i64().expect("doc id");
+
+    // The prune's transaction, held open.
+    let pool = open_db(dir.path()).await;
+    let mut prune = pool.begin().await.expect("begin");
+    let lock = if on_postgres() {
+        "SELECT id FROM documents WHERE id = $1 FOR NO KEY UPDATE"
+    } else {
+        // (SQLite: the write lock, as the prune's first delete takes it.)
+        "UPDATE documents SET id = id WHERE id = $1"
+    };
+    sqlx::query(lock)
+        .bind(doc_id)
+        .execute(&mut *prune)
+        .await
+        .expect("lock");
+    sqlx::query("DELETE FROM doc_updates WHERE doc_id = $1 AND seq <= $2")
+        .bind(doc_id)
+        .bind(seq)
+        .execute(&mut *prune)
+        .await
+        .expect("prune rows");
+    let delete = tokio::spawn({
+        let url = api(&server, &format!("/docs/raced/versions/{id}"));
+        let http = http.clone();
+        async move {
+            http.delete(url)
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .expect("delete")
+                .status()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        !delete.is_finished(),
+        "the delete did not wait for the prune"
+    );
+    prune.commit().await.expect("commit");
+    assert_eq!(delete.await.expect("joins"), StatusCode::CONFLICT);
+    let (status, content) = get(
+        &http,
+        &server,
+        &format!("/docs/raced/json?at_position={}", seq + 1),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{content}");
+    assert_eq!(content["text"], "abcd");
+    ann.close().await;
+    server.stop().await;
+}

@@ -293,6 +293,11 @@ where
     }
 
     async fn delete_version(&self, doc: DocId, id: i64) -> Result<VersionDelete, StorageError> {
+        // Serialized with the prune job per document (the document's row locked, as prune
+        // locks it): under PostgreSQL's READ COMMITTED a prune making this version the base
+        // could otherwise commit between this check and the delete. (SQLite has one writer.)
+        let mut tx = self.pool.begin().await?;
+        lock_doc::<DB>(&mut tx, doc).await?;
         // A version is the history's base when the log's first retained row follows it, rows
         // before it were pruned, and no other version stands at its position.
         let done = sqlx::query(
@@ -305,8 +310,9 @@ where
         )
         .bind(doc)
         .bind(id)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         if DB::rows_affected(&done) > 0 {
             return Ok(VersionDelete::Deleted);
         }
@@ -625,6 +631,7 @@ where
             for (doc, base) in bases {
                 let Some(base) = base else { continue };
                 let mut tx = self.pool.begin().await?;
+                lock_doc::<DB>(&mut tx, doc).await?;
                 // Only while the base still stands (a version deleted meanwhile is no base).
                 let rows = sqlx::query(
                     "DELETE FROM doc_updates WHERE doc_id = $1 AND seq <= $2 \
@@ -654,6 +661,30 @@ where
         }
         Ok(report)
     }
+}
+
+/// Locks the document's row for the rest of the transaction (PostgreSQL; SQLite serializes
+/// every write anyway, and a read lock taken first would only have to be upgraded).
+async fn lock_doc<DB: Dialect>(
+    tx: &mut sqlx::Transaction<'_, DB>,
+    doc: DocId,
+) -> Result<(), StorageError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'a> i64: Encode<'a, DB> + Type<DB>,
+{
+    if DB::LOCK_ROWS.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(&format!(
+        "SELECT id FROM documents WHERE id = $1 {}",
+        DB::LOCK_ROWS
+    ))
+    .bind(doc)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 fn version_row<DB: Dialect>(row: &DB::Row) -> Result<Version, StorageError>
