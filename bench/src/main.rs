@@ -21,6 +21,7 @@
 //! The generator is cheap by design: clients never apply what they receive; they decode only
 //! the update's block ids to find which send it was.
 
+mod heavy;
 mod large;
 mod wire;
 
@@ -61,6 +62,8 @@ enum Scenario {
     History(HistoryArgs),
     /// Many clients opening one large document at the same moment.
     Storm(large::StormArgs),
+    /// Whole-document reads of a large document in loops beside typists (Quire only).
+    Heavy(heavy::HeavyArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -211,6 +214,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Idle(args) => idle(args).await?,
         Scenario::Coldload(args) => coldload(args).await?,
         Scenario::Storm(args) => large::storm(args).await?,
+        Scenario::Heavy(args) => heavy::heavy(args).await?,
     }
     Ok(())
 }

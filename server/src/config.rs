@@ -100,9 +100,9 @@ impl Default for CommitWindowSettings {
 pub struct GateConfig {
     /// Heavy computations running at once on the node.
     pub per_node: usize,
-    /// Heavy requests running or waiting at once per document.
+    /// Heavy requests running at once per document.
     pub per_doc: usize,
-    /// Requests waiting for a node slot at once.
+    /// Requests waiting (for a document's share or a node slot) at once.
     pub queue: usize,
     /// Longest a request waits for a node slot.
     pub wait: Duration,
@@ -332,12 +332,12 @@ pub struct Settings {
     /// once on this node, on the blocking pool [default: the number of cores]
     #[arg(long, env = "QUIRE_HEAVY_PER_NODE")]
     pub heavy_per_node: Option<usize>,
-    /// Whole-document requests running or waiting at once per document; more get 429
-    /// [default: 2]
+    /// Whole-document requests running at once per document; more wait in the queue, and
+    /// get 429 if no share comes free within the wait [default: 2]
     #[arg(long, env = "QUIRE_HEAVY_PER_DOC")]
     pub heavy_per_doc: Option<usize>,
-    /// Whole-document requests waiting for a free slot at once on this node; more get 503
-    /// [default: 32]
+    /// Whole-document requests waiting (for their document's share or a node slot) at once on
+    /// this node; more get 503 [default: 32]
     #[arg(long, env = "QUIRE_HEAVY_QUEUE")]
     pub heavy_queue: Option<usize>,
     /// Longest a whole-document request waits for a free slot before 503 [default: 5s]
@@ -544,8 +544,24 @@ impl Default for Config {
 /// field names, which serde quotes with backticks, stay.
 fn unquoted(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
-    for (i, part) in message.split('"').enumerate() {
-        out.push_str(if i % 2 == 0 { part } else { "[value]" });
+    let (mut quoted, mut escaped) = (false, false);
+    for c in message.chars() {
+        match (quoted, escaped, c) {
+            // Inside quotes, a backslash escapes the next character (an escaped quote does
+            // not end the value).
+            (true, false, '\\') => escaped = true,
+            (true, true, _) => escaped = false,
+            (true, false, '"') => {
+                quoted = false;
+                out.push_str("[value]\"");
+            }
+            (true, false, _) => {}
+            (false, _, '"') => {
+                quoted = true;
+                out.push('"');
+            }
+            (false, _, c) => out.push(c),
+        }
     }
     out
 }
@@ -827,6 +843,15 @@ mod tests {
             cfg.admin_key.as_ref().map(Secret::expose),
             Some("ADMINKEY-0123456789")
         );
+    }
+
+    #[test]
+    fn quoted_values_are_left_out_of_file_errors() {
+        assert_eq!(
+            unquoted(r#"invalid type: string "s3cr\"et\\", expected a sequence"#),
+            r#"invalid type: string "[value]", expected a sequence"#
+        );
+        assert_eq!(unquoted("unknown field `bindd`"), "unknown field `bindd`");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! The table is enforced, not only written down: `tests/entry_points.rs` enumerates the
 //! routes of the OpenAPI document, the message kinds of both protocols and the bus envelope
 //! kinds, and fails on any without a row (or a row without one); it sends every
-//! [`Cost::PerDocument`] route to a server whose heavy-work gate has no slot and expects 503,
+//! [`Cost::PerDocument`] HTTP route to a server whose heavy-work gate has no slot and expects 503,
 //! so a route that does whole-document work outside the gate fails it; and docs/security.md
 //! holds [`markdown`]'s rendering of this table, checked byte for byte.
 
@@ -51,7 +51,9 @@ pub enum Cost {
     /// Grows with the update or message sent, bounded by `max_message_size` and the room's
     /// queues.
     PerUpdate,
-    /// Grows with the whole document: passes the heavy-work gate (`gate.rs`).
+    /// Grows with the whole document. An HTTP route of this class passes the heavy-work gate
+    /// (`gate.rs`); Sync Step 1 is answered from a Step 2 encoded once per version and shared;
+    /// a forwarded request meets the gate on the owner.
     PerDocument,
 }
 

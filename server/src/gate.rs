@@ -5,9 +5,10 @@
 //! - **Off the runtime.** Admitted work runs on tokio's blocking pool
 //!   ([`Admission::run`]), never on the threads that drive sockets and rooms.
 //! - **Bounded.** At most `per_node` computations run at once on the node and `per_doc` per
-//!   document (running or waiting); at most `queue` wait for a node slot, each at most `wait`.
-//!   Beyond that the caller is refused at once: [`Refused::Document`] (429) or
-//!   [`Refused::Node`] (503), both with a time to retry after. Nothing queues without end.
+//!   document; at most `queue` requests wait (for their document's share or a node slot),
+//!   each at most `wait`. Beyond that the caller is refused: [`Refused::Document`] (429, its
+//!   document's share did not come free in time) or [`Refused::Node`] (503, the queue is full
+//!   or no node slot came free), both with a time to retry after. Nothing queues without end.
 //! - **Computed once.** A result is cached by (document, what was read, at which version or
 //!   position) within a byte budget, least recently used out first; readers asking for the
 //!   same thing while it is being computed wait for that one computation
@@ -31,7 +32,7 @@ use crate::metrics::Metrics;
 /// Why the gate refused a request; each says when to retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
-    /// The document already has `per_doc` heavy requests running or waiting (429).
+    /// The document's `per_doc` shares stayed taken for `wait` (429).
     Document(Duration),
     /// Every node slot is taken and the queue is full or the wait ran out (503).
     Node(Duration),
@@ -74,8 +75,9 @@ pub struct Gate {
 
 #[derive(Default)]
 struct State {
-    /// Heavy requests running or waiting, per document.
-    per_doc: HashMap<i64, usize>,
+    /// Each document with heavy requests running or waiting: its shares, and how many
+    /// requests hold or wait for one (the entry goes when that is none).
+    per_doc: HashMap<i64, (Arc<Semaphore>, usize)>,
     /// Requests waiting for a node slot.
     waiting: usize,
     cache: Cache,
@@ -98,12 +100,64 @@ impl Default for Cache {
     }
 }
 
-/// A document's admission: a node slot and its share of the document's, released when the
+/// A document's admission: a node slot and one of the document's shares, released when the
 /// work it runs ends (or when it is dropped unused).
 pub struct Admission {
+    _slot: OwnedSemaphorePermit,
+    _share: OwnedSemaphorePermit,
+    user: DocUser,
+}
+
+/// A request holding or waiting for one of a document's shares: the document's entry stays
+/// while there is one, however the request ends (a client that hangs up while it waits
+/// included).
+struct DocUser {
     gate: Arc<Gate>,
     doc: i64,
-    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for DocUser {
+    fn drop(&mut self) {
+        let mut state = self.gate.state();
+        if let Some((_, users)) = state.per_doc.get_mut(&self.doc) {
+            *users -= 1;
+            if *users == 0 {
+                state.per_doc.remove(&self.doc);
+            }
+        }
+    }
+}
+
+/// A place in the queue (for a document's share or a node slot), given back when dropped.
+struct Waiting<'a>(&'a Gate);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.state().waiting -= 1;
+        self.0.metrics.heavy_waiting.dec();
+    }
+}
+
+/// A computation under way for a key, forgotten when its last reader is done with it (or
+/// gone): later readers then find the cache, or start afresh.
+struct Inflight<'a> {
+    gate: &'a Gate,
+    key: Key,
+    cell: Arc<OnceCell<Bytes>>,
+}
+
+impl Drop for Inflight<'_> {
+    fn drop(&mut self) {
+        let mut state = self.gate.state();
+        // The map's reference and ours: no other reader waits on this cell.
+        if state
+            .inflight
+            .get(&self.key)
+            .is_some_and(|c| Arc::ptr_eq(c, &self.cell) && Arc::strong_count(&self.cell) <= 2)
+        {
+            state.inflight.remove(&self.key);
+        }
+    }
 }
 
 /// How long a refused caller is told to wait: about one computation.
@@ -127,72 +181,81 @@ impl Gate {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Admits one heavy computation on document `doc`: at once if a node slot is free, else
-    /// after a bounded wait; refused beyond the bounds.
+    /// Admits one heavy computation on document `doc`: at once if one of the document's shares
+    /// and a node slot are free, else after a bounded wait in a bounded queue; refused beyond.
     pub async fn admit(self: &Arc<Gate>, doc: i64) -> Result<Admission, Refused> {
-        {
+        let shares = {
             let mut state = self.state();
-            let n = state.per_doc.entry(doc).or_default();
-            if *n >= self.config.per_doc {
-                drop(state);
-                self.refused("document");
-                return Err(Refused::Document(RETRY_AFTER));
-            }
-            *n += 1;
-        }
-        // From here the document's count is ours: every way out gives it back.
-        let slot = match self.node.clone().try_acquire_owned() {
-            Ok(slot) => Ok(slot),
-            Err(_) => self.wait_for_slot().await,
+            let per_doc = self.config.per_doc;
+            let entry = state
+                .per_doc
+                .entry(doc)
+                .or_insert_with(|| (Arc::new(Semaphore::new(per_doc)), 0));
+            entry.1 += 1;
+            entry.0.clone()
         };
-        match slot {
-            Ok(slot) => {
-                self.metrics.heavy_admitted.inc();
-                self.metrics.heavy_running.inc();
-                Ok(Admission {
-                    gate: self.clone(),
-                    doc,
-                    _slot: slot,
-                })
+        let user = DocUser {
+            gate: self.clone(),
+            doc,
+        };
+        let deadline = tokio::time::Instant::now() + self.config.wait;
+        let share = match shares.clone().try_acquire_owned() {
+            Ok(share) => share,
+            Err(_) => {
+                let _place = self.enqueue()?;
+                match tokio::time::timeout_at(deadline, shares.acquire_owned()).await {
+                    Ok(Ok(share)) => share,
+                    _ => return Err(self.refused(Refused::Document(RETRY_AFTER))),
+                }
             }
-            Err(refused) => {
-                self.release_doc(doc);
-                self.refused("node");
-                Err(refused)
+        };
+        let slot = match self.node.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                let _place = self.enqueue()?;
+                match tokio::time::timeout_at(deadline, self.node.clone().acquire_owned()).await {
+                    Ok(Ok(slot)) => slot,
+                    _ => return Err(self.refused(Refused::Node(RETRY_AFTER))),
+                }
             }
-        }
+        };
+        self.metrics.heavy_admitted.inc();
+        self.metrics.heavy_running.inc();
+        Ok(Admission {
+            _slot: slot,
+            _share: share,
+            user,
+        })
     }
 
-    async fn wait_for_slot(&self) -> Result<OwnedSemaphorePermit, Refused> {
-        {
-            let mut state = self.state();
-            if state.waiting >= self.config.queue {
-                return Err(Refused::Node(RETRY_AFTER));
-            }
-            state.waiting += 1;
-        }
-        self.metrics.heavy_waiting.inc();
-        let got = tokio::time::timeout(self.config.wait, self.node.clone().acquire_owned()).await;
-        self.state().waiting -= 1;
-        self.metrics.heavy_waiting.dec();
-        match got {
-            Ok(Ok(slot)) => Ok(slot),
-            _ => Err(Refused::Node(RETRY_AFTER)),
-        }
-    }
-
-    fn refused(&self, why: &str) {
-        self.metrics.heavy_refused.with_label_values(&[why]).inc();
-    }
-
-    fn release_doc(&self, doc: i64) {
+    /// A place in the wait queue, or 503 when it is full.
+    fn enqueue(&self) -> Result<Waiting<'_>, Refused> {
         let mut state = self.state();
-        if let Some(n) = state.per_doc.get_mut(&doc) {
-            *n -= 1;
-            if *n == 0 {
-                state.per_doc.remove(&doc);
-            }
+        if state.waiting >= self.config.queue {
+            drop(state);
+            return Err(self.refused(Refused::Node(RETRY_AFTER)));
         }
+        state.waiting += 1;
+        self.metrics.heavy_waiting.inc();
+        Ok(Waiting(self))
+    }
+
+    fn refused(&self, refused: Refused) -> Refused {
+        let why = match refused {
+            Refused::Document(_) => "document",
+            Refused::Node(_) => "node",
+        };
+        self.metrics.heavy_refused.with_label_values(&[why]).inc();
+        refused
+    }
+
+    /// The cached answer for `key`, if there is one.
+    pub fn peek(&self, key: &Key) -> Option<Bytes> {
+        let hit = self.state().cache.entries.get(key).cloned();
+        if hit.is_some() {
+            self.metrics.heavy_cache_hits.inc();
+        }
+        hit
     }
 
     /// The answer for `key`: from the cache, from a computation another reader started, or
@@ -211,8 +274,14 @@ impl Gate {
             }
             state.inflight.entry(key).or_default().clone()
         };
+        let inflight = Inflight {
+            gate: self,
+            key,
+            cell,
+        };
         let mut built = false;
-        let result = cell
+        let result = inflight
+            .cell
             .get_or_try_init(|| {
                 built = true;
                 build
@@ -222,21 +291,13 @@ impl Gate {
         if !built {
             self.metrics.heavy_cache_hits.inc();
         }
-        let mut state = self.state();
-        if state
-            .inflight
-            .get(&key)
-            .is_some_and(|c| Arc::ptr_eq(c, &cell))
-        {
-            // Done: later readers find the cache (or, after a failure, start afresh; the
-            // readers already waiting on this cell try in turn).
-            state.inflight.remove(&key);
-        }
         if let (true, Ok(bytes)) = (built, &result) {
             self.metrics.heavy_cache_misses.inc();
+            let mut state = self.state();
             state.insert(key, bytes.clone(), self.config.cache_bytes);
             self.metrics.heavy_cache_bytes.set(state.cache.bytes as i64);
         }
+        drop(inflight);
         result
     }
 
@@ -283,8 +344,8 @@ impl Admission {
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        self.gate.metrics.heavy_running.dec();
-        self.gate.release_doc(self.doc);
+        // (The slot and the share go back as they drop, then the document's entry.)
+        self.user.gate.metrics.heavy_running.dec();
     }
 }
 
@@ -314,11 +375,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_document_over_its_share_is_refused_while_others_go_on() {
+    async fn a_document_over_its_share_waits_then_is_refused_while_others_go_on() {
         let gate = gate(4, 2, 8, 1 << 20);
         let a = gate.admit(1).await.expect("first");
         let b = gate.admit(1).await.expect("second");
+        // A third waits for a share, in the queue; none comes free within `wait`: 429.
         assert!(matches!(gate.admit(1).await, Err(Refused::Document(_))));
+        assert_eq!(gate.state().waiting, 0);
+        // One that waits gets the share as soon as it is given back.
+        let third = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.admit(1).await.map(drop) }
+        });
+        tokio::task::yield_now().await;
+        drop(b);
+        assert!(third.await.expect("joins").is_ok());
+        let b = gate.admit(1).await.expect("second again");
         let other = gate
             .admit(2)
             .await
@@ -350,6 +422,33 @@ mod tests {
         assert!(matches!(late, Err(Refused::Node(_))), "{:?}", late.err());
         drop(held);
         assert!(gate.state().per_doc.is_empty());
+        assert_eq!(gate.state().waiting, 0);
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_gives_up_while_it_waits_gives_its_places_back() {
+        let gate = gate(1, 1, 1, 1 << 20);
+        let held = gate.admit(1).await.expect("the one slot");
+        let waiter = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.admit(2).await.map(drop) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(gate.state().waiting, 1);
+        // The client hangs up: its request's future is dropped while it waits.
+        waiter.abort();
+        let _ = waiter.await;
+        assert_eq!(gate.state().waiting, 0, "its place in the queue is free");
+        assert!(
+            !gate.state().per_doc.contains_key(&2),
+            "its document's entry is gone"
+        );
+        drop(held);
+        gate.admit(2)
+            .await
+            .expect("document 2 is not held up")
+            .run(|| ())
+            .await;
     }
 
     #[tokio::test]
@@ -361,7 +460,8 @@ mod tests {
         tokio::task::yield_now().await;
         // The caller gave up waiting; the work still runs and still holds the slot.
         work.abort();
-        assert!(matches!(gate.admit(1).await, Err(Refused::Document(_))));
+        // (The queue holds none: both are refused at once.)
+        assert!(gate.admit(1).await.is_err(), "the document's share is held");
         assert!(matches!(gate.admit(2).await, Err(Refused::Node(_))));
         release.send(()).expect("work waits");
         for _ in 0..200 {

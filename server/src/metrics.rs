@@ -294,9 +294,9 @@ impl Metrics {
                 IntCounterVec::new(
                     Opts::new(
                         "heavy_refused_total",
-                        "Requests the heavy-work gate refused: `document` (429, the document's \
-                         share taken) or `node` (503, every slot taken and the queue full or \
-                         the wait over)",
+                        "Requests the heavy-work gate refused: `document` (429, no share of the \
+                         document came free within heavy_wait) or `node` (503, the queue full or \
+                         no node slot within heavy_wait)",
                     ),
                     &["why"],
                 )

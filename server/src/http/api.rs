@@ -578,7 +578,7 @@ async fn get_update(
             bytes::Bytes::from(diff)
         }
     };
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], update).into_response())
+    history::send_whole(&app, &doc, update, "application/octet-stream").await
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -721,9 +721,8 @@ async fn get_json(
     if p.at.is_some() || p.at_position.is_some() {
         return history::json_at(&app, &doc, p.at.as_deref(), p.at_position).await;
     }
-    Ok(history::json_response(
-        history::current(&app, &doc, Form::Json).await?,
-    ))
+    let json = history::current(&app, &doc, Form::Json).await?;
+    history::send_whole(&app, &doc, json, "application/json").await
 }
 
 #[derive(Debug, Serialize, ToSchema)]

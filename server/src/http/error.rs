@@ -142,8 +142,8 @@ impl From<crate::gate::Refused> for ApiError {
                 ApiError::new(
                     StatusCode::TOO_MANY_REQUESTS,
                     "document-busy",
-                    "this document has as many whole-document requests under way as it may \
-                     (heavy_per_doc); retry after the time in Retry-After",
+                    "this document had as many whole-document requests under way as it may \
+                     (heavy_per_doc) for all of heavy_wait; retry after the time in Retry-After",
                 ),
                 wait,
             ),

@@ -57,6 +57,32 @@ async fn check_position(app: &AppState, doc: &DocMeta, seq: i64) -> ApiResult<()
 /// The content at `at` in `form`: computed once through the heavy-work gate (admitted, then
 /// read and rebuilt on the blocking pool) and cached, so repeated reads cost one rebuild.
 pub(super) async fn content(app: &AppState, doc: &DocMeta, at: At, form: Form) -> ApiResult<Bytes> {
+    content_with(app, doc, at, form, None).await
+}
+
+/// The content now (at the document's last position) in `form`, as [`content`]. The last
+/// position is read first and its content then; should a snapshot that keeps no history take
+/// its rows in between (410), the new last position is read again.
+pub(super) async fn latest(app: &AppState, doc: &DocMeta, form: Form) -> ApiResult<(i64, Bytes)> {
+    let mut tries = 0;
+    loop {
+        let seq = last_position(app, doc).await?;
+        match content(app, doc, At::Position(seq), form).await {
+            Err(e) if e.status == StatusCode::GONE && tries < 3 => tries += 1,
+            found => return found.map(|bytes| (seq, bytes)),
+        }
+    }
+}
+
+/// [`content`] with an admission taken beforehand (a restore takes the one its recorded
+/// version needs before it changes anything, so that step cannot be refused afterwards).
+async fn content_with(
+    app: &AppState,
+    doc: &DocMeta,
+    at: At,
+    form: Form,
+    admitted: Option<crate::gate::Admission>,
+) -> ApiResult<Bytes> {
     // A cached position the prune job has since removed is gone, as it would be rebuilt.
     if let At::Position(seq) = at {
         if !app.api.position_retained(doc.id, seq).await? {
@@ -71,7 +97,10 @@ pub(super) async fn content(app: &AppState, doc: &DocMeta, at: At, form: Form) -
     app.gate
         .cached(key, async {
             // Admitted before anything is read: the rows of a large document are its cost too.
-            let admission = app.gate.admit(doc.id).await?;
+            let admission = match admitted {
+                Some(admission) => admission,
+                None => app.gate.admit(doc.id).await?,
+            };
             match at {
                 At::Position(seq) => {
                     let rows: StateAt = app
@@ -108,66 +137,67 @@ pub(super) async fn content(app: &AppState, doc: &DocMeta, at: At, form: Form) -
 pub(super) async fn current(app: &AppState, doc: &DocMeta, form: Form) -> ApiResult<Bytes> {
     let name = DocName::parse(&doc.name)
         .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
-    let source = if app.registry.config.lease.is_none() {
-        Some(ask_room(app, &doc.name, |reply| RoomCmd::ReadCommitted { reply }).await?)
+    // The room where this node serves the document (loading it on a single node); a cached
+    // answer at its committed position costs the room nothing more than naming it.
+    let room = if app.registry.config.lease.is_none() {
+        let room = app
+            .registry
+            .get_or_start(&name)
+            .map_err(|_| room_unavailable())?;
+        Some(room)
     } else {
-        match app.registry.get(&name) {
-            Some(room) => {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                match room.command(RoomCmd::ReadCommitted { reply }).await {
-                    Ok(()) => tokio::time::timeout(super::api::ROOM_TIMEOUT, answer)
-                        .await
-                        .ok()
-                        .and_then(Result::ok),
-                    Err(_) => None,
+        app.registry.get(&name)
+    };
+    if let Some(room) = &room {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if room.command(RoomCmd::CommittedSeq { reply }).await.is_ok() {
+            let seq = tokio::time::timeout(super::api::ROOM_TIMEOUT, answer).await;
+            if let Ok(Ok(Some(seq))) = seq {
+                let key = Key {
+                    doc: doc.id,
+                    at: At::Position(seq),
+                    form,
+                };
+                if let Some(hit) = app.gate.peek(&key) {
+                    return Ok(hit);
                 }
             }
-            None => None,
         }
-    };
-    match source {
-        // The room's copy, replayed off the room.
-        Some(Some(source)) => {
-            let key = Key {
-                doc: doc.id,
-                at: At::Position(source.seq()),
-                form,
-            };
-            app.gate
-                .cached(key, async {
-                    let admission = app.gate.admit(doc.id).await?;
-                    heavy(admission, move || {
-                        let content = source.replay().map_err(stored_invalid)?;
-                        encode(&content, form)
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if room.command(RoomCmd::ReadCommitted { reply }).await.is_ok() {
+            let source = tokio::time::timeout(super::api::ROOM_TIMEOUT, answer).await;
+            if let Ok(Ok(Some(source))) = source {
+                // The room's copy, replayed off the room.
+                let key = Key {
+                    doc: doc.id,
+                    at: At::Position(source.seq()),
+                    form,
+                };
+                return app
+                    .gate
+                    .cached(key, async {
+                        let admission = app.gate.admit(doc.id).await?;
+                        heavy(admission, move || {
+                            let content = source.replay().map_err(stored_invalid)?;
+                            encode(&content, form)
+                        })
+                        .await
                     })
-                    .await
-                })
-                .await
-        }
-        // The room keeps no usable copy: it answers itself, one admission at a time.
-        Some(None) => {
-            let _admission = app.gate.admit(doc.id).await?;
-            let bytes = match form {
-                Form::Json => json_bytes(
-                    &ask_room(app, &doc.name, |reply| RoomCmd::ReadJson { reply }).await?,
-                ),
-                _ => {
-                    ask_room(app, &doc.name, |reply| RoomCmd::ReadUpdate {
-                        since: StateVector::default(),
-                        reply,
-                    })
-                    .await?
-                }
-            };
-            Ok(Bytes::from(bytes))
-        }
-        // Served by another node (or none): storage answers.
-        None => {
-            app.metrics.stored_reads.inc();
-            let seq = last_position(app, doc).await?;
-            content(app, doc, At::Position(seq), form).await
+                    .await;
+            }
         }
     }
+    // Served by another node (or none), or the room keeps no usable copy: storage answers.
+    app.metrics.stored_reads.inc();
+    Ok(latest(app, doc, form).await?.1)
+}
+
+fn room_unavailable() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "document-unavailable",
+        "the document could not be loaded; retry later",
+    )
 }
 
 /// Runs `work` on the blocking pool under `admission`.
@@ -209,9 +239,55 @@ pub(super) fn json_bytes(value: &serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_else(|_| b"null".to_vec())
 }
 
-/// A response of JSON text already encoded.
-pub(super) fn json_response(body: Bytes) -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+/// A whole-document answer as a response. Sending it costs as much as the document too (a
+/// cached answer of a 20 MB document is 20 MB to write), so its body is sent under an
+/// admission of the gate, held until the body is written or the client goes.
+pub(super) async fn send_whole(
+    app: &AppState,
+    doc: &DocMeta,
+    body: Bytes,
+    content_type: &'static str,
+) -> ApiResult<Response> {
+    let admission = app.gate.admit(doc.id).await?;
+    let len = body.len();
+    let stream = Sending {
+        body,
+        sent: 0,
+        _admission: admission,
+    };
+    let mut resp = Response::new(axum::body::Body::from_stream(stream));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    Ok(resp)
+}
+
+/// [`send_whole`]'s body: slices of the answer (no copy), with the admission.
+struct Sending {
+    body: Bytes,
+    sent: usize,
+    _admission: crate::gate::Admission,
+}
+
+/// Bytes handed to the connection at a time.
+const SEND_CHUNK: usize = 256 << 10;
+
+impl futures_util::Stream for Sending {
+    type Item = Result<Bytes, std::convert::Infallible>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let (start, len) = (self.sent, self.body.len());
+        if start >= len {
+            return std::task::Poll::Ready(None);
+        }
+        let end = (start + SEND_CHUNK).min(len);
+        self.sent = end;
+        std::task::Poll::Ready(Some(Ok(self.body.slice(start..end))))
+    }
 }
 
 /// The document's last position.
@@ -304,16 +380,14 @@ pub(super) async fn json_at(
     at: Option<&str>,
     at_position: Option<i64>,
 ) -> ApiResult<Response> {
-    let seq = match position(app, doc, at, at_position).await? {
+    let json = match position(app, doc, at, at_position).await? {
         Some(seq) => {
             check_position(app, doc, seq).await?;
-            seq
+            content(app, doc, At::Position(seq), Form::Json).await?
         }
-        None => last_position(app, doc).await?,
+        None => latest(app, doc, Form::Json).await?.1,
     };
-    Ok(json_response(
-        content(app, doc, At::Position(seq), Form::Json).await?,
-    ))
+    send_whole(app, doc, json, "application/json").await
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -406,8 +480,7 @@ pub async fn create_version(
             format!("a label is 1 to {MAX_LABEL} bytes"),
         ));
     }
-    let seq = last_position(&app, &doc).await?;
-    let state = content(&app, &doc, At::Position(seq), Form::StateV2).await?;
+    let (seq, state) = latest(&app, &doc, Form::StateV2).await?;
     let version = record(
         &app,
         &doc,
@@ -536,9 +609,8 @@ pub async fn version_json(
     let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
     // The version's row first: a deleted version is 404 even while its content is cached.
     version_meta(&app, &doc, id).await?;
-    Ok(json_response(
-        content(&app, &doc, At::Version(id), Form::Json).await?,
-    ))
+    let json = content(&app, &doc, At::Version(id), Form::Json).await?;
+    send_whole(&app, &doc, json, "application/json").await
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -571,22 +643,22 @@ pub async fn get_diff(
 ) -> ApiResult<Json<DiffView>> {
     let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
     let from = version_meta(&app, &doc, p.from).await?;
-    let (to, to_at) = match p.to {
+    let from_state = content(&app, &doc, At::Version(from.id), Form::StateV2).await?;
+    let (to, to_seq, to_state) = match p.to {
         Some(id) => {
             let v = version_meta(&app, &doc, id).await?;
+            let state = content(&app, &doc, At::Version(id), Form::StateV2).await?;
             let seq = v.seq;
-            (Some(v), (seq, At::Version(id)))
+            (Some(v), seq, state)
         }
         None => {
-            let seq = last_position(&app, &doc).await?;
-            (None, (seq, At::Position(seq)))
+            let (seq, state) = latest(&app, &doc, Form::StateV2).await?;
+            (None, seq, state)
         }
     };
-    let from_state = content(&app, &doc, At::Version(from.id), Form::StateV2).await?;
-    let to_state = content(&app, &doc, to_at.1, Form::StateV2).await?;
     // The older state goes first into the diff's document; from a newer version to an
     // older one, what the newer has alone is what the older "deleted".
-    let reversed = from.seq > to_at.0;
+    let reversed = from.seq > to_seq;
     let authors = app.api.authors(doc.id).await?;
     let admission = app.gate.admit(doc.id).await?;
     let texts = heavy(admission, move || {
@@ -646,19 +718,23 @@ pub async fn restore_version(
         history::restore_update(&state, &current, client).map_err(stored_invalid)
     })
     .await?;
+    // The admission the recorded version's content needs, taken before anything changes:
+    // once the restore is applied, nothing may refuse it its version (a client told to retry
+    // would restore again).
+    let for_version = app.gate.admit(doc.id).await?;
     let seq = apply(&app, &doc, &principal, update).await?;
     // The content at the restore's position; should a snapshot without history have taken
-    // that position's rows meanwhile, the content now (a later position).
-    let (seq_recorded, recorded) = match content(&app, &doc, At::Position(seq), Form::StateV2).await
-    {
+    // that position's rows meanwhile, the content at the last position, read in one go.
+    let at_seq = content_with(
+        &app,
+        &doc,
+        At::Position(seq),
+        Form::StateV2,
+        Some(for_version),
+    );
+    let (seq_recorded, recorded) = match at_seq.await {
         Ok(found) => (seq, found),
-        Err(e) if e.status == StatusCode::GONE => {
-            let last = last_position(&app, &doc).await?;
-            (
-                last,
-                content(&app, &doc, At::Position(last), Form::StateV2).await?,
-            )
-        }
+        Err(e) if e.status == StatusCode::GONE => state_now(&app, &doc).await?,
         Err(e) => return Err(e),
     };
     drop(_one_at_a_time);
@@ -680,6 +756,25 @@ pub async fn restore_version(
     )
     .await?;
     Ok(Json(Restored { seq, version }))
+}
+
+/// The document's content at its last position (Yjs v2), read in one database snapshot and
+/// rebuilt on the blocking pool without asking the gate: the rare second try of a restore
+/// already applied (one per document at a time, behind the restore lock).
+async fn state_now(app: &AppState, doc: &DocMeta) -> ApiResult<(i64, Bytes)> {
+    let rows: StateAt = app
+        .api
+        .state_at(doc.id, None)
+        .await?
+        .ok_or_else(|| not_retained("the last position"))?;
+    let seq = rows.seq;
+    let state = tokio::task::spawn_blocking(move || {
+        let content = history::rebuild(&rows).map_err(stored_invalid)?;
+        encode(&content, Form::StateV2)
+    })
+    .await
+    .map_err(|e| stored_invalid(e.to_string()))??;
+    Ok((seq, state))
 }
 
 type RestoreLocks =
@@ -781,14 +876,13 @@ pub async fn fork(
             content(&app, &source, At::Version(id), Form::UpdateV1).await?
         }
         (None, at, at_position) => {
-            let seq = match position(&app, &source, at.as_deref(), at_position).await? {
+            match position(&app, &source, at.as_deref(), at_position).await? {
                 Some(seq) => {
                     check_position(&app, &source, seq).await?;
-                    seq
+                    content(&app, &source, At::Position(seq), Form::UpdateV1).await?
                 }
-                None => last_position(&app, &source).await?,
-            };
-            content(&app, &source, At::Position(seq), Form::UpdateV1).await?
+                None => latest(&app, &source, Form::UpdateV1).await?.1,
+            }
         }
         _ => {
             return Err(ApiError::bad_request(

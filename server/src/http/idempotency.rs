@@ -83,13 +83,7 @@ pub async fn idempotency(
     h.update(&body);
     let hash = hex(&h.finalize());
 
-    // A forwarded request's key is recorded on the owner too, apart from the forwarding
-    // node's record of it (both live in the shared database): a retry after the forward timed
-    // out finds the owner's record and replays the first answer.
-    let scope = match parts.extensions.get::<super::owner::ForwardedBy>() {
-        Some(_) => format!("forwarded:{}", principal.scope()),
-        None => principal.scope(),
-    };
+    let scope = principal.scope();
     let ttl_ms = app.config.idempotency_ttl.as_millis() as i64;
     let waited_until = tokio::time::Instant::now() + WAIT_FOR_FIRST;
     loop {
@@ -107,7 +101,6 @@ pub async fn idempotency(
                 // On its own task: if the client goes away, the request still finishes and its
                 // response is stored, instead of leaving the key "in progress" until it expires.
                 let req = Request::from_parts(parts, Body::from(body));
-                let scope = scope.clone();
                 let app = app.clone();
                 let task =
                     tokio::spawn(async move { run_and_store(&app, &scope, &key, next, req).await });
@@ -147,6 +140,16 @@ async fn run_and_store(
     req: Request,
 ) -> Response {
     let resp = next.run(req).await;
+    // Forwarded to the document's owner, which recorded the answer under this key itself
+    // (this node gave its claim up before forwarding: `owner::on_owner`): nothing to store,
+    // and nothing to give up, even on a 503 (the owner may still be running it).
+    if resp
+        .extensions()
+        .get::<super::owner::AnsweredByOwner>()
+        .is_some()
+    {
+        return resp;
+    }
     let (parts, body) = resp.into_parts();
     let body = match to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
@@ -155,8 +158,8 @@ async fn run_and_store(
             return StatusCode::INTERNAL_SERVER_ERROR.into_response();
         }
     };
-    if parts.status.is_server_error() {
-        // Not an answer to remember: a retry should run again.
+    if parts.status.is_server_error() || parts.status == StatusCode::TOO_MANY_REQUESTS {
+        // Not an answer to remember: a retry should run again (a 429 asks for one).
         let _ = app.api.idem_abandon(principal, key).await;
     } else {
         let headers = REPLAYED_HEADERS

@@ -15,11 +15,12 @@
 //! changes nothing. A request is forwarded at most once (the owner serves what arrives through
 //! the bus, marked [`ForwardedBy`], a request extension no client can set).
 //!
-//! The `Idempotency-Key` travels with the request and the owner records it too (under the
-//! caller's scope marked as forwarded, so it does not meet this node's own record of the key).
-//! If the owner does not answer within `forward_timeout` the answer is 503 with `Retry-After`
-//! and this node forgets the key; a retry with the same key reaches the owner again, which
-//! answers with the first request's response instead of running it again.
+//! The `Idempotency-Key` travels with the request and the owner keeps its record: this node
+//! gives up the claim its idempotency layer made before forwarding and stores nothing of the
+//! answer ([`AnsweredByOwner`]). If the owner does not answer within `forward_timeout` the
+//! answer is 503 with `Retry-After`; a retry with the same key, through any node or the owner
+//! itself, meets the owner's record and gets the first request's response instead of running
+//! it again.
 
 use std::net::SocketAddr;
 
@@ -39,6 +40,11 @@ use crate::AppState;
 /// principal that node verified (the `authenticate` layer takes it instead of a credential).
 #[derive(Debug, Clone)]
 pub struct ForwardedBy(pub String, pub Principal);
+
+/// Marks a response the owner gave to a forwarded request: the owner recorded it under the
+/// request's `Idempotency-Key`, so this node's idempotency layer leaves the key alone.
+#[derive(Debug, Clone, Copy)]
+pub struct AnsweredByOwner;
 
 /// Oldest (and furthest in the future, for clocks apart) a forwarded request may be when it
 /// arrives: past it the owner drops it. Nodes' clocks must agree within this.
@@ -230,8 +236,20 @@ pub async fn on_owner(State(app): State<AppState>, req: Request, next: Next) -> 
         body,
         ..Forwarded::default()
     };
+    // The key's record is the owner's to keep (in the shared database, under the same
+    // caller): this node's claim, made by its idempotency layer a moment ago, is given up, so
+    // the owner can claim the key, and a retry anywhere finds the owner's record.
+    if let Some(key) = parts
+        .headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+    {
+        if let Some(principal) = parts.extensions.get::<Principal>() {
+            let _ = app.api.idem_abandon(&principal.scope(), key).await;
+        }
+    }
     app.metrics.forwarded_requests.inc();
-    match bus
+    let answered = match bus
         .request(&owner, request, app.config.forward_timeout)
         .await
     {
@@ -249,7 +267,10 @@ pub async fn on_owner(State(app): State<AppState>, req: Request, next: Next) -> 
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             response
         }
-    }
+    };
+    let mut answered = answered;
+    answered.extensions_mut().insert(AnsweredByOwner);
+    answered
 }
 
 /// The owner's response as this node's.

@@ -48,18 +48,21 @@ pub struct Applied {
     pub refused: usize,
 }
 
-/// `json` with the verified identity under [`VERIFIED_KEY`]; a state that is not a JSON
-/// object is kept as it is (it has no key to forge).
-fn stamp(json: &Arc<str>, verified: Option<&serde_json::Value>) -> Arc<str> {
-    let Ok(serde_json::Value::Object(mut state)) = serde_json::from_str::<serde_json::Value>(json)
-    else {
-        return json.clone();
+/// `json` with the verified identity under [`VERIFIED_KEY`]; a state that is valid JSON but
+/// not an object is kept as it is (it has no key to forge). `None` for a state the server
+/// cannot read back as a value (a number past f64, nesting past serde_json's limit: valid
+/// enough for the decoder's check and for browsers, so relaying it unstamped would let its
+/// own `quire` key through): such a state is dropped.
+fn stamp(json: &Arc<str>, verified: Option<&serde_json::Value>) -> Option<Arc<str>> {
+    let mut state = match serde_json::from_str::<serde_json::Value>(json).ok()? {
+        serde_json::Value::Object(state) => state,
+        _ => return Some(json.clone()),
     };
     match verified {
         Some(who) => state.insert(VERIFIED_KEY.to_owned(), who.clone()),
         None => state.remove(VERIFIED_KEY),
     };
-    serde_json::to_string(&state).map_or_else(|_| json.clone(), Arc::from)
+    serde_json::to_string(&state).ok().map(Arc::from)
 }
 
 struct State {
@@ -93,7 +96,16 @@ impl AwarenessTable {
                     continue;
                 }
             }
-            let json = (entry.json.as_ref() != NULL).then(|| stamp(&entry.json, from.verified));
+            let json = match entry.json.as_ref() {
+                NULL => None,
+                _ => match stamp(&entry.json, from.verified) {
+                    Some(stamped) => Some(stamped),
+                    None => {
+                        applied.refused += 1;
+                        continue;
+                    }
+                },
+            };
             let changed = match self.states.get_mut(&client.get()) {
                 Some(s) => {
                     let removes = s.clock == entry.clock && json.is_none() && s.json.is_some();
@@ -355,6 +367,14 @@ mod tests {
         assert_eq!(forged.refused, 1);
         let kept = t.full_state().expect("alice's state");
         assert!(kept.clients[&ClientID::new(1)].json.contains("\"alice\""));
+        // A state the server cannot read back as a value is dropped, not relayed unstamped.
+        let unreadable = t.apply(
+            &update(&[(5, 1, r#"{"quire":{"user":"alice"},"n":1e400}"#)]),
+            &from_mallory,
+            now,
+        );
+        assert!(unreadable.relay.is_none());
+        assert_eq!(unreadable.refused, 1);
         // Nor remove it, but it may set ids of its own in the same message.
         let mixed = t.apply(&update(&[(1, 1, "null"), (2, 1, "{}")]), &from_mallory, now);
         assert_eq!(mixed.refused, 1);

@@ -216,6 +216,12 @@ impl CommittedCopy {
         })
     }
 
+    /// The log position [`CommittedCopy::source`] would be at (`None` if the copy was given
+    /// up).
+    pub(super) fn seq(&self) -> Option<i64> {
+        (!self.given_up).then(|| self.rows.last().map_or(self.snapshot_seq, |(seq, _)| *seq))
+    }
+
     /// Bytes held (snapshot and rows).
     #[cfg(test)]
     fn bytes(&self) -> usize {

@@ -257,6 +257,12 @@ pub enum RoomCmd {
     ReadCommitted {
         reply: oneshot::Sender<Option<SnapshotSource>>,
     },
+    /// The log position of the committed state `ReadCommitted` would give now (`None`: no
+    /// usable copy): naming it costs nothing, so a reader asks this first and takes the copy
+    /// only when the answer at that position is not cached.
+    CommittedSeq {
+        reply: oneshot::Sender<Option<i64>>,
+    },
     /// The committed state as JSON, one key per root type.
     ReadJson {
         reply: oneshot::Sender<serde_json::Value>,

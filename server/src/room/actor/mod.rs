@@ -588,6 +588,9 @@ impl Room {
             }
             RoomCmd::ReadUpdate { since, reply } => self.read_update(since, reply),
             RoomCmd::ReadJson { reply } => self.read_json(reply),
+            RoomCmd::CommittedSeq { reply } => {
+                let _ = reply.send(self.committed.seq());
+            }
             RoomCmd::ReadCommitted { reply } => {
                 if self.stalled.is_on() {
                     self.registry.metrics.stalled_reads.inc();
