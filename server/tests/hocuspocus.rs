@@ -714,11 +714,19 @@ async fn a_token_refresh_reaches_the_owner_of_a_relayed_document() {
 async fn stateless_messages_need_write_permission() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start(secured(dir.path())).await;
+    // The document exists before either opens it (a read-only token cannot create it).
+    let created = reqwest::Client::new()
+        .post(api(&server, "/docs"))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({"name": "notes"}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), 201);
     let mut s = Raw::open(server.addr).await;
     let reader = token("rita", "notes", Permission::Read);
     let writer = token("will", "notes", Permission::Write);
     let (ro, rw) = ("notes\0ro", "notes\0rw");
-    // The writer first: its open creates the document the reader may then open.
     for (address, credential) in [(rw, &writer), (ro, &reader)] {
         s.send(hp::encode_auth(address, credential)).await;
         s.next_for(address, |m| matches!(m, hp::HpMessage::Authenticated(_)))
