@@ -5,8 +5,9 @@
 //! The input is a sequence of awareness update payloads, each a varUint8Array (length, then
 //! bytes) as in an awareness message, applied in turn by three peers. Besides "no panic", the
 //! table is checked against a model of the y-protocols rules (a newer clock wins; an equal
-//! clock with a `null` state removes): what `apply` reports as changed, and what
-//! `full_state_frame` holds, which must decode back with `decode_frame`.
+//! clock with a `null` state removes; every peer may speak for every client id here, and a
+//! state is kept as `stamp` makes it, without an identity): what `apply` reports as changed,
+//! and what `full_state_frame` holds, which must decode back with `decode_frame`.
 #![no_main]
 
 use std::collections::HashMap;
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use libfuzzer_sys::fuzz_target;
 use quire_server::counts;
 use quire_server::protocol::{decode_frame, encode_awareness, Message};
-use quire_server::room::awareness::AwarenessTable;
+use quire_server::room::awareness::{stamp, AwarenessTable, Sender};
 use tokio::time::Instant;
 use yrs::encoding::read::{Cursor, Read};
 use yrs::sync::AwarenessUpdate;
@@ -27,7 +28,14 @@ type Model = HashMap<u64, (u32, Option<Arc<str>>, u64)>;
 fn apply_model(model: &mut Model, update: &AwarenessUpdate, peer: u64) -> bool {
     let mut changed = false;
     for (client, entry) in &update.clients {
-        let json = (&*entry.json != "null").then(|| entry.json.clone());
+        let json = match &*entry.json {
+            "null" => None,
+            _ => match stamp(&entry.json, None) {
+                Some(json) => Some(json),
+                // A state the server cannot read back is dropped.
+                None => continue,
+            },
+        };
         match model.get_mut(&client.get()) {
             Some((clock, state, owner)) => {
                 let removes = *clock == entry.clock && json.is_none() && state.is_some();
@@ -91,12 +99,17 @@ fuzz_target!(|data: &[u8]| {
             other => panic!("{update:?} re-encodes into a frame that decodes as {other:?}"),
         }
         let expected = apply_model(&mut model, &update, peer);
-        let changed = table.apply(&update, peer, now);
+        let from = Sender {
+            peer,
+            may_take: &|_| true,
+            verified: None,
+        };
+        let changed = table.apply(&update, &from, now).relay.is_some();
         assert_eq!(changed, expected, "apply's result for {update:?}");
         check_full_state(&mut table, &model);
         // The same update again changes nothing.
         assert!(
-            !table.apply(&update, peer, now),
+            table.apply(&update, &from, now).relay.is_none(),
             "applying twice changed the table"
         );
         if peers > 64 {

@@ -77,14 +77,7 @@ const fn http(
     bound: &'static str,
     rate: &'static str,
 ) -> EntryPoint {
-    EntryPoint {
-        surface: Surface::Http,
-        name,
-        access,
-        cost,
-        bound,
-        rate,
-    }
+    msg(Surface::Http, name, access, cost, bound, rate)
 }
 
 const fn msg(

@@ -53,7 +53,7 @@ pub struct Applied {
 /// cannot read back as a value (a number past f64, nesting past serde_json's limit: valid
 /// enough for the decoder's check and for browsers, so relaying it unstamped would let its
 /// own `quire` key through): such a state is dropped.
-fn stamp(json: &Arc<str>, verified: Option<&serde_json::Value>) -> Option<Arc<str>> {
+pub fn stamp(json: &Arc<str>, verified: Option<&serde_json::Value>) -> Option<Arc<str>> {
     let mut state = match serde_json::from_str::<serde_json::Value>(json).ok()? {
         serde_json::Value::Object(state) => state,
         _ => return Some(json.clone()),
