@@ -13,20 +13,19 @@
 //! just before the role), so a client that reconnected under the new role is left alone by
 //! a node that acts later (nodes act independently: up to a poll apart when the announcement
 //! is lost). Each node also acts on a role change once, whichever way it learns of it first
-//! ([`Seen`]), which saves the work of acting twice. A delete needs no such bookkeeping:
+//! ([`crate::room::seen::Seen`]), which saves the work of acting twice. A delete needs no such bookkeeping:
 //! acting on it twice finds no sockets the second time, and it is not acted on if storage
 //! says the document has been restored since.
 
-use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::app::AppState;
 use crate::bus::{Bus, Change};
 use crate::close;
 use crate::room::{CloseReason, DocName, PeerFilter, Registry, RoomCmd};
-use crate::AppState;
 
 /// How often each node reads new `doc_changes` rows.
 pub const POLL: Duration = Duration::from_millis(250);
@@ -36,47 +35,6 @@ pub const KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// Rows read per query.
 const BATCH: u32 = 500;
-
-/// Which role changes this node has acted on: every id up to `upto` (the rows the watcher
-/// has read), and the later ones it acted on as they were announced.
-#[derive(Debug, Default)]
-pub struct Seen {
-    inner: Mutex<SeenInner>,
-}
-
-#[derive(Debug, Default)]
-struct SeenInner {
-    upto: i64,
-    ahead: BTreeSet<i64>,
-}
-
-impl Seen {
-    fn lock(&self) -> std::sync::MutexGuard<'_, SeenInner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// True the first time `id` is offered (from the bus or the node's own API).
-    pub fn first(&self, id: i64) -> bool {
-        let mut seen = self.lock();
-        id > seen.upto && seen.ahead.insert(id)
-    }
-
-    /// The watcher read row `id` (rows come in id order): true if nothing acted on it yet.
-    fn reached(&self, id: i64) -> bool {
-        let mut seen = self.lock();
-        seen.upto = seen.upto.max(id);
-        let acted = seen.ahead.remove(&id);
-        // Announcements of rows the watcher has now passed can no longer be told apart.
-        let upto = seen.upto;
-        seen.ahead.retain(|&later| later > upto);
-        !acted
-    }
-
-    /// Where the watcher starts (the newest row at start-up).
-    fn start_at(&self, id: i64) {
-        self.lock().upto = id;
-    }
-}
 
 /// Applies `change` to this node's sockets on `name`, unless this node has already acted on
 /// it (a role change is acted on once; see the module's notes).
@@ -212,29 +170,4 @@ async fn deleted_here(app: &AppState, name: &DocName) -> bool {
         Ok(Some(doc)) if doc.deleted_at.is_none()
     );
     !restored
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_role_change_is_acted_on_once_whichever_way_it_arrives_first() {
-        let seen = Seen::default();
-        seen.start_at(10);
-        // Older than where the watcher started: never acted on.
-        assert!(!seen.first(9));
-        // Announced first, then read by the watcher: acted on once.
-        assert!(seen.first(12));
-        assert!(!seen.first(12));
-        assert!(!seen.reached(12));
-        // Read by the watcher first: a later announcement is a duplicate.
-        assert!(seen.reached(13));
-        assert!(!seen.first(13));
-        // An announcement the watcher has passed without reading (it was older): dropped.
-        assert!(seen.first(15));
-        assert!(seen.reached(16));
-        assert!(!seen.first(15));
-        assert!(!seen.first(14));
-    }
 }

@@ -382,18 +382,17 @@ pub struct LeaseConfig {
     pub ttl: Duration,
 }
 
-/// The resolved configuration handed to [`crate::run`].
+/// The resolved configuration handed to `crate::run`.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub bind: SocketAddr,
-    /// May hold a password: `Debug` redacts it; logs use [`crate::storage::redact_url`].
+    /// May hold a password: `Debug` redacts it; logs use `storage::redact_url`.
     pub database_url: Secret,
     pub sqlite_synchronous: SqliteSync,
     pub sqlite_commit: CommitWindowSettings,
     pub log_format: LogFormat,
     pub log: String,
     pub limits: Limits,
-    pub ping_interval: Duration,
     pub idle_timeout: Duration,
     /// How long a 1013 close (a client that stopped reading) may take before the socket is
     /// dropped: the client may be slow rather than gone, and should learn why it was closed
@@ -418,13 +417,6 @@ pub struct Config {
     pub bus_credentials: Option<PathBuf>,
     /// Signs bus messages (required with `bus_url`).
     pub cluster_key: Option<Secret>,
-    /// Tests only: faults injected into what this node publishes on the bus.
-    #[doc(hidden)]
-    pub bus_faults: Option<std::sync::Arc<crate::bus::Faults>>,
-    /// Tests only: a restore waits here (at most half a second) between reading the current
-    /// content and applying its change, so a test can make two restores meet there.
-    #[doc(hidden)]
-    pub restore_hold: Option<std::sync::Arc<tokio::sync::Barrier>>,
     /// This node's name in room leases.
     pub node_id: String,
     pub lease_ttl: Duration,
@@ -449,11 +441,7 @@ pub struct WebhookConfig {
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_message_size: usize,
-    pub peer_queue: usize,
-    pub peer_queue_bytes: usize,
     pub ws_read_buffer: usize,
-    pub room_queue: usize,
-    pub room_queue_bytes: usize,
     pub sync_requests_per_minute: u32,
     pub awareness_per_second: u32,
     pub connections_per_minute_per_addr: u32,
@@ -485,15 +473,17 @@ pub struct RoomConfig {
     /// Room leases (PostgreSQL: several nodes may share the database): this node's name and
     /// the lease time. `None`: no leases (SQLite, one process).
     pub lease: Option<LeaseConfig>,
-    /// Outbound queue length of a peer (the connection-level limit, for peers the room
-    /// serves for other nodes).
+    /// Outbound queue length of a peer: frames the room has queued for one client (either
+    /// protocol, local or relayed) that its socket has not written yet.
     pub peer_queue: usize,
     /// The same in bytes.
     pub peer_queue_bytes: usize,
+    /// Frames that may wait in a room's inbound queue.
+    pub room_queue: usize,
     /// Inbound bytes a room holds: frames sent to it and updates not yet applied.
     pub room_queue_bytes: usize,
-    /// How often the room asks its connections to ping their clients (the connection-level
-    /// `ping_interval`; the room drives it so idle connections need no timer of their own).
+    /// How often connections ping their clients: the room drives it for its peers, so idle
+    /// connections need no timer of their own; a Hocuspocus socket pings on its own.
     pub ping_interval: Duration,
     /// The version history: retention and automatic versions.
     pub history: HistoryConfig,
@@ -688,12 +678,7 @@ impl Settings {
             log: self.log.unwrap_or_else(|| "info".to_owned()),
             limits: Limits {
                 max_message_size: self.max_message_size.unwrap_or(16 << 20),
-                // The room pushes at least two messages (step 1, awareness) on join.
-                peer_queue: self.peer_queue.unwrap_or(1024).max(4),
-                peer_queue_bytes: self.peer_queue_bytes.unwrap_or(16 << 20),
                 ws_read_buffer: self.ws_read_buffer.unwrap_or(128).max(16),
-                room_queue: self.room_queue.unwrap_or(1024).max(1),
-                room_queue_bytes: self.room_queue_bytes.unwrap_or(64 << 20).max(1),
                 sync_requests_per_minute: self.sync_requests_per_minute.unwrap_or(120).max(1),
                 awareness_per_second: self.awareness_per_second.unwrap_or(50).max(1),
                 connections_per_minute_per_addr: self
@@ -713,14 +698,15 @@ impl Settings {
                 max_stateless_bytes: self.max_stateless_bytes.unwrap_or(64 << 10).max(1),
                 stateless_per_second: self.stateless_per_second.unwrap_or(20).max(1),
             },
-            ping_interval: d(self.ping_interval, Duration::from_secs(30)),
             idle_timeout: d(self.idle_timeout, Duration::from_secs(90)),
             slow_close_timeout: d(self.slow_close_timeout, Duration::from_secs(30)),
             shutdown_grace: d(self.shutdown_grace, Duration::from_secs(10)),
             room: RoomConfig {
                 lease: None,
+                // The room pushes at least two messages (step 1, awareness) on join.
                 peer_queue: self.peer_queue.unwrap_or(1024).max(4),
                 peer_queue_bytes: self.peer_queue_bytes.unwrap_or(16 << 20),
+                room_queue: self.room_queue.unwrap_or(1024).max(1),
                 room_queue_bytes: self.room_queue_bytes.unwrap_or(64 << 20).max(1),
                 ping_interval: d(self.ping_interval, Duration::from_secs(30)),
                 max_doc_size: self.max_doc_size.unwrap_or(256 << 20),
@@ -767,8 +753,6 @@ impl Settings {
             bus_url: self.bus_url,
             bus_credentials: self.bus_credentials,
             cluster_key: self.cluster_key,
-            bus_faults: None,
-            restore_hold: None,
             node_id: self
                 .node_id
                 .unwrap_or_else(|| format!("node-{:08x}", rand::random::<u32>())),
@@ -807,7 +791,7 @@ mod tests {
         };
         let cfg = flags.or(file).resolve();
         assert_eq!(cfg.bind.port(), 9100);
-        assert_eq!(cfg.ping_interval, Duration::from_secs(5));
+        assert_eq!(cfg.room.ping_interval, Duration::from_secs(5));
         assert_eq!(cfg.room.snapshot_updates, 10);
         assert_eq!(cfg.idle_timeout, Duration::from_secs(90));
         assert_eq!(cfg.sqlite_synchronous, SqliteSync::Full);

@@ -71,11 +71,9 @@ fn registry(config: &Config, stores: &Stores, shutdown: &CancellationToken) -> A
         stores.docs.clone(),
         Arc::new(Metrics::new()),
         RoomConfig {
-            ping_interval: config.ping_interval,
             lease: None,
             ..config.room.clone()
         },
-        config.limits.room_queue,
         shutdown.clone(),
     )
 }
@@ -578,6 +576,7 @@ impl ApiState {
             token("fuzz-viewer", Permission::Read),
         ];
         let app = AppState::new(crate::App {
+            hooks: Default::default(),
             admin: Arc::new(crate::admin::Admin::new(
                 std::time::Duration::from_secs(1),
                 std::time::Duration::from_secs(3600),

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::app::AppState;
 use crate::close;
 use crate::room::{CloseReason, PeerFilter, RoomCmd};
 use crate::storage::api::Revocation;
-use crate::AppState;
 
 /// How often the watcher looks for new revocation rows.
 pub const POLL: Duration = Duration::from_millis(250);

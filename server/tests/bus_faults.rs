@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
+use quire_server::app::TestHooks;
 use quire_server::auth::{Auth, Permission};
 use quire_server::bus::{Change, ClusterKey, Envelope, FaultAction, Faults, Kind};
 use quire_server::protocol;
@@ -46,14 +47,18 @@ async fn pair(dir: &std::path::Path) -> Pair {
 async fn pair_with(dir: &std::path::Path, a_capacity: usize) -> Pair {
     let nats = Nats::start().await;
     let node = |id: &str, faults: &Arc<Faults>| {
-        let mut cfg = node_config(dir, id, &nats.url);
-        cfg.bus_faults = Some(faults.clone());
-        cfg
+        let hooks = TestHooks {
+            bus_faults: Some(faults.clone()),
+            ..TestHooks::default()
+        };
+        (node_config(dir, id, &nats.url), hooks)
     };
     let (a_faults, b_faults): (Arc<Faults>, Arc<Faults>) = (Arc::default(), Arc::default());
     a_faults.set_subscription_capacity(a_capacity);
-    let a = TestServer::start(node("node-a", &a_faults)).await;
-    let b = TestServer::start(node("node-b", &b_faults)).await;
+    let (a_config, a_hooks) = node("node-a", &a_faults);
+    let a = TestServer::start_with_hooks(a_config, a_hooks).await;
+    let (b_config, b_hooks) = node("node-b", &b_faults);
+    let b = TestServer::start_with_hooks(b_config, b_hooks).await;
     Pair {
         a,
         b,
@@ -340,10 +345,11 @@ async fn role_change_and_delete_reach_every_node(lose_announcements: bool) {
         let mut cfg = node_config(dir.path(), id, &nats.url);
         cfg.auth_keys = vec![KEY.into()];
         cfg.admin_key = Some(ADMIN.into());
+        let mut hooks = TestHooks::default();
         if id == "node-c" {
-            cfg.bus_faults = Some(faults.clone());
+            hooks.bus_faults = Some(faults.clone());
         }
-        nodes.push(TestServer::start(cfg).await);
+        nodes.push(TestServer::start_with_hooks(cfg, hooks).await);
     }
     let ann = token("ann", "doomed", Permission::Write);
     let url = |n: &TestServer| format!("{}?token={ann}", n.url("doomed"));

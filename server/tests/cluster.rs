@@ -538,7 +538,6 @@ async fn a_relayed_client_that_never_reads_again_is_dropped_after_the_slow_close
     let mut nodes = Vec::new();
     for id in ["node-a", "node-b"] {
         let mut cfg = node_config(dir.path(), id, &nats.url);
-        cfg.limits.peer_queue = 8;
         cfg.room.peer_queue = 8;
         cfg.slow_close_timeout = Duration::from_millis(300);
         nodes.push(TestServer::start(cfg).await);
@@ -588,13 +587,14 @@ async fn forwarding_pair(
         let mut cfg = node_config(dir, id, &nats.url);
         cfg.auth_keys = vec![API_KEY.into()];
         cfg.admin_key = Some(API_ADMIN.into());
+        let mut hooks = quire_server::app::TestHooks::default();
         if id == "node-a" && hold {
-            cfg.restore_hold = Some(std::sync::Arc::new(tokio::sync::Barrier::new(2)));
+            hooks.restore_hold = Some(std::sync::Arc::new(tokio::sync::Barrier::new(2)));
         }
         if id == "node-b" {
             cfg.forward_timeout = b_timeout;
         }
-        nodes.push(TestServer::start(cfg).await);
+        nodes.push(TestServer::start_with_hooks(cfg, hooks).await);
     }
     nodes
 }

@@ -417,7 +417,7 @@ async fn a_failed_load_refuses_with_1011_and_never_overwrites_stored_data() {
 async fn silent_connections_are_closed_and_live_ones_are_kept() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = test_config(dir.path());
-    cfg.ping_interval = Duration::from_millis(100);
+    cfg.room.ping_interval = Duration::from_millis(100);
     cfg.idle_timeout = Duration::from_millis(400);
     let server = TestServer::start(cfg).await;
     let url = server.url("keepalive");

@@ -472,7 +472,6 @@ async fn a_room_stuck_on_a_commit_holds_at_most_room_queue_bytes_of_updates() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = test_config(dir.path());
     const BOUND: usize = 64 << 10;
-    cfg.limits.room_queue_bytes = BOUND;
     cfg.room.room_queue_bytes = BOUND;
     let (addr, store, token) = start_with(dir.path(), cfg).await;
     let url = format!("ws://{addr}/stuck");
@@ -540,7 +539,7 @@ async fn an_append_to_a_document_deleted_underneath_its_room_is_refused() {
 async fn a_delete_reaches_a_stalled_room_with_updates_queued() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = test_config(dir.path());
-    cfg.limits.room_queue_bytes = 64 << 10;
+    cfg.room.room_queue_bytes = 64 << 10;
     cfg.room.commit_batch = 1;
     let (addr, store, token) = start_with(dir.path(), cfg).await;
     let url = format!("ws://{addr}/clogged");

@@ -627,8 +627,11 @@ async fn two_restores_at_once_restore_the_text_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = secured(dir.path());
     cfg.room.history.version_idle = Duration::from_secs(600);
-    cfg.restore_hold = Some(std::sync::Arc::new(tokio::sync::Barrier::new(2)));
-    let server = TestServer::start(cfg).await;
+    let hooks = quire_server::app::TestHooks {
+        restore_hold: Some(std::sync::Arc::new(tokio::sync::Barrier::new(2))),
+        ..Default::default()
+    };
+    let server = TestServer::start_with_hooks(cfg, hooks).await;
     let http = reqwest::Client::new();
     let writer = token("ann", "twice", Permission::Write);
     let mut ann = Client::connect(&ws(&server, "twice", "ann", Permission::Write), 1).await;

@@ -135,9 +135,7 @@ async fn a_peer_over_its_byte_bound_is_closed_with_1013_and_others_carry_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = test_config(dir.path());
     // Far more frames than the test sends, so only bytes can overflow.
-    cfg.limits.peer_queue = 100_000;
     cfg.room.peer_queue = 100_000;
-    cfg.limits.peer_queue_bytes = 1 << 20;
     cfg.room.peer_queue_bytes = 1 << 20;
     let server = TestServer::start(cfg).await;
     let url = server.url("bytes");

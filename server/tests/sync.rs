@@ -206,7 +206,7 @@ async fn flood_past_a_client_that_does_not_read(writer: &mut Client, mut fast: C
 async fn a_client_that_stops_reading_is_closed_with_1013_and_others_keep_receiving() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = test_config(dir.path());
-    cfg.limits.peer_queue = 8;
+    cfg.room.peer_queue = 8;
     let server = TestServer::start(cfg).await;
     let url = server.url("slow");
     let mut writer = Client::connect(&url, 1).await;
@@ -229,7 +229,7 @@ async fn a_client_that_stops_reading_is_closed_with_1013_and_others_keep_receivi
 async fn a_client_that_never_reads_again_is_dropped_after_the_slow_close_timeout() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = test_config(dir.path());
-    cfg.limits.peer_queue = 8;
+    cfg.room.peer_queue = 8;
     cfg.slow_close_timeout = std::time::Duration::from_millis(300);
     let server = TestServer::start(cfg).await;
     let url = server.url("never-reads");

@@ -30,6 +30,8 @@
 mod envelope;
 mod faults;
 mod order;
+pub mod owners;
+pub mod replay;
 
 pub use envelope::*;
 pub use faults::*;
@@ -80,7 +82,7 @@ pub struct BusConfig {
     pub faults: Option<Arc<Faults>>,
 }
 
-/// What the bus hands on to the rest of the node (see `crate::relay` and `crate::changes`):
+/// What the bus hands on to the rest of the node (see `crate::socket::relay` and `crate::changes`):
 /// the bus itself knows nothing of rooms' peers or of what a change does.
 pub enum Inbound {
     /// A client of another node wants a document this node owns.

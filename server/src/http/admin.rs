@@ -19,14 +19,14 @@ use tokio::sync::broadcast::error::RecvError;
 use utoipa::{IntoParams, ToSchema};
 
 use super::api::ApiResult;
-use super::error::responses::*;
-use super::error::ApiError;
 use super::extract::{ApiPath, ApiQuery};
 use crate::admin::{LiveRoom, Sample, Tick};
+use crate::app::AppState;
 use crate::auth::Principal;
+use crate::problem::responses::*;
+use crate::problem::ApiError;
 use crate::room::stats::RoomFigures;
 use crate::storage::api::{ClusterRows, DocQuery, DocStats, OutboxEvent};
-use crate::AppState;
 
 fn admin_only(principal: &Principal) -> ApiResult<()> {
     if principal.is_admin() {

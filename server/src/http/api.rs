@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 
-use super::error::responses::*;
 use super::extract::{ApiBytes, ApiJson, ApiPath, ApiQuery};
+use crate::problem::responses::*;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
@@ -19,17 +19,17 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use yrs::updates::decoder::Decode;
 use yrs::{StateVector, Update};
 
-use super::error::{etag, ApiError, Problem};
 use super::history;
+use crate::app::AppState;
 use crate::auth::{Permission, Principal};
 use crate::bus::Change;
 use crate::gate::Form;
+use crate::problem::{etag, ApiError, Problem};
 use crate::room::{ApplyCmd, ApplyError, DocName, RoomCmd};
 use crate::storage::api::{
     DeadEvent, DocMeta, DocPatch, DocQuery, OutboxEvent, Revocation, Role, UserPatch, UserProfile,
     Versioned,
 };
-use crate::AppState;
 
 pub(super) type ApiResult<T> = Result<T, ApiError>;
 

@@ -4,7 +4,7 @@ use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection, Que
 use axum::extract::{FromRequest, FromRequestParts};
 use axum::http::StatusCode;
 
-use super::error::ApiError;
+use crate::problem::ApiError;
 
 /// `Json<T>`: malformed or mistyped bodies are 400, a missing JSON content type 415.
 #[derive(FromRequest)]

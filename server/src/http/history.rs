@@ -17,16 +17,16 @@ use super::api::{
     applied, ask_room, decode_cursor, doc_for, doc_path, encode_cursor, field_limits, live,
     ApiResult,
 };
-use super::error::responses::*;
-use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::app::AppState;
 use crate::auth::{Permission, Principal};
 use crate::gate::{At, Form, Key};
 use crate::history::{self, Session, TextDiff};
+use crate::problem::responses::*;
+use crate::problem::ApiError;
 use crate::room::{ApplyCmd, DocName, RoomCmd};
 use crate::storage::api::DocMeta;
 use crate::storage::history::{NewVersion, StateAt, Version, VersionDelete, VersionKind};
-use crate::AppState;
 use bytes::Bytes;
 
 /// Most sessions per page of `GET /history`.
@@ -709,7 +709,7 @@ pub async fn restore_version(
     let _one_at_a_time = lock.lock().await;
     // The current content, committed, from the room (this node owns it: `on_owner`).
     let current = current(&app, &doc, Form::UpdateV1).await?;
-    if let Some(hold) = &app.config.restore_hold {
+    if let Some(hold) = &app.hooks.restore_hold {
         let _ = tokio::time::timeout(std::time::Duration::from_millis(500), hold.wait()).await;
     }
     let client = history::server_client_id();
@@ -936,7 +936,7 @@ pub async fn fork(
             )
         })?;
     let mut resp = (StatusCode::CREATED, Json(&created)).into_response();
-    if let Ok(v) = HeaderValue::from_str(&super::error::etag(created.version)) {
+    if let Ok(v) = HeaderValue::from_str(&crate::problem::etag(created.version)) {
         resp.headers_mut().insert(header::ETAG, v);
     }
     if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/docs/{}", doc_path(&created.name))) {

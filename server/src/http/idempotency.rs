@@ -14,11 +14,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use sha2::{Digest, Sha256};
 
-use super::error::ApiError;
+use crate::app::AppState;
 use crate::auth::Principal;
+use crate::problem::ApiError;
 use crate::storage::api::{IdemClaim, StoredResponse};
 use crate::storage::now_ms;
-use crate::AppState;
 
 /// Largest response body kept for replay. (Requests are read up to the API's own body limit,
 /// `MAX_REQUEST_BODY`, so a key does not let a client make the server buffer more.)

@@ -3,32 +3,28 @@
 
 mod admin;
 pub mod api;
-mod error;
 mod extract;
 mod history;
 mod idempotency;
+mod listen;
 pub mod owner;
-pub(crate) mod upgrade;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tower::ServiceExt;
 use tower_http::services::ServeDir;
 
+pub use crate::problem::{problem, too_many, ApiError};
 pub use api::doc_path;
-pub use error::{problem, too_many, ApiError};
+pub use listen::serve;
 
-use crate::auth::{AuthError, Permission, Principal};
-use crate::room::{DocName, PeerAuth};
-use crate::AppState;
-
-/// Bytes of frames collected before a write, if the burst does not end first.
-pub(crate) const WRITE_BUFFER: usize = 64 * 1024;
+use crate::app::AppState;
+use crate::auth::{AuthError, Principal};
+use crate::socket::admit::{bearer, verify_from};
 
 pub fn router(app: AppState) -> Router {
     let api = api::routes(&app)
@@ -50,7 +46,7 @@ pub fn router(app: AppState) -> Router {
         .layer(middleware::from_fn_with_state(app.clone(), authenticate));
     Router::new()
         .route("/healthz", get(healthz))
-        .route("/hocuspocus", get(crate::hocuspocus::socket))
+        .route("/hocuspocus", get(crate::socket::hocuspocus::socket))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/admin", get(admin_page))
@@ -72,7 +68,7 @@ async fn web_or_document(State(app): State<AppState>, req: Request) -> Response 
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
     let read = matches!(*req.method(), Method::GET | Method::HEAD);
     if upgrade || !read {
-        return axum::handler::Handler::call(document_socket, req, app).await;
+        return axum::handler::Handler::call(crate::socket::ws::accept, req, app).await;
     }
     let root = app.config.web_root.clone();
     let path = req.uri().path();
@@ -94,7 +90,7 @@ async fn web_or_document(State(app): State<AppState>, req: Request) -> Response 
             Err(never) => match never {},
         };
     }
-    axum::handler::Handler::call(document_socket, req, app).await
+    axum::handler::Handler::call(crate::socket::ws::accept, req, app).await
 }
 
 /// `GET /admin` and its files: the dashboard's page, compiled into the binary. A WebSocket
@@ -243,59 +239,6 @@ fn client_ip(req: &Request) -> Option<std::net::IpAddr> {
         .map(|c| c.0.ip())
 }
 
-/// Verifies a bearer credential for a request from `ip`. An address that has failed too
-/// often lately is refused (429) before its credential is even looked at, and every failure
-/// counts against it, so guessing keys or replaying stale tokens is slow.
-fn verify_from(
-    app: &AppState,
-    ip: Option<std::net::IpAddr>,
-    credential: Option<&str>,
-) -> Result<Principal, Box<Response>> {
-    verify_credential(app, ip, credential).map_err(|e| {
-        Box::new(match e {
-            VerifyError::Limited(wait) => too_many(
-                "too-many-failed-logins",
-                "too many failed authentications from this address; retry later",
-                wait,
-            ),
-            VerifyError::Invalid(e) => ApiError::unauthorized(e).into_response(),
-        })
-    })
-}
-
-/// Why [`verify_credential`] refused.
-pub(crate) enum VerifyError {
-    /// The address failed too often lately: retry after this long.
-    Limited(std::time::Duration),
-    Invalid(AuthError),
-}
-
-/// [`verify_from`] for callers that answer in their own protocol (the Hocuspocus endpoint's
-/// Auth messages): the same per-address failure limit and the same count of failures.
-pub(crate) fn verify_credential(
-    app: &AppState,
-    ip: Option<std::net::IpAddr>,
-    credential: Option<&str>,
-) -> Result<Principal, VerifyError> {
-    let now = tokio::time::Instant::now();
-    let failures = &app.address_limits.auth_failures;
-    if let Some(ip) = ip {
-        if let Err(wait) = failures.check(ip, now) {
-            app.metrics.addr_limited.inc();
-            return Err(VerifyError::Limited(wait));
-        }
-    }
-    let verified = credential
-        .ok_or(AuthError::Missing)
-        .and_then(|t| app.auth.verify(t, crate::auth::now_secs()));
-    verified.map_err(|e| {
-        if let Some(ip) = ip {
-            let _ = failures.take(ip, now);
-        }
-        VerifyError::Invalid(e)
-    })
-}
-
 /// Checks the bearer credential of an API request and stores the [`Principal`] in the request.
 async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
     // A request another node forwarded: the principal it verified, checked again here for a
@@ -327,154 +270,6 @@ async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next)
     };
     req.extensions_mut().insert(principal);
     next.run(req).await
-}
-
-fn bearer(headers: &HeaderMap) -> Option<String> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim().to_owned())
-}
-
-/// A WebSocket client's token: `?token=`, `Authorization: Bearer`, or an entry of the
-/// `Sec-WebSocket-Protocol` list (browsers cannot set headers; offer `["quire", token]`).
-fn socket_token(uri: &Uri, headers: &HeaderMap) -> Option<(String, bool)> {
-    if let Some(query) = uri.query() {
-        for pair in query.split('&') {
-            if let Some(v) = pair.strip_prefix("token=") {
-                let v = percent_encoding::percent_decode_str(v).decode_utf8().ok()?;
-                return Some((v.into_owned(), false));
-            }
-        }
-    }
-    if let Some(t) = bearer(headers) {
-        return Some((t, false));
-    }
-    let protocols = headers.get(header::SEC_WEBSOCKET_PROTOCOL)?.to_str().ok()?;
-    protocols
-        .split(',')
-        .map(str::trim)
-        .find(|p| p.matches('.').count() == 2)
-        .map(|p| (p.to_owned(), true))
-}
-
-/// `GET /<document-name>` with a WebSocket upgrade. The name and the token are checked before
-/// the upgrade, so a bad one gets a plain HTTP error.
-async fn document_socket(
-    State(app): State<AppState>,
-    connect_info: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
-    uri: Uri,
-    headers: HeaderMap,
-    ws: Result<upgrade::WsUpgrade, upgrade::UpgradeRejection>,
-) -> Response {
-    let ip = connect_info.map(|c| c.0 .0.ip());
-    if let Some(ip) = ip {
-        if let Err(wait) = app
-            .address_limits
-            .connections
-            .take(ip, tokio::time::Instant::now())
-        {
-            app.metrics.addr_limited.inc();
-            return too_many(
-                "too-many-connections",
-                "too many new connections from this address; retry later",
-                wait,
-            );
-        }
-    }
-    let name = match DocName::from_url_path(uri.path()) {
-        Ok(name) => name,
-        Err(e) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                "invalid-document-name",
-                &e.to_string(),
-            )
-        }
-    };
-    let (principal, via_protocol) = if app.auth.is_open() {
-        (Principal::open(ip), false)
-    } else {
-        let (token, via_protocol) = socket_token(&uri, &headers).unzip();
-        match verify_from(&app, ip, token.as_deref()) {
-            Ok(p) => (p, via_protocol.unwrap_or(false)),
-            Err(resp) => return *resp,
-        }
-    };
-    let auth = match socket_permission(&app, &principal, &name).await {
-        Ok(auth) => auth,
-        Err(e) => return e.into_response(),
-    };
-    let ws = match ws {
-        Ok(ws) => ws,
-        Err(rejection) => return rejection.into_response(),
-    };
-    let ws = if via_protocol {
-        ws.protocol("quire")
-    } else {
-        ws
-    };
-    let tracker = app.connections.clone();
-    let conn = Box::new(crate::ws::Conn {
-        name,
-        auth: Box::new(auth),
-        app: app.clone(),
-    });
-    ws.config(socket_config(&app.config.limits))
-        .on_upgrade(move |socket| tracker.track_future(crate::ws::serve(socket, conn)))
-}
-
-/// The WebSocket settings of a client connection (either protocol).
-pub(crate) fn socket_config(limits: &crate::config::Limits) -> WebSocketConfig {
-    WebSocketConfig::default()
-        .max_message_size(Some(limits.max_message_size))
-        .max_frame_size(Some(limits.max_message_size))
-        // tungstenite reads in 128 KiB chunks by default, allocated up front: per idle
-        // connection that was most of its memory. Small reads cost more syscalls on large
-        // messages only (8,192 for a 1 MiB initial sync at 128 bytes), which are rare.
-        .read_buffer_size(limits.ws_read_buffer)
-        // Frames collect in the write buffer until the connection flushes its burst (or the
-        // buffer reaches this size), so a burst leaves in one write.
-        .write_buffer_size(WRITE_BUFFER)
-}
-
-/// What `principal` may do on document `name` over a socket: read at least, or 403.
-pub(crate) async fn socket_permission(
-    app: &AppState,
-    principal: &Principal,
-    name: &DocName,
-) -> Result<PeerAuth, ApiError> {
-    // Read before the role: a role change with this id or older is in what is read next.
-    let seen_change = app.api.last_doc_change().await?;
-    let existing = app.api.get_doc_by_name(name.as_str()).await?;
-    let role = match &existing {
-        Some(doc) => app.api.get_role(doc.id, &principal.user).await?,
-        None => None,
-    };
-    let perm = principal
-        .permission_on(name.as_str(), role)
-        .ok_or_else(|| ApiError::forbidden("the token does not cover this document"))?;
-    // Opening an unknown name creates the document: that takes write permission.
-    if existing.is_none() && perm < Permission::Write {
-        return Err(ApiError::not_found("document"));
-    }
-    // The profile's name and colour go into the identity stamped on the peer's presence.
-    let profile = app
-        .api
-        .get_user(&principal.user)
-        .await?
-        .map(|p| (p.display_name.into(), p.color.into()));
-    Ok(PeerAuth {
-        user: Some(principal.user.as_str().into()),
-        token_id: principal.token_id.as_deref().map(Into::into),
-        issued_at: principal.issued_at,
-        can_write: perm >= Permission::Write,
-        expires_at: principal.expires_at,
-        seen_change,
-        hocuspocus: false,
-        profile,
-    })
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ mod committed;
 pub mod join;
 pub mod queue;
 mod registry;
+pub mod seen;
 pub mod stats;
 
 use std::borrow::Cow;
@@ -142,7 +143,7 @@ pub struct PeerAuth {
     /// permission already reflects every role change up to this id, so only a later change
     /// closes the peer (`PeerFilter::UserBefore`).
     pub seen_change: i64,
-    /// A document of a Hocuspocus socket (`crate::hocuspocus`): the room answers each of its
+    /// A document of a Hocuspocus socket (`crate::socket::hocuspocus`): the room answers each of its
     /// Sync Step 1s with its own Step 1 first (the provider counts on it), echoes its awareness
     /// back to it (the provider's liveness timer counts on that), and sends it stateless
     /// messages.

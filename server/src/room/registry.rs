@@ -34,13 +34,12 @@ pub struct Registry {
     pub(crate) store: Arc<dyn DocStore>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) config: RoomConfig,
-    pub(crate) room_queue: usize,
     pub(crate) shutdown: CancellationToken,
     pub(crate) tracker: TaskTracker,
     /// Why the last failed append failed (read by `/readyz` while rooms are stalled).
     storage_error: Mutex<String>,
     /// The role changes this node has acted on (`crate::changes`).
-    pub(crate) changes: crate::changes::Seen,
+    pub(crate) changes: super::seen::Seen,
     /// Snapshots encoded away from their rooms at one time (each replays a large document:
     /// several at once would hold that many copies of large documents in memory).
     pub(crate) snapshot_encoders: Arc<tokio::sync::Semaphore>,
@@ -65,7 +64,6 @@ impl Registry {
         store: Arc<dyn DocStore>,
         metrics: Arc<Metrics>,
         config: RoomConfig,
-        room_queue: usize,
         shutdown: CancellationToken,
     ) -> Arc<Registry> {
         Arc::new(Registry {
@@ -74,11 +72,10 @@ impl Registry {
             store,
             metrics,
             config,
-            room_queue,
             shutdown,
             tracker: TaskTracker::new(),
             storage_error: Mutex::new(String::new()),
-            changes: crate::changes::Seen::default(),
+            changes: super::seen::Seen::default(),
             snapshot_encoders: Arc::new(tokio::sync::Semaphore::new(SNAPSHOT_ENCODERS)),
         })
     }
@@ -96,7 +93,7 @@ impl Registry {
             }
         }
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(self.room_queue);
+        let (tx, rx) = mpsc::channel(self.config.room_queue);
         let handle = RoomHandle::new(tx, self.config.room_queue_bytes);
         let stats = Arc::new(RoomStats::default());
         rooms.insert(

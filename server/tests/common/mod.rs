@@ -18,6 +18,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use quire_server::app::TestHooks;
 use quire_server::config::{Config, Settings};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -222,11 +223,26 @@ impl TestServer {
 
     /// Starts on `addr` (a stopped server's address, to restart it where clients expect it).
     pub async fn start_at(config: Config, addr: SocketAddr) -> TestServer {
+        TestServer::start_at_with_hooks(config, addr, TestHooks::default()).await
+    }
+
+    /// Starts with test hooks (bus faults, a barrier in restores).
+    pub async fn start_with_hooks(config: Config, hooks: TestHooks) -> TestServer {
+        let addr = "127.0.0.1:0".parse().expect("addr");
+        TestServer::start_at_with_hooks(config, addr, hooks).await
+    }
+
+    async fn start_at_with_hooks(config: Config, addr: SocketAddr, hooks: TestHooks) -> TestServer {
         init_tracing();
         let listener = TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let shutdown = CancellationToken::new();
-        let handle = tokio::spawn(quire_server::run(listener, config, shutdown.clone()));
+        let handle = tokio::spawn(quire_server::run_with_hooks(
+            listener,
+            config,
+            hooks,
+            shutdown.clone(),
+        ));
         TestServer {
             addr,
             shutdown,

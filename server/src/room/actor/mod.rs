@@ -657,13 +657,12 @@ mod tests {
     #[tokio::test]
     async fn a_peer_authorized_before_a_role_change_the_room_acted_on_is_closed_on_joining() {
         let config = memory_config();
-        let stores = crate::open_stores(&config).await.expect("stores");
+        let stores = crate::startup::open_stores(&config).await.expect("stores");
         let shutdown = tokio_util::sync::CancellationToken::new();
         let registry = Registry::new(
             stores.docs.clone(),
             Arc::new(crate::metrics::Metrics::new()),
             config.room.clone(),
-            config.limits.room_queue,
             shutdown.clone(),
         );
         let name = DocName::parse("roles").expect("name");
@@ -708,7 +707,7 @@ mod tests {
     #[tokio::test]
     async fn a_room_dropped_without_releasing_its_lease_releases_it() {
         let config = memory_config();
-        let stores = crate::open_stores(&config).await.expect("stores");
+        let stores = crate::startup::open_stores(&config).await.expect("stores");
         let store = stores.docs;
         let doc = store.load("d").await.expect("load").id;
         let hour = Duration::from_secs(3600);

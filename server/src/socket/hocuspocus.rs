@@ -13,7 +13,7 @@
 //!   token and the document's permission, and answered `Authenticated` (`read-write` or
 //!   `readonly`) or `PermissionDenied`.
 //! - **Each authenticated document** is a session: a task that is one peer of the document's
-//!   room, exactly as a y-websocket connection is ([`crate::ws::run_peer`], relayed to the owner
+//!   room, exactly as a y-websocket connection is ([`super::ws::run_peer`], relayed to the owner
 //!   node in a cluster), with channels in place of the socket. The room never knows the
 //!   difference but for [`PeerAuth::hocuspocus`]: such a peer gets a Sync Step 1 in answer to
 //!   its own, its awareness echoed back (the provider's liveness timer needs traffic), and
@@ -43,17 +43,18 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tracing::{debug, debug_span, info_span, warn, Instrument};
 
+use super::admit::{admit_address, socket_permission, verify_credential, VerifyError};
+use super::transport::{self, socket_config, Counted, Fragmenting, LastSeen, WsError, WsMessage};
+use super::upgrade::{Socket, UpgradeRejection, WsUpgrade};
+use super::ws;
+use crate::app::AppState;
 use crate::auth::Principal;
 use crate::close;
-use crate::http::upgrade::{Socket, UpgradeRejection, WsUpgrade};
-use crate::http::{socket_permission, too_many, verify_credential, VerifyError};
 use crate::limits::{Bucket, PeerRates};
 use crate::protocol::hocuspocus::{self as hp, types};
 use crate::protocol::{self, MSG_DURABLE_ACK, MSG_STATELESS};
 use crate::room::join::next_peer_id;
 use crate::room::{CloseReason, DocName, PeerAuth, PeerId};
-use crate::ws::{self, Counted, Fragmenting, LastSeen, WsError, WsMessage};
-use crate::AppState;
 
 /// Frames one document's session may have waiting for its room before the socket stops
 /// reading (backpressure on this client only).
@@ -69,22 +70,15 @@ pub async fn socket(
     ws: Result<WsUpgrade, UpgradeRejection>,
 ) -> Response {
     let ip = connect_info.map(|c| c.0 .0.ip());
-    if let Some(ip) = ip {
-        if let Err(wait) = app.address_limits.connections.take(ip, Instant::now()) {
-            app.metrics.addr_limited.inc();
-            return too_many(
-                "too-many-connections",
-                "too many new connections from this address; retry later",
-                wait,
-            );
-        }
+    if let Err(refused) = admit_address(&app, ip) {
+        return *refused;
     }
     let ws = match ws {
         Ok(ws) => ws,
         Err(rejection) => return rejection.into_response(),
     };
     let tracker = app.connections.clone();
-    ws.config(crate::http::socket_config(&app.config.limits))
+    ws.config(socket_config(&app.config.limits))
         .on_upgrade(move |socket| tracker.track_future(serve(socket, ip, app)))
 }
 
@@ -95,8 +89,8 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
         let (sink, mut stream) = socket.split();
         let mut sink = Fragmenting::new(sink);
         let limits = &app.config.limits;
-        let (out_tx, out_rx) = mpsc::channel(limits.peer_queue.max(4));
-        let max = u32::try_from(limits.peer_queue_bytes)
+        let (out_tx, out_rx) = mpsc::channel(app.config.room.peer_queue.max(4));
+        let max = u32::try_from(app.config.room.peer_queue_bytes)
             .unwrap_or(u32::MAX)
             .max(1);
         let out = Out {
@@ -129,8 +123,8 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
         };
         // Every session's inbound channel closes: each leaves its room.
         conn.docs.clear();
-        let reason = ws::finish(
-            ws::Pair { sink, stream },
+        let reason = transport::finish(
+            transport::Pair { sink, stream },
             outcome,
             app.config.slow_close_timeout,
         )
@@ -183,12 +177,12 @@ impl Out {
 /// Writes the queued frames (a burst in one flush), pings every `ping_interval` and closes a
 /// client silent for `idle_timeout`.
 async fn write_out(
-    sink: &mut ws::Sink,
+    sink: &mut transport::Sink,
     mut rx: mpsc::Receiver<(Bytes, OwnedSemaphorePermit)>,
     seen: &LastSeen,
     app: &AppState,
 ) -> Option<CloseReason> {
-    let every = app.config.ping_interval;
+    let every = app.config.room.ping_interval;
     let mut tick = tokio::time::interval_at(Instant::now() + every, every);
     loop {
         tokio::select! {
@@ -304,7 +298,7 @@ struct Conn {
 }
 
 impl Conn {
-    async fn read(&mut self, stream: &mut ws::Stream) -> Option<CloseReason> {
+    async fn read(&mut self, stream: &mut transport::Stream) -> Option<CloseReason> {
         loop {
             let deadline = self.held_deadline();
             let step = tokio::select! {
@@ -319,7 +313,7 @@ impl Conn {
                         // (Reads never yield raw frames.)
                         Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => Ok(()),
                         Some(Ok(WsMessage::Close(_))) | None => return None,
-                        Some(Err(e)) if ws::is_too_big(&e) => {
+                        Some(Err(e)) if transport::is_too_big(&e) => {
                             Err(CloseReason::new(close::MESSAGE_TOO_BIG, "message too big"))
                         }
                         Some(Err(e)) => {
@@ -380,7 +374,7 @@ impl Conn {
     fn malformed(&self, detail: String) -> CloseReason {
         self.app.metrics.malformed_messages.inc();
         debug!(%detail, "malformed message");
-        CloseReason::new(close::MALFORMED, ws::truncate(detail))
+        CloseReason::new(close::MALFORMED, transport::truncate(detail))
     }
 
     fn now_ms(&self) -> u32 {
@@ -857,7 +851,7 @@ impl SessionTask {
             },
         ));
         let who = (&name, peer, Box::new(auth));
-        let mut conn = ws::Pair { sink, stream };
+        let mut conn = transport::Pair { sink, stream };
         let outcome = ws::run_peer(&mut conn, who, Some(&mut reauth), &app, &seen)
             .instrument(span)
             .await;

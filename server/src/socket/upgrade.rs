@@ -1,7 +1,7 @@
 //! The WebSocket upgrade (RFC 6455, HTTP/1.1), done here instead of by axum's
 //! `WebSocketUpgrade` so that a connection is tokio-tungstenite's own stream. axum's `Message`
 //! has no raw frames; with tungstenite's, a large message (a whole document's Sync Step 2)
-//! leaves as fragments of one shared buffer ([`crate::ws::feed_binary`]) instead of being
+//! leaves as fragments of one shared buffer ([`super::transport::Fragmenting`]) instead of being
 //! copied whole into every connection's write buffer.
 //!
 //! A refused upgrade gets a problem+json body: 405 for a method other than GET, 426 when the
@@ -21,7 +21,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::WebSocketStream;
 use tracing::debug;
 
-use super::error::problem;
+use crate::problem::problem;
 
 /// An upgraded connection.
 pub type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;

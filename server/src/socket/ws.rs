@@ -8,180 +8,34 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{ready, Context, Poll};
 
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures_util::stream::{SplitSink, SplitStream};
-use futures_util::{SinkExt, StreamExt};
-use prometheus::IntGauge;
-use tokio::time::{Duration, Instant};
-use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
-use tokio_tungstenite::tungstenite::protocol::frame::Frame;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-pub(crate) use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
+use futures_util::StreamExt;
 use tracing::{debug, debug_span};
 
+use super::admit::{admit_address, socket_permission, socket_token, verify_from};
+use super::relay::{next_auth, relay_to_owner, Reauth};
+use super::transport::{
+    finish, is_too_big, socket_config, truncate, Counted, Duplex, Fragmenting, LastSeen, WsMessage,
+};
+use super::upgrade::{Socket, UpgradeRejection, WsUpgrade};
+use crate::app::{App, AppState};
+use crate::auth::Principal;
 use crate::close;
 use crate::config::Limits;
-use crate::http::upgrade::Socket;
 use crate::limits::PeerRates;
-use crate::relay::{next_auth, relay_to_owner, Reauth};
+use crate::problem::problem;
 use crate::room::join::{join, join_close, next_peer_id, to_peer_msgs};
 use crate::room::queue::{self, Next, QueueRx};
 use crate::room::{CloseReason, DocName, JoinError, PeerAuth, RoomCmd, RoomHandle, SendWait};
-use crate::{App, AppState};
 
 /// How long a close frame may take to leave before the socket is dropped.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most queued frames written with one flush.
 const MAX_FRAMES_PER_FLUSH: u8 = 64;
-
-/// Largest WebSocket frame sent: a longer message (a whole document's Sync Step 2) leaves as
-/// fragments, each a slice of the one buffer the room shares among its peers. tungstenite
-/// copies a message whole into the connection's write buffer, which keeps that capacity
-/// afterwards, and moves what is left of it forward after every partial write: 150 clients
-/// opening a 20 MB document held 150 copies (3 GB) and spent most of their CPU moving them.
-pub(crate) const FRAGMENT_BYTES: usize = 64 * 1024;
-
-pub(crate) type Sink = Fragmenting<SplitSink<Socket, WsMessage>>;
-pub(crate) type Stream = SplitStream<Socket>;
-
-/// A sink that sends binary messages longer than [`FRAGMENT_BYTES`] as a fragmented message
-/// (a Binary frame, then Continuation frames, the last one final); nothing else is sent
-/// between the fragments of one message.
-pub(crate) struct Fragmenting<S> {
-    inner: S,
-    /// The message being fragmented and how much of it has been sent (boxed: an idle
-    /// connection keeps 8 bytes for it, not 40).
-    rest: Option<Box<(Bytes, usize)>>,
-}
-
-impl<S: futures_util::Sink<WsMessage> + Unpin> Fragmenting<S> {
-    pub(crate) fn new(inner: S) -> Fragmenting<S> {
-        Fragmenting { inner, rest: None }
-    }
-
-    /// Hands the pending fragments to the inner sink, as far as it takes them.
-    fn poll_fragments(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        while let Some(rest) = &mut self.rest {
-            let (message, at) = &mut **rest;
-            ready!(Pin::new(&mut self.inner).poll_ready(cx))?;
-            let end = (*at + FRAGMENT_BYTES).min(message.len());
-            let opcode = if *at == 0 {
-                OpCode::Data(Data::Binary)
-            } else {
-                OpCode::Data(Data::Continue)
-            };
-            let last = end == message.len();
-            let frame = Frame::message(message.slice(*at..end), opcode, last);
-            *at = end;
-            if last {
-                self.rest = None;
-            }
-            Pin::new(&mut self.inner).start_send(WsMessage::Frame(frame))?;
-        }
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<S: futures_util::Sink<WsMessage> + Unpin> futures_util::Sink<WsMessage> for Fragmenting<S> {
-    type Error = S::Error;
-
-    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        let this = self.get_mut();
-        ready!(this.poll_fragments(cx))?;
-        Pin::new(&mut this.inner).poll_ready(cx)
-    }
-
-    fn start_send(self: Pin<&mut Self>, item: WsMessage) -> Result<(), S::Error> {
-        let this = self.get_mut();
-        match item {
-            WsMessage::Binary(message) if message.len() > FRAGMENT_BYTES => {
-                // poll_ready returned Ready, so no earlier message is still pending.
-                this.rest = Some(Box::new((message, 0)));
-                Ok(())
-            }
-            other => Pin::new(&mut this.inner).start_send(other),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        let this = self.get_mut();
-        ready!(this.poll_fragments(cx))?;
-        Pin::new(&mut this.inner).poll_flush(cx)
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        let this = self.get_mut();
-        ready!(this.poll_fragments(cx))?;
-        Pin::new(&mut this.inner).poll_close(cx)
-    }
-}
-
-/// Reads pass through untouched.
-impl<S: futures_util::Stream + Unpin> futures_util::Stream for Fragmenting<S> {
-    type Item = S::Item;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
-        Pin::new(&mut self.get_mut().inner).poll_next(cx)
-    }
-}
-
-/// One client's messages both ways: a WebSocket (unsplit), or a sink and a stream joined by
-/// [`Pair`].
-pub(crate) trait Duplex:
-    futures_util::Sink<WsMessage>
-    + futures_util::Stream<Item = Result<WsMessage, WsError>>
-    + Unpin
-    + Send
-{
-}
-
-impl<T> Duplex for T where
-    T: futures_util::Sink<WsMessage>
-        + futures_util::Stream<Item = Result<WsMessage, WsError>>
-        + Unpin
-        + Send
-{
-}
-
-/// A sink and a stream as one [`Duplex`] (a Hocuspocus socket's split halves, or one of its
-/// documents' channels).
-pub(crate) struct Pair<S, R> {
-    pub(crate) sink: S,
-    pub(crate) stream: R,
-}
-
-impl<S: futures_util::Sink<WsMessage> + Unpin, R: Unpin> futures_util::Sink<WsMessage>
-    for Pair<S, R>
-{
-    type Error = S::Error;
-
-    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        Pin::new(&mut self.get_mut().sink).poll_ready(cx)
-    }
-
-    fn start_send(self: Pin<&mut Self>, item: WsMessage) -> Result<(), S::Error> {
-        Pin::new(&mut self.get_mut().sink).start_send(item)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        Pin::new(&mut self.get_mut().sink).poll_flush(cx)
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        Pin::new(&mut self.get_mut().sink).poll_close(cx)
-    }
-}
-
-impl<S: Unpin, R: futures_util::Stream + Unpin> futures_util::Stream for Pair<S, R> {
-    type Item = R::Item;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<R::Item>> {
-        Pin::new(&mut self.get_mut().stream).poll_next(cx)
-    }
-}
 
 /// Serves one upgraded connection to document `name` until it closes.
 #[allow(clippy::boxed_local)] // deliberately boxed: see `Conn`
@@ -319,23 +173,6 @@ pub struct Conn {
     pub app: AppState,
 }
 
-/// Counts an open connection in the metrics for as long as it lives (a connection's future
-/// dropped at shutdown included).
-pub(crate) struct Counted(IntGauge);
-
-impl Counted {
-    pub(crate) fn new(gauge: &IntGauge) -> Counted {
-        gauge.inc();
-        Counted(gauge.clone())
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
 /// How a join ended.
 enum Joined {
     Room(RoomHandle, QueueRx),
@@ -377,7 +214,7 @@ fn joining(
 /// One client of document `name` through `conn`, as a peer of its room (or, when another
 /// node owns it, relayed there): joins, moves frames both ways until either side ends, and
 /// leaves. Returns why it ended (`None`: the client closed); the caller closes the transport.
-/// Each document of a Hocuspocus socket is such a client (`crate::hocuspocus`), with channels
+/// Each document of a Hocuspocus socket is such a client (`crate::socket::hocuspocus`), with channels
 /// for its two directions; a y-websocket connection is a [`Connection`], the same steps
 /// written out by hand.
 ///
@@ -444,35 +281,6 @@ fn relayed<'a, T: Duplex>(
     })
 }
 
-/// When a connection's client was last heard from, shared by its two halves: milliseconds
-/// since the connection opened (an atomic, not an `Instant` behind a lock).
-pub(crate) struct LastSeen {
-    opened: Instant,
-    at_ms: AtomicU64,
-}
-
-impl LastSeen {
-    pub(crate) fn new() -> LastSeen {
-        LastSeen {
-            opened: Instant::now(),
-            at_ms: AtomicU64::new(0),
-        }
-    }
-
-    pub(crate) fn mark(&self) {
-        let now = self.opened.elapsed().as_millis() as u64;
-        self.at_ms.store(now, Ordering::Relaxed);
-    }
-
-    pub(crate) fn last(&self) -> Instant {
-        self.opened + Duration::from_millis(self.at_ms.load(Ordering::Relaxed))
-    }
-}
-
-/// A joined peer's frames both ways, until either side ends: `None` when the client closed,
-/// else the reason to close it with.
-///
-/// Polled by hand rather than a `select!` over a reader and a writer: it polls both
 /// directions of one socket, which therefore need not be split, and an idle connection holds
 /// just this struct (the `select!` of two `async` loops was about 0.5 KiB). It owns none of
 /// the connection: the socket, the app and the last-heard time come with each poll.
@@ -690,58 +498,59 @@ fn room_gone() -> CloseReason {
     CloseReason::new(close::INTERNAL, "document closed, reconnect")
 }
 
-/// The close handshake: send ours, then read until the client's Close (or the timeout) so
-/// the client sees our code instead of a reset connection. `None`: the client closed. A
-/// client closed for not reading (1013) gets `slow` (`slow_close_timeout`) for it: it may be
-/// slow rather than gone.
-pub(crate) async fn finish<T: Duplex>(
-    mut conn: T,
-    outcome: Option<CloseReason>,
-    slow: Duration,
-) -> CloseReason {
-    match outcome {
-        Some(reason) => {
-            let frame = WsMessage::Close(Some(CloseFrame {
-                code: reason.code.into(),
-                reason: reason.reason.to_string().into(),
-            }));
-            let patience = if reason.code == close::TRY_AGAIN_LATER {
-                slow
-            } else {
-                CLOSE_TIMEOUT
-            };
-            let _ = tokio::time::timeout(patience, async {
-                if conn.send(frame).await.is_ok() {
-                    while let Some(Ok(msg)) = conn.next().await {
-                        if matches!(msg, WsMessage::Close(_)) {
-                            break;
-                        }
-                    }
-                }
-                let _ = conn.close().await;
-            })
-            .await;
-            reason
-        }
-        None => CloseReason::new(1000, "closed by peer"),
+/// `GET /<document-name>` with a WebSocket upgrade. The name and the token are checked before
+/// the upgrade, so a bad one gets a plain HTTP error.
+pub async fn accept(
+    State(app): State<AppState>,
+    connect_info: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
+    uri: Uri,
+    headers: HeaderMap,
+    ws: Result<WsUpgrade, UpgradeRejection>,
+) -> Response {
+    let ip = connect_info.map(|c| c.0 .0.ip());
+    if let Err(refused) = admit_address(&app, ip) {
+        return *refused;
     }
-}
-
-/// Whether a read failed on a message or frame over the configured bounds.
-pub(crate) fn is_too_big(e: &WsError) -> bool {
-    matches!(e, WsError::Capacity(_))
-}
-
-/// Close reasons must fit a control frame (123 bytes).
-pub(crate) fn truncate(mut s: String) -> String {
-    if s.len() > 120 {
-        let mut cut = 120;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
+    let name = match DocName::from_url_path(uri.path()) {
+        Ok(name) => name,
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "invalid-document-name",
+                &e.to_string(),
+            )
         }
-        s.truncate(cut);
-    }
-    s
+    };
+    let (principal, via_protocol) = if app.auth.is_open() {
+        (Principal::open(ip), false)
+    } else {
+        let (token, via_protocol) = socket_token(&uri, &headers).unzip();
+        match verify_from(&app, ip, token.as_deref()) {
+            Ok(p) => (p, via_protocol.unwrap_or(false)),
+            Err(resp) => return *resp,
+        }
+    };
+    let auth = match socket_permission(&app, &principal, &name).await {
+        Ok(auth) => auth,
+        Err(e) => return e.into_response(),
+    };
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let ws = if via_protocol {
+        ws.protocol("quire")
+    } else {
+        ws
+    };
+    let tracker = app.connections.clone();
+    let conn = Box::new(Conn {
+        name,
+        auth: Box::new(auth),
+        app: app.clone(),
+    });
+    ws.config(socket_config(&app.config.limits))
+        .on_upgrade(move |socket| tracker.track_future(serve(socket, conn)))
 }
 
 #[cfg(test)]
