@@ -18,14 +18,15 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 use utoipa::{IntoParams, ToSchema};
 
-use super::api::ApiResult;
 use super::extract::{ApiPath, ApiQuery};
+use super::shared::ApiResult;
 use crate::admin::{LiveRoom, Sample, Tick};
 use crate::app::AppState;
 use crate::auth::Principal;
 use crate::problem::responses::*;
 use crate::problem::ApiError;
 use crate::room::stats::RoomFigures;
+use crate::storage::api::DeadEvent;
 use crate::storage::api::{ClusterRows, DocQuery, DocStats, OutboxEvent};
 
 fn admin_only(principal: &Principal) -> ApiResult<()> {
@@ -337,4 +338,35 @@ fn still_valid(app: &AppState, principal: &Principal) -> bool {
             .is_revoked(id, &principal.user, principal.issued_at),
         None => true,
     }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OutboxView {
+    /// Newest first: pending and delivered events.
+    pub events: Vec<OutboxEvent>,
+    /// Events whose attempts ran out, newest first.
+    pub dead: Vec<DeadEvent>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OutboxParams {
+    /// At most this many of each (default 100, at most 1000).
+    limit: Option<u32>,
+}
+
+/// The webhook outbox and dead-letter table (administrators).
+#[utoipa::path(get, path = "/api/v1/admin/outbox", params(OutboxParams),
+    responses((status = 200, body = OutboxView), BadRequest, Unauthorized, Forbidden))]
+pub(super) async fn admin_outbox(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiQuery(p): ApiQuery<OutboxParams>,
+) -> ApiResult<Json<OutboxView>> {
+    if !principal.is_admin() {
+        return Err(ApiError::forbidden("administrators only"));
+    }
+    let limit = p.limit.unwrap_or(100).clamp(1, 1000);
+    let (events, dead) = app.api.outbox_view(limit).await?;
+    Ok(Json(OutboxView { events, dead }))
 }

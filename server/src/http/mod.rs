@@ -1,13 +1,19 @@
 //! HTTP routes: health, readiness, metrics, the REST API under `/api/v1`, and the WebSocket
 //! entry point for documents (every other path).
 
+mod access;
 mod admin;
 pub mod api;
+mod content;
+mod docs;
 mod extract;
 mod history;
 mod idempotency;
 mod listen;
 pub mod owner;
+mod reads;
+mod shared;
+mod tokens;
 
 use axum::extract::{Request, State};
 use axum::http::{header, Method, StatusCode};
@@ -19,8 +25,8 @@ use tower::ServiceExt;
 use tower_http::services::ServeDir;
 
 pub use crate::problem::{problem, too_many, ApiError};
-pub use api::doc_path;
 pub use listen::serve;
+pub use shared::doc_path;
 
 use crate::app::AppState;
 use crate::auth::{AuthError, Principal};

@@ -98,7 +98,7 @@ async fn owner_elsewhere(
         return Ok(None);
     }
     // About to forward: the caller is checked here first, as the owner would check it.
-    super::api::live(super::api::doc_for(app, principal, name, Permission::Write).await?)?;
+    super::shared::live(super::shared::doc_for(app, principal, name, Permission::Write).await?)?;
     Ok(Some(owner))
 }
 

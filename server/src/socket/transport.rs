@@ -228,11 +228,6 @@ impl LastSeen {
     }
 }
 
-/// A joined peer's frames both ways, until either side ends: `None` when the client closed,
-/// else the reason to close it with.
-///
-/// Polled by hand rather than a `select!` over a reader and a writer: it polls both
-
 /// The close handshake: send ours, then read until the client's Close (or the timeout) so
 /// the client sees our code instead of a reset connection. `None`: the client closed. A
 /// client closed for not reading (1013) gets `slow` (`slow_close_timeout`) for it: it may be

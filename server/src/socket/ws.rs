@@ -281,6 +281,10 @@ fn relayed<'a, T: Duplex>(
     })
 }
 
+/// A joined peer's frames both ways, until either side ends: `None` when the client closed,
+/// else the reason to close it with.
+///
+/// Polled by hand rather than a `select!` over a reader and a writer: it polls both
 /// directions of one socket, which therefore need not be split, and an idle connection holds
 /// just this struct (the `select!` of two `async` loops was about 0.5 KiB). It owns none of
 /// the connection: the socket, the app and the last-heard time come with each poll.
