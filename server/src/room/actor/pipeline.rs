@@ -243,7 +243,7 @@ impl Room {
             self.release_waiters();
             return;
         }
-        self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, 0));
+        self.inflight = Some(self.append_op(batch, upto_idx, committed_sv, 0));
     }
 
     /// Applies up to `commit_batch` queued updates; `None` if one was rejected (the good ones
@@ -373,7 +373,10 @@ impl Room {
         Ok(changed.then(|| Changes::of(&txn)))
     }
 
-    pub(super) fn spawn_append(
+    /// The append of `batch` (updates up to `upto_idx`), as the storage operation to put in
+    /// flight. Nothing is spawned and nothing runs until the room polls it in its loop (see
+    /// [`StorageOp`]); a retry (`attempt` > 0) first waits out its backoff there.
+    pub(super) fn append_op(
         &self,
         batch: Vec<Applied>,
         upto_idx: u64,
@@ -568,7 +571,7 @@ impl Room {
                     upto_idx,
                     committed_sv,
                 } = next;
-                self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, attempt + 1));
+                self.inflight = Some(self.append_op(batch, upto_idx, committed_sv, attempt + 1));
                 Ok(())
             }
         }
