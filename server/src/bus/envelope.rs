@@ -5,6 +5,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use crate::room::PeerAuth;
+
 const OPEN: u8 = 1;
 const FRAME: u8 = 2;
 const ALIVE: u8 = 3;
@@ -38,21 +40,17 @@ pub enum Change {
 /// One message on the bus.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Envelope {
+    /// A client of the sending node wants `doc`, which this node owns. `user` to `profile`
+    /// are the client's [`Credential`] (see there).
     Open {
         from: String,
         conn: u64,
         doc: String,
         user: Option<String>,
         can_write: bool,
-        /// When the client's token expires (seconds since the epoch): the owner closes the
-        /// remote peer then, as it would a local one.
         expires_at: Option<i64>,
-        /// The newest role change the client's permission reflects (`PeerAuth::seen_change`).
         seen_change: i64,
-        /// A document of a Hocuspocus socket (`PeerAuth::hocuspocus`).
         hocuspocus: bool,
-        /// The user's profile name and colour (`PeerAuth::profile`), for the identity the
-        /// owner stamps into the client's awareness states.
         profile: Option<(String, String)>,
     },
     Frame {
@@ -112,7 +110,9 @@ pub enum Envelope {
         body: Bytes,
     },
     /// A relayed client's new credential (a Hocuspocus token refresh): the owner replaces the
-    /// remote peer's permission and expiry, as it would a local one's.
+    /// remote peer's permission and expiry, as it would a local one's. `user` to
+    /// `seen_change` are the client's new [`Credential`] (a refresh carries no flags or
+    /// profile).
     Reauth {
         from: String,
         conn: u64,
@@ -189,6 +189,145 @@ fn get_u64(b: &mut Bytes) -> Option<u64> {
     (b.remaining() >= 8).then(|| b.get_u64())
 }
 
+/// A relayed client's credential, as `Open` and `Reauth` carry it: what the owner makes the
+/// remote peer's [`PeerAuth`] of. (The token's id and issue time stay on the relaying node.)
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Credential {
+    pub user: Option<String>,
+    pub can_write: bool,
+    /// When the client's token expires (seconds since the epoch): the owner closes the
+    /// remote peer then, as it would a local one.
+    pub expires_at: Option<i64>,
+    /// The newest role change the client's permission reflects (`PeerAuth::seen_change`).
+    pub seen_change: i64,
+    /// A document of a Hocuspocus socket (`PeerAuth::hocuspocus`). Not in a `Reauth`.
+    pub hocuspocus: bool,
+    /// The user's profile name and colour (`PeerAuth::profile`), for the identity the owner
+    /// stamps into the client's awareness states. Not in a `Reauth`.
+    pub profile: Option<(String, String)>,
+}
+
+/// How a message lays out the credential after its expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `Open`: the change id, a flags byte and the profile, each left out when it and all
+    /// after it are unset, as a node of an earlier version leaves them out; anything after
+    /// the profile is a later version's and ignored.
+    Open,
+    /// `Reauth`: the change id, always, and nothing after it.
+    Reauth,
+}
+
+impl Credential {
+    /// Writes the credential, laid out as `layout` says.
+    fn encode_into(&self, b: &mut BytesMut, layout: Layout) {
+        b.put_u8(u8::from(self.can_write));
+        match &self.user {
+            Some(u) => {
+                b.put_u8(1);
+                put_str(b, u);
+            }
+            None => b.put_u8(0),
+        }
+        match self.expires_at {
+            Some(exp) => {
+                b.put_u8(1);
+                b.put_i64(exp);
+            }
+            None => b.put_u8(0),
+        }
+        match layout {
+            Layout::Reauth => b.put_i64(self.seen_change),
+            Layout::Open => {
+                let flagged = self.hocuspocus || self.profile.is_some();
+                if self.seen_change != 0 || flagged {
+                    b.put_i64(self.seen_change);
+                }
+                if flagged {
+                    b.put_u8(u8::from(self.hocuspocus));
+                }
+                if let Some((name, color)) = &self.profile {
+                    b.put_u8(1);
+                    put_str(b, name);
+                    put_str(b, color);
+                }
+            }
+        }
+    }
+
+    /// Reads a credential laid out as `layout` says; `None` if it is malformed.
+    fn decode_from(b: &mut Bytes, layout: Layout) -> Option<Credential> {
+        if b.remaining() < 2 {
+            return None;
+        }
+        let can_write = b.get_u8() == 1;
+        let user = match b.get_u8() {
+            1 => Some(get_str(b)?),
+            _ => None,
+        };
+        if b.remaining() < 1 {
+            return None;
+        }
+        let expires_at = match b.get_u8() {
+            1 if b.remaining() >= 8 => Some(b.get_i64()),
+            1 => return None,
+            _ => None,
+        };
+        let mut credential = Credential {
+            user,
+            can_write,
+            expires_at,
+            ..Credential::default()
+        };
+        match layout {
+            Layout::Reauth => {
+                if b.remaining() != 8 {
+                    return None;
+                }
+                credential.seen_change = b.get_i64();
+            }
+            Layout::Open => {
+                // (Absent from an earlier version's message: every role change then applies.)
+                credential.seen_change = match b.remaining() {
+                    0 => 0,
+                    8.. => b.get_i64(),
+                    _ => return None,
+                };
+                // Flags, after the change id (absent: a y-websocket client).
+                credential.hocuspocus = b.remaining() > 0 && b.get_u8() & 1 == 1;
+                // The profile, after the flags.
+                credential.profile = match b.remaining() > 0 && b.get_u8() == 1 {
+                    true => Some((get_str(b)?, get_str(b)?)),
+                    false => None,
+                };
+            }
+        }
+        Some(credential)
+    }
+}
+
+impl From<Credential> for PeerAuth {
+    /// The remote peer's credential on the owner.
+    fn from(c: Credential) -> PeerAuth {
+        PeerAuth {
+            user: c.user.map(Into::into),
+            token_id: None,
+            issued_at: 0,
+            can_write: c.can_write,
+            expires_at: c.expires_at,
+            seen_change: c.seen_change,
+            hocuspocus: c.hocuspocus,
+            profile: c.profile.map(|(name, color)| (name.into(), color.into())),
+        }
+    }
+}
+
+/// The kind byte and the header's u64 (a connection id, or a request's or change's id).
+fn put_head(b: &mut BytesMut, kind: u8, id: u64) {
+    b.put_u8(kind);
+    b.put_u64(id);
+}
+
 impl Envelope {
     pub fn kind(&self) -> Kind {
         match self {
@@ -206,53 +345,51 @@ impl Envelope {
         }
     }
 
-    pub fn encode(&self) -> Bytes {
-        let mut b = BytesMut::new();
+    /// The credential an `Open` or a `Reauth` carries.
+    pub fn credential(&self) -> Option<Credential> {
         match self {
             Envelope::Open {
-                from,
-                conn,
-                doc,
                 user,
                 can_write,
                 expires_at,
                 seen_change,
                 hocuspocus,
                 profile,
+                ..
+            } => Some(Credential {
+                user: user.clone(),
+                can_write: *can_write,
+                expires_at: *expires_at,
+                seen_change: *seen_change,
+                hocuspocus: *hocuspocus,
+                profile: profile.clone(),
+            }),
+            Envelope::Reauth {
+                user,
+                can_write,
+                expires_at,
+                seen_change,
+                ..
+            } => Some(Credential {
+                user: user.clone(),
+                can_write: *can_write,
+                expires_at: *expires_at,
+                seen_change: *seen_change,
+                ..Credential::default()
+            }),
+            _ => None,
+        }
+    }
+
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::new();
+        match self {
+            Envelope::Open {
+                from, conn, doc, ..
             } => {
-                b.put_u8(OPEN);
-                b.put_u64(*conn);
+                put_head(&mut b, OPEN, *conn);
                 put_str(&mut b, from);
                 put_str(&mut b, doc);
-                b.put_u8(u8::from(*can_write));
-                match user {
-                    Some(u) => {
-                        b.put_u8(1);
-                        put_str(&mut b, u);
-                    }
-                    None => b.put_u8(0),
-                }
-                match expires_at {
-                    Some(exp) => {
-                        b.put_u8(1);
-                        b.put_i64(*exp);
-                    }
-                    None => b.put_u8(0),
-                }
-                // Left out when 0, as a node of an earlier version leaves it out, unless the
-                // flags byte follows it.
-                if *seen_change != 0 || *hocuspocus || profile.is_some() {
-                    b.put_i64(*seen_change);
-                }
-                if *hocuspocus || profile.is_some() {
-                    b.put_u8(u8::from(*hocuspocus));
-                }
-                // After the flags (an earlier version ignores it): the profile.
-                if let Some((name, color)) = profile {
-                    b.put_u8(1);
-                    put_str(&mut b, name);
-                    put_str(&mut b, color);
-                }
             }
             Envelope::Frame {
                 from,
@@ -260,37 +397,31 @@ impl Envelope {
                 seq,
                 data,
             } => {
-                b.put_u8(FRAME);
-                b.put_u64(*conn);
+                put_head(&mut b, FRAME, *conn);
                 b.put_u64(*seq);
                 put_str(&mut b, from);
                 b.put_slice(data);
             }
             Envelope::Alive { from, conn, sent } => {
-                b.put_u8(ALIVE);
-                b.put_u64(*conn);
+                put_head(&mut b, ALIVE, *conn);
                 b.put_u64(*sent);
                 put_str(&mut b, from);
             }
             Envelope::Close { from, conn } => {
-                b.put_u8(CLOSE);
-                b.put_u64(*conn);
+                put_head(&mut b, CLOSE, *conn);
                 put_str(&mut b, from);
             }
             Envelope::Out { conn, seq, data } => {
-                b.put_u8(OUT);
-                b.put_u64(*conn);
+                put_head(&mut b, OUT, *conn);
                 b.put_u64(*seq);
                 b.put_slice(data);
             }
             Envelope::Beat { conn, sent } => {
-                b.put_u8(BEAT);
-                b.put_u64(*conn);
+                put_head(&mut b, BEAT, *conn);
                 b.put_u64(*sent);
             }
             Envelope::Kill { conn, code, reason } => {
-                b.put_u8(KILL);
-                b.put_u64(*conn);
+                put_head(&mut b, KILL, *conn);
                 b.put_u16(*code);
                 put_str(&mut b, reason);
             }
@@ -299,24 +430,7 @@ impl Envelope {
                 at_ms,
                 doc,
                 change,
-            } => {
-                b.put_u8(CHANGED);
-                // The change's id (0 for a delete, which needs none).
-                b.put_u64(match change {
-                    Change::Access { id, .. } => *id as u64,
-                    Change::Deleted => 0,
-                });
-                b.put_i64(*at_ms);
-                put_str(&mut b, from);
-                put_str(&mut b, doc);
-                match change {
-                    Change::Deleted => b.put_u8(1),
-                    Change::Access { user, .. } => {
-                        b.put_u8(2);
-                        put_str(&mut b, user);
-                    }
-                }
-            }
+            } => encode_changed(&mut b, from, *at_ms, doc, change),
             Envelope::Request {
                 from,
                 id,
@@ -328,8 +442,7 @@ impl Envelope {
                 headers,
                 body,
             } => {
-                b.put_u8(REQUEST);
-                b.put_u64(*id);
+                put_head(&mut b, REQUEST, *id);
                 put_str(&mut b, from);
                 put_str(&mut b, nonce);
                 b.put_i64(*sent_at_ms);
@@ -339,33 +452,9 @@ impl Envelope {
                 put_headers(&mut b, headers);
                 b.put_slice(body);
             }
-            Envelope::Reauth {
-                from,
-                conn,
-                user,
-                can_write,
-                expires_at,
-                seen_change,
-            } => {
-                b.put_u8(REAUTH);
-                b.put_u64(*conn);
+            Envelope::Reauth { from, conn, .. } => {
+                put_head(&mut b, REAUTH, *conn);
                 put_str(&mut b, from);
-                b.put_u8(u8::from(*can_write));
-                match user {
-                    Some(u) => {
-                        b.put_u8(1);
-                        put_str(&mut b, u);
-                    }
-                    None => b.put_u8(0),
-                }
-                match expires_at {
-                    Some(exp) => {
-                        b.put_u8(1);
-                        b.put_i64(*exp);
-                    }
-                    None => b.put_u8(0),
-                }
-                b.put_i64(*seen_change);
             }
             Envelope::Response {
                 id,
@@ -373,12 +462,19 @@ impl Envelope {
                 headers,
                 body,
             } => {
-                b.put_u8(RESPONSE);
-                b.put_u64(*id);
+                put_head(&mut b, RESPONSE, *id);
                 b.put_u16(*status);
                 put_headers(&mut b, headers);
                 b.put_slice(body);
             }
+        }
+        // An `Open` and a `Reauth` end with the client's credential.
+        if let Some(credential) = self.credential() {
+            let layout = match self.kind() {
+                Kind::Reauth => Layout::Reauth,
+                _ => Layout::Open,
+            };
+            credential.encode_into(&mut b, layout);
         }
         b.freeze()
     }
@@ -389,82 +485,41 @@ impl Envelope {
             return None;
         }
         let kind = b.get_u8();
+        // A connection id, or a request's or change's id.
         let conn = b.get_u64();
+        let b = &mut b;
         Some(match kind {
-            OPEN => {
-                let from = get_str(&mut b)?;
-                let doc = get_str(&mut b)?;
-                if b.remaining() < 2 {
-                    return None;
-                }
-                let can_write = b.get_u8() == 1;
-                let user = match b.get_u8() {
-                    1 => Some(get_str(&mut b)?),
-                    _ => None,
-                };
-                if b.remaining() < 1 {
-                    return None;
-                }
-                let expires_at = match b.get_u8() {
-                    1 if b.remaining() >= 8 => Some(b.get_i64()),
-                    1 => return None,
-                    _ => None,
-                };
-                // (Absent from an earlier version's message: every role change then applies.)
-                let seen_change = match b.remaining() {
-                    0 => 0,
-                    8.. => b.get_i64(),
-                    _ => return None,
-                };
-                // Flags, after the change id (absent: a y-websocket client).
-                let hocuspocus = b.remaining() > 0 && b.get_u8() & 1 == 1;
-                // The profile, after the flags; anything after it is a later version's and
-                // ignored.
-                let profile = match b.remaining() > 0 && b.get_u8() == 1 {
-                    true => Some((get_str(&mut b)?, get_str(&mut b)?)),
-                    false => None,
-                };
-                Envelope::Open {
-                    from,
-                    conn,
-                    doc,
-                    user,
-                    can_write,
-                    expires_at,
-                    seen_change,
-                    hocuspocus,
-                    profile,
-                }
-            }
+            OPEN => decode_open(conn, b)?,
             FRAME => {
-                let seq = get_u64(&mut b)?;
-                let from = get_str(&mut b)?;
+                let seq = get_u64(b)?;
+                let from = get_str(b)?;
                 Envelope::Frame {
                     from,
                     conn,
                     seq,
-                    data: b,
+                    data: std::mem::take(b),
                 }
             }
             ALIVE => {
-                let sent = get_u64(&mut b)?;
+                let sent = get_u64(b)?;
                 Envelope::Alive {
-                    from: get_str(&mut b)?,
+                    from: get_str(b)?,
                     conn,
                     sent,
                 }
             }
             CLOSE => Envelope::Close {
-                from: get_str(&mut b)?,
+                from: get_str(b)?,
                 conn,
             },
             OUT => {
-                let seq = get_u64(&mut b)?;
-                Envelope::Out { conn, seq, data: b }
+                let seq = get_u64(b)?;
+                let data = std::mem::take(b);
+                Envelope::Out { conn, seq, data }
             }
             BEAT => Envelope::Beat {
                 conn,
-                sent: get_u64(&mut b)?,
+                sent: get_u64(b)?,
             },
             KILL => {
                 if b.remaining() < 2 {
@@ -474,70 +529,22 @@ impl Envelope {
                 Envelope::Kill {
                     conn,
                     code,
-                    reason: get_str(&mut b)?,
+                    reason: get_str(b)?,
                 }
             }
-            CHANGED => {
-                let at_ms = get_u64(&mut b)? as i64;
-                let from = get_str(&mut b)?;
-                let doc = get_str(&mut b)?;
-                let change = match (b.remaining() >= 1).then(|| b.get_u8())? {
-                    1 => Change::Deleted,
-                    2 => Change::Access {
-                        user: get_str(&mut b)?,
-                        // The header's u64, which is a connection id in the other kinds.
-                        id: conn as i64,
-                    },
-                    _ => return None,
-                };
-                Envelope::Changed {
-                    from,
-                    at_ms,
-                    doc,
-                    change,
-                }
-            }
+            CHANGED => decode_changed(conn, b)?,
             REQUEST => Envelope::Request {
-                from: get_str(&mut b)?,
+                from: get_str(b)?,
                 id: conn,
-                nonce: get_str(&mut b)?,
+                nonce: get_str(b)?,
                 sent_at_ms: (b.remaining() >= 8).then(|| b.get_i64())?,
-                principal: get_str(&mut b)?,
-                method: get_str(&mut b)?,
-                uri: get_str(&mut b)?,
-                headers: get_headers(&mut b)?,
-                body: b,
+                principal: get_str(b)?,
+                method: get_str(b)?,
+                uri: get_str(b)?,
+                headers: get_headers(b)?,
+                body: std::mem::take(b),
             },
-            REAUTH => {
-                let from = get_str(&mut b)?;
-                if b.remaining() < 2 {
-                    return None;
-                }
-                let can_write = b.get_u8() == 1;
-                let user = match b.get_u8() {
-                    1 => Some(get_str(&mut b)?),
-                    _ => None,
-                };
-                if b.remaining() < 1 {
-                    return None;
-                }
-                let expires_at = match b.get_u8() {
-                    1 if b.remaining() >= 8 => Some(b.get_i64()),
-                    1 => return None,
-                    _ => None,
-                };
-                if b.remaining() != 8 {
-                    return None;
-                }
-                Envelope::Reauth {
-                    from,
-                    conn,
-                    user,
-                    can_write,
-                    expires_at,
-                    seen_change: b.get_i64(),
-                }
-            }
+            REAUTH => decode_reauth(conn, b)?,
             RESPONSE => {
                 if b.remaining() < 2 {
                     return None;
@@ -546,13 +553,98 @@ impl Envelope {
                 Envelope::Response {
                     id: conn,
                     status,
-                    headers: get_headers(&mut b)?,
-                    body: b,
+                    headers: get_headers(b)?,
+                    body: std::mem::take(b),
                 }
             }
             _ => return None,
         })
     }
+}
+
+fn encode_changed(b: &mut BytesMut, from: &str, at_ms: i64, doc: &str, change: &Change) {
+    // The change's id (0 for a delete, which needs none).
+    let id = match change {
+        Change::Access { id, .. } => *id as u64,
+        Change::Deleted => 0,
+    };
+    put_head(b, CHANGED, id);
+    b.put_i64(at_ms);
+    put_str(b, from);
+    put_str(b, doc);
+    match change {
+        Change::Deleted => b.put_u8(1),
+        Change::Access { user, .. } => {
+            b.put_u8(2);
+            put_str(b, user);
+        }
+    }
+}
+
+/// An `Open` after its header.
+fn decode_open(conn: u64, b: &mut Bytes) -> Option<Envelope> {
+    let from = get_str(b)?;
+    let doc = get_str(b)?;
+    let Credential {
+        user,
+        can_write,
+        expires_at,
+        seen_change,
+        hocuspocus,
+        profile,
+    } = Credential::decode_from(b, Layout::Open)?;
+    Some(Envelope::Open {
+        from,
+        conn,
+        doc,
+        user,
+        can_write,
+        expires_at,
+        seen_change,
+        hocuspocus,
+        profile,
+    })
+}
+
+/// A `Reauth` after its header.
+fn decode_reauth(conn: u64, b: &mut Bytes) -> Option<Envelope> {
+    let from = get_str(b)?;
+    let Credential {
+        user,
+        can_write,
+        expires_at,
+        seen_change,
+        ..
+    } = Credential::decode_from(b, Layout::Reauth)?;
+    Some(Envelope::Reauth {
+        from,
+        conn,
+        user,
+        can_write,
+        expires_at,
+        seen_change,
+    })
+}
+
+/// A `Changed` after its header (`id`: the change's id, 0 for a delete).
+fn decode_changed(id: u64, b: &mut Bytes) -> Option<Envelope> {
+    let at_ms = get_u64(b)? as i64;
+    let from = get_str(b)?;
+    let doc = get_str(b)?;
+    let change = match (b.remaining() >= 1).then(|| b.get_u8())? {
+        1 => Change::Deleted,
+        2 => Change::Access {
+            user: get_str(b)?,
+            id: id as i64,
+        },
+        _ => return None,
+    };
+    Some(Envelope::Changed {
+        from,
+        at_ms,
+        doc,
+        change,
+    })
 }
 
 /// The cluster key: every message on the bus is signed with it, and only messages signed

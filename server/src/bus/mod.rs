@@ -541,25 +541,12 @@ impl Bus {
         });
     }
 
+    /// Hands a message from the bus to whoever it is for.
     async fn dispatch(&self, env: Envelope) {
         match env {
             Envelope::Out { conn, seq, data } => self.on_out(conn, seq, data),
-            Envelope::Beat { conn, sent } => {
-                let mut relays = lock(&self.relays);
-                let gap = relays
-                    .get_mut(&conn)
-                    .is_some_and(|r| r.order.check_sent(sent).is_err());
-                if gap {
-                    if let Some(relay) = relays.remove(&conn) {
-                        relay.tx.kill(lost(&self.metrics));
-                    }
-                }
-            }
-            Envelope::Kill { conn, code, reason } => {
-                if let Some(relay) = lock(&self.relays).remove(&conn) {
-                    relay.tx.kill(CloseReason::new(code, reason));
-                }
-            }
+            Envelope::Beat { conn, sent } => self.on_beat(conn, sent),
+            Envelope::Kill { conn, code, reason } => self.on_kill(conn, code, reason),
             Envelope::Open {
                 from,
                 conn,
@@ -571,81 +558,24 @@ impl Bus {
                 hocuspocus,
                 profile,
             } => {
-                let Ok(name) = DocName::parse(&doc) else {
-                    return;
-                };
-                let (tx, rx) = mpsc::unbounded_channel();
-                let queued = Arc::new(AtomicUsize::new(0));
-                {
-                    let mut remotes = lock(&self.remotes);
-                    let key = (from.clone(), conn);
-                    if remotes.contains_key(&key) {
-                        // A duplicate.
-                        self.metrics.bus_duplicates.inc();
-                        return;
-                    }
-                    let remote = Remote {
-                        tx,
-                        queued: queued.clone(),
-                        order: InOrder::default(),
-                    };
-                    remotes.insert(key, remote);
-                }
-                let auth = PeerAuth {
-                    user: user.map(Into::into),
-                    token_id: None,
-                    issued_at: 0,
+                let credential = Credential {
+                    user,
                     can_write,
                     expires_at,
                     seen_change,
                     hocuspocus,
-                    profile: profile.map(|(name, color)| (name.into(), color.into())),
+                    profile,
                 };
-                let inbox = RemoteInbox { rx, queued };
-                let open = RemoteOpen {
-                    name,
-                    from,
-                    conn,
-                    auth,
-                    inbox,
-                };
-                let _ = self.inbound.send(Inbound::Open(open));
+                self.on_open(from, conn, &doc, credential);
             }
             Envelope::Frame {
                 from,
                 conn,
                 seq,
                 data,
-            } => {
-                if !self.on_frame(&from, conn, seq, data) {
-                    self.refuse_unknown(&from, conn).await;
-                }
-            }
-            Envelope::Alive { from, conn, sent } => {
-                let known = {
-                    let mut remotes = lock(&self.remotes);
-                    let key = (from.clone(), conn);
-                    match remotes.get_mut(&key) {
-                        Some(r) => {
-                            if r.order.check_sent(sent).is_ok() {
-                                let _ = r.tx.send(RemoteIn::Alive);
-                            } else if let Some(remote) = remotes.remove(&key) {
-                                let _ = remote.tx.send(RemoteIn::Gap);
-                            }
-                            true
-                        }
-                        None => false,
-                    }
-                };
-                if !known {
-                    self.refuse_unknown(&from, conn).await;
-                }
-            }
-            Envelope::Close { from, conn } => {
-                if let Some(remote) = lock(&self.remotes).remove(&(from, conn)) {
-                    let _ = remote.tx.send(RemoteIn::Close);
-                }
-            }
+            } => self.on_frame(&from, conn, seq, data).await,
+            Envelope::Alive { from, conn, sent } => self.on_alive(&from, conn, sent).await,
+            Envelope::Close { from, conn } => self.on_close(from, conn),
             Envelope::Reauth {
                 from,
                 conn,
@@ -654,16 +584,14 @@ impl Bus {
                 expires_at,
                 seen_change,
             } => {
-                if let Some(remote) = lock(&self.remotes).get(&(from, conn)) {
-                    let auth = PeerAuth {
-                        user: user.map(Into::into),
-                        can_write,
-                        expires_at,
-                        seen_change,
-                        ..PeerAuth::default()
-                    };
-                    let _ = remote.tx.send(RemoteIn::Reauth(auth));
-                }
+                let credential = Credential {
+                    user,
+                    can_write,
+                    expires_at,
+                    seen_change,
+                    ..Credential::default()
+                };
+                self.on_reauth(from, conn, credential);
             }
             Envelope::Request {
                 from,
@@ -675,55 +603,36 @@ impl Bus {
                 uri,
                 headers,
                 body,
-            } => {
-                let request = Forwarded {
-                    from,
-                    id,
-                    nonce,
-                    sent_at_ms,
-                    principal,
-                    method,
-                    uri,
-                    status: 0,
-                    headers,
-                    body,
-                };
-                let _ = self.inbound.send(Inbound::Request(request));
-            }
+            } => self.on_request(Forwarded {
+                from,
+                id,
+                nonce,
+                sent_at_ms,
+                principal,
+                method,
+                uri,
+                status: 0,
+                headers,
+                body,
+            }),
             Envelope::Response {
                 id,
                 status,
                 headers,
                 body,
-            } => {
-                // (A duplicate or a late response finds nothing waiting.)
-                if let Some(waiting) = lock(&self.pending).remove(&id) {
-                    let _ = waiting.send(Forwarded {
-                        id,
-                        status,
-                        headers,
-                        body,
-                        ..Forwarded::default()
-                    });
-                }
-            }
+            } => self.on_response(Forwarded {
+                id,
+                status,
+                headers,
+                body,
+                ..Forwarded::default()
+            }),
             Envelope::Changed {
                 from,
                 at_ms,
                 doc,
                 change,
-            } => {
-                let age = crate::storage::now_ms()
-                    .saturating_sub(at_ms)
-                    .unsigned_abs();
-                if *from == *self.node || age > CHANGE_MAX_AGE.as_millis() as u64 {
-                    return;
-                }
-                let Ok(name) = DocName::parse(&doc) else {
-                    return;
-                };
-                let _ = self.inbound.send(Inbound::Changed { name, change });
-            }
+            } => self.on_changed(&from, at_ms, &doc, change),
         }
     }
 
@@ -759,9 +668,137 @@ impl Bus {
         }
     }
 
-    /// A `Frame` from a relaying node: into its remote peer's inbox, in order. False if no
-    /// remote peer has that name here.
-    fn on_frame(&self, from: &str, conn: u64, seq: u64, data: Bytes) -> bool {
+    /// A `Beat` for relayed connection `conn`: the owner's count of `Out`s sent, checked
+    /// against those received.
+    fn on_beat(&self, conn: u64, sent: u64) {
+        let mut relays = lock(&self.relays);
+        let gap = relays
+            .get_mut(&conn)
+            .is_some_and(|r| r.order.check_sent(sent).is_err());
+        if gap {
+            if let Some(relay) = relays.remove(&conn) {
+                relay.tx.kill(lost(&self.metrics));
+            }
+        }
+    }
+
+    /// A `Kill` for relayed connection `conn`: the owner closed it.
+    fn on_kill(&self, conn: u64, code: u16, reason: String) {
+        if let Some(relay) = lock(&self.relays).remove(&conn) {
+            relay.tx.kill(CloseReason::new(code, reason));
+        }
+    }
+
+    /// An `Open` from a relaying node: a remote peer for its client, handed on to join
+    /// `doc`'s room (a duplicate is ignored).
+    fn on_open(&self, from: String, conn: u64, doc: &str, credential: Credential) {
+        let Ok(name) = DocName::parse(doc) else {
+            return;
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        {
+            let mut remotes = lock(&self.remotes);
+            let key = (from.clone(), conn);
+            if remotes.contains_key(&key) {
+                // A duplicate.
+                self.metrics.bus_duplicates.inc();
+                return;
+            }
+            let remote = Remote {
+                tx,
+                queued: queued.clone(),
+                order: InOrder::default(),
+            };
+            remotes.insert(key, remote);
+        }
+        let inbox = RemoteInbox { rx, queued };
+        let open = RemoteOpen {
+            name,
+            from,
+            conn,
+            auth: credential.into(),
+            inbox,
+        };
+        let _ = self.inbound.send(Inbound::Open(open));
+    }
+
+    /// A `Frame` from a relaying node: into its remote peer's inbox, or refused if no remote
+    /// peer has that name here.
+    async fn on_frame(&self, from: &str, conn: u64, seq: u64, data: Bytes) {
+        if !self.take_frame(from, conn, seq, data) {
+            self.refuse_unknown(from, conn).await;
+        }
+    }
+
+    /// An `Alive` from a relaying node: passed to its remote peer (which answers with a
+    /// `Beat`) if no `Frame` it counts was lost, or refused if no remote peer has that name.
+    async fn on_alive(&self, from: &str, conn: u64, sent: u64) {
+        let known = {
+            let mut remotes = lock(&self.remotes);
+            let key = (from.to_owned(), conn);
+            match remotes.get_mut(&key) {
+                Some(r) => {
+                    if r.order.check_sent(sent).is_ok() {
+                        let _ = r.tx.send(RemoteIn::Alive);
+                    } else if let Some(remote) = remotes.remove(&key) {
+                        let _ = remote.tx.send(RemoteIn::Gap);
+                    }
+                    true
+                }
+                None => false,
+            }
+        };
+        if !known {
+            self.refuse_unknown(from, conn).await;
+        }
+    }
+
+    /// A `Close` from a relaying node: its client left.
+    fn on_close(&self, from: String, conn: u64) {
+        if let Some(remote) = lock(&self.remotes).remove(&(from, conn)) {
+            let _ = remote.tx.send(RemoteIn::Close);
+        }
+    }
+
+    /// A `Reauth` from a relaying node: its client's new credential, for its remote peer.
+    fn on_reauth(&self, from: String, conn: u64, credential: Credential) {
+        if let Some(remote) = lock(&self.remotes).get(&(from, conn)) {
+            let _ = remote.tx.send(RemoteIn::Reauth(credential.into()));
+        }
+    }
+
+    /// A `Request` forwarded to this node as the owner: handed on to be served.
+    fn on_request(&self, request: Forwarded) {
+        let _ = self.inbound.send(Inbound::Request(request));
+    }
+
+    /// A `Response` to a request this node forwarded: to whoever waits for it.
+    fn on_response(&self, response: Forwarded) {
+        // (A duplicate or a late response finds nothing waiting.)
+        if let Some(waiting) = lock(&self.pending).remove(&response.id) {
+            let _ = waiting.send(response);
+        }
+    }
+
+    /// A `Changed` announced by another node: handed on unless it is this node's own or too
+    /// old.
+    fn on_changed(&self, from: &str, at_ms: i64, doc: &str, change: Change) {
+        let age = crate::storage::now_ms()
+            .saturating_sub(at_ms)
+            .unsigned_abs();
+        if *from == *self.node || age > CHANGE_MAX_AGE.as_millis() as u64 {
+            return;
+        }
+        let Ok(name) = DocName::parse(doc) else {
+            return;
+        };
+        let _ = self.inbound.send(Inbound::Changed { name, change });
+    }
+
+    /// A `Frame`'s bytes into its remote peer's inbox, in order. False if no remote peer has
+    /// that name here.
+    fn take_frame(&self, from: &str, conn: u64, seq: u64, data: Bytes) -> bool {
         let mut remotes = lock(&self.remotes);
         let key = (from.to_owned(), conn);
         let Some(remote) = remotes.get_mut(&key) else {

@@ -2,7 +2,20 @@
 //! share the database) and registers the room, the lease renewal that keeps it, reloads from
 //! storage, and the way out (drain, final snapshot, release, close the peers).
 
-use super::*;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, Duration, Instant};
+use tracing::{debug, error, info, info_span, warn, Instrument};
+use yrs::{Doc, ReadTxn, StateVector, Transact};
+
+use super::pipeline::is_empty_update;
+use super::{wait_inflight, Exit, Room, StorageOp};
+use crate::close;
+use crate::protocol;
+use crate::room::committed::{self, CommittedCopy};
+use crate::room::{CloseReason, DocName, JoinError, Registry, RoomCmd};
+use crate::storage::{Epoch, LeaseGrant, StorageError, StoredDoc};
 
 /// Removes the room from the registry however the task ends, a panic included, so the next
 /// connection starts a fresh room instead of finding a dead handle.
@@ -286,6 +299,56 @@ pub(super) async fn wait_renewal(
     }
 }
 
+/// The room's lease on its document (all `None` and unused without leases).
+pub(super) struct Lease {
+    /// The lease epoch every append and snapshot carries (`None`: no leases).
+    pub(super) fence: Option<Epoch>,
+    /// A lease renewal in flight, polled by the room like its storage operation.
+    pub(super) renewing: Option<StorageOp<bool>>,
+    /// When the renewal in flight was sent, when to renew next, and until when the lease is
+    /// known to hold (by this process's clock, counted from when a grant or renewal was sent,
+    /// so never later than the database's).
+    renew_started: Instant,
+    pub(super) renew_at: Instant,
+    until: Instant,
+    /// Released on every exit, a panic included (`None`: no leases).
+    guard: Option<LeaseGuard>,
+    /// Set when a write was fenced: the room must stop.
+    pub(super) fenced: bool,
+}
+
+impl Lease {
+    /// The lease the room was loaded under (its epoch and when it was granted), if any.
+    pub(super) fn new(registry: &Registry, doc: i64, lease: Option<(Epoch, Instant)>) -> Lease {
+        let ttl = registry
+            .config
+            .lease
+            .as_ref()
+            .map_or(Duration::from_secs(5), |l| l.ttl);
+        let granted_at = lease.map_or_else(Instant::now, |(_, at)| at);
+        let guard = lease.and_then(|(epoch, _)| {
+            let node = registry.config.lease.as_ref()?.node_id.clone();
+            Some(LeaseGuard {
+                store: registry.store.clone(),
+                doc,
+                node,
+                epoch,
+                armed: true,
+                limit: registry.config.storage_timeout,
+            })
+        });
+        Lease {
+            fence: lease.map(|(epoch, _)| epoch),
+            renewing: None,
+            renew_started: granted_at,
+            renew_at: renewal_tick(granted_at, ttl),
+            until: granted_at + ttl,
+            guard,
+            fenced: false,
+        }
+    }
+}
+
 impl Room {
     /// What the room does on its way out.
     pub(super) async fn leave(&mut self, exit: Exit) -> bool {
@@ -354,7 +417,7 @@ impl Room {
     /// `seen` (the state they may have been sent).
     pub(super) async fn reload(&mut self, seen: &StateVector) -> Result<(), String> {
         // A staged batch is in the `Doc` being replaced: apply it again later.
-        if let Some(staged) = self.staged.take() {
+        if let Some(staged) = self.pipeline.staged.take() {
             self.requeue_applied(staged.batch);
         }
         let loaded = load(&self.registry, &self.name)
@@ -364,21 +427,21 @@ impl Room {
         let Loaded { mut stored, doc } = loaded;
         self.doc = doc;
         self.answers.invalidate();
-        self.snapshot_version = stored.snapshot_version;
+        self.snapshots.version = stored.snapshot_version;
         self.last_seq = stored.last_seq();
         self.stored_bytes = stored.stored_bytes();
-        self.since_snapshot_updates = stored.updates.len() as u64;
+        self.snapshots.since_updates = stored.updates.len() as u64;
         self.report();
-        self.since_snapshot_bytes = stored.updates.iter().map(|(_, u)| u.len() as u64).sum();
+        self.snapshots.since_bytes = stored.updates.iter().map(|(_, u)| u.len() as u64).sum();
         self.committed = CommittedCopy::take(&mut stored, committed_copy_limit(&self.registry));
         // A snapshot encoded from the old copy is not written (its task finishes unheard).
-        self.encoding = None;
-        self.encoded = None;
+        self.snapshots.encoding = None;
+        self.snapshots.encoded = None;
         if !is_empty_update(&diff) {
             self.broadcast(&protocol::encode_update(&diff), None);
         }
         info!(
-            snapshot_version = self.snapshot_version,
+            snapshot_version = self.snapshots.version,
             last_seq = self.last_seq,
             "reloaded from storage"
         );
@@ -389,22 +452,23 @@ impl Room {
     pub(super) async fn drain_pipeline(&mut self) -> Result<(), String> {
         // Leaving: a commit that keeps failing is given up after a few attempts instead of
         // retried until storage answers (its senders resend when they resync elsewhere).
-        self.draining = true;
+        self.pipeline.draining = true;
         loop {
-            if let Some(seen) = self.reload_needed.take() {
+            if let Some(seen) = self.pipeline.reload_needed.take() {
                 self.reload(&seen).await?;
             }
             self.maybe_start_commit();
-            if self.inflight.is_none() {
+            if self.pipeline.inflight.is_none() {
                 return Ok(());
             }
-            let res = wait_inflight(&mut self.inflight).await;
+            let res = wait_inflight(&mut self.pipeline.inflight).await;
             self.on_op_done(res).await?;
         }
     }
 
     pub(super) fn start_renewal(&mut self) {
-        let (Some(epoch), Some(lease)) = (self.fence, self.registry.config.lease.clone()) else {
+        let (Some(epoch), Some(lease)) = (self.lease.fence, self.registry.config.lease.clone())
+        else {
             return;
         };
         let store = self.registry.store.clone();
@@ -412,8 +476,8 @@ impl Room {
         let started = Instant::now();
         // A renewal that has not answered when the lease runs out counts as failed: a stalled
         // connection must not keep the room alive after another node may have the document.
-        let deadline = self.lease_until.max(started);
-        self.renewing = Some(Box::pin(async move {
+        let deadline = self.lease.until.max(started);
+        self.lease.renewing = Some(Box::pin(async move {
             match tokio::time::timeout_at(
                 deadline,
                 store.renew_lease(doc, &lease.node_id, epoch, lease.ttl),
@@ -426,8 +490,8 @@ impl Room {
                 )),
             }
         }));
-        self.renew_started = started;
-        self.renew_at = renewal_tick(started, lease.ttl);
+        self.lease.renew_started = started;
+        self.lease.renew_at = renewal_tick(started, lease.ttl);
     }
 
     /// A renewal's outcome: keep going, retry soon, or give the room up.
@@ -435,15 +499,15 @@ impl Room {
         let ttl = self.registry.config.lease.as_ref()?.ttl;
         match renewed {
             Ok(true) => {
-                self.lease_until = self.renew_started + ttl;
+                self.lease.until = self.lease.renew_started + ttl;
                 None
             }
             Ok(false) => Some(Exit::Fenced(
                 "lease renewal refused: another node holds the document".into(),
             )),
-            Err(e) if Instant::now() + ttl / 10 < self.lease_until => {
+            Err(e) if Instant::now() + ttl / 10 < self.lease.until => {
                 warn!(error = %e, "lease renewal failed; retrying");
-                self.renew_at = Instant::now() + ttl / 10;
+                self.lease.renew_at = Instant::now() + ttl / 10;
                 None
             }
             Err(e) => Some(Exit::Fenced(format!(
@@ -454,8 +518,8 @@ impl Room {
 
     pub(super) async fn release_lease(&mut self) {
         // A renewal still in flight is abandoned: the release ends the lease either way.
-        self.renewing = None;
-        if let Some(guard) = &mut self.lease_guard {
+        self.lease.renewing = None;
+        if let Some(guard) = &mut self.lease.guard {
             guard.release().await;
         }
     }

@@ -1,7 +1,7 @@
 //! The room task: applies updates, commits them to the log, broadcasts them, snapshots.
 //!
 //! The pipeline keeps one rule: **no peer ever receives state that is not committed**.
-//! - Updates arrive in `queued`, unapplied.
+//! - Updates arrive in `Pipeline::queued`, unapplied.
 //! - When no write is in flight, the room applies the queued updates to the `Doc` (dropping the
 //!   ones that add nothing) and starts one append for all the new ones: group commit, since
 //!   everything that arrived during the previous commit goes into this one.
@@ -26,27 +26,25 @@ mod reads;
 mod snapshots;
 mod versions;
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::{sleep, sleep_until, Duration, Instant};
-use tracing::{debug, error, info, info_span, warn, Instrument};
-use yrs::updates::decoder::Decode;
-use yrs::{Doc, ReadTxn, StateVector, Transact, Update};
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, Duration, Instant};
+use yrs::{Doc, StateVector, Update};
 
 use super::answers::SharedAnswers;
-use super::awareness::AwarenessTable;
-use super::committed::{self, CommittedCopy};
-use super::queue::{Answer, QueueTx, SendError};
-use super::{
-    ApplyCmd, ApplyError, CloseReason, DocName, JoinError, PeerAuth, PeerFilter, PeerId, PeerLink,
-    PeerMsg, Registry, RoomCmd,
-};
-use crate::close;
+use super::committed::CommittedCopy;
+use super::queue::QueueTx;
+use super::{ApplyCmd, ApplyError, DocName, PeerAuth, PeerId, Registry, RoomCmd};
 use crate::protocol;
-use crate::storage::{Epoch, LeaseGrant, LogEntry, SnapshotOutcome, StorageError, StoredDoc};
+use crate::storage::{Epoch, SnapshotOutcome, StorageError};
+use lifecycle::{committed_copy_limit, load, wait_renewal, Lease, Loaded};
+use peers::Peers;
+use pipeline::Pipeline;
+use reads::Reads;
+use snapshots::Snapshots;
+use versions::VersionClock;
 
 pub(super) use lifecycle::run;
 pub use reads::doc_json;
@@ -61,13 +59,11 @@ pub(super) async fn load_committed(
     let loaded = load(registry, name).await.map_err(|e| e.to_string())?;
     Ok((!loaded.stored.deleted).then_some(loaded.doc))
 }
-use lifecycle::*;
-use pipeline::*;
 
 struct Peer {
     tx: QueueTx,
     auth: PeerAuth,
-    /// When the peer's token expires (its entry in `Room::expiries`).
+    /// When the peer's token expires (its entry in `Peers::expiries`).
     expires: Option<Instant>,
 }
 
@@ -137,8 +133,8 @@ impl Changes {
     }
 }
 
-/// Updates applied to the `Doc` together, to be committed in one append; held in `staged`
-/// when applied while the previous batch commits.
+/// Updates applied to the `Doc` together, to be committed in one append; held in
+/// `Pipeline::staged` when applied while the previous batch commits.
 struct AppliedBatch {
     batch: Vec<Applied>,
     upto_idx: u64,
@@ -256,90 +252,37 @@ impl Timers {
     }
 }
 
+/// The room's state. The parts of the actor each own a group of it: `lease` (the lease on
+/// the document, `lifecycle.rs`), `pipeline` (updates from arrival to commit,
+/// `pipeline.rs`), `peers` (`peers.rs`), `snapshots` (`snapshots.rs`), `versions`
+/// (`versions.rs`) and `reads` (`reads.rs`); what they all use is here.
 struct Room {
     registry: Arc<Registry>,
     name: DocName,
     doc_id: i64,
-    /// The lease epoch every append and snapshot carries (`None`: no leases).
-    fence: Option<Epoch>,
-    /// A lease renewal in flight, polled by the room like its storage operation.
-    renewing: Option<StorageOp<bool>>,
-    /// When the renewal in flight was sent, when to renew next, and until when the lease is
-    /// known to hold (by this process's clock, counted from when a grant or renewal was sent,
-    /// so never later than the database's).
-    renew_started: Instant,
-    renew_at: Instant,
-    lease_until: Instant,
-    /// Released on every exit, a panic included (`None`: no leases).
-    lease_guard: Option<LeaseGuard>,
-    /// Set when a write was fenced: the room must stop.
-    fenced: bool,
-    /// Set when an append was refused because the document is deleted: the room must stop.
-    deleted_underneath: bool,
-    /// The last append failed or timed out: updates are refused (1013) until one succeeds.
-    stalled: Stalled,
-    /// The room is leaving: failing commits are given up after a few attempts.
-    draining: bool,
     doc: Doc,
     /// The committed state as storage holds it, for reads while the room is stalled.
     committed: CommittedCopy,
-    /// The newest role change acted on, per user: a peer joining with a permission read
-    /// before it is closed (4403) at once.
-    role_changes: HashMap<String, i64>,
-    awareness: AwarenessTable,
     /// Sync answers encoded for the current version of the `Doc`, shared between peers.
     answers: SharedAnswers,
-    peers: HashMap<PeerId, Peer>,
-    /// Peers whose token expires, by when: the room closes each with 4401 then.
-    expiries: BTreeSet<(Instant, PeerId)>,
-    /// Peers that sent an update whose dependencies the document lacks (yrs keeps it
-    /// pending, not integrated). Their durable acknowledgements wait in `withheld` until a
-    /// commit leaves the document with nothing pending: "saved" must mean others see it.
-    dangling: HashSet<PeerId>,
-    withheld: Vec<(PeerId, Bytes)>,
-    /// Version of the document row's snapshot, for the optimistic check.
-    snapshot_version: i64,
     /// Highest committed log sequence number.
     last_seq: i64,
     /// Bytes stored for the document (snapshot plus log since), for `max_doc_size`.
     stored_bytes: u64,
-    /// Bytes of updates received and not yet applied.
-    queued_bytes: u64,
-    /// Bytes of updates applied and not yet committed (in flight or staged).
-    applied_bytes: u64,
-    since_snapshot_updates: u64,
-    since_snapshot_bytes: u64,
-    /// Commits since the last automatic version (`versions.rs`).
-    versions: versions::VersionClock,
-    /// A snapshot write failed: wait for the next successful append before trying again, so
-    /// a failing snapshot never holds up commits.
-    snapshot_failed: bool,
-    /// yrs could not encode the document for a snapshot (see `spawn_snapshot`).
-    unencodable: bool,
-    /// A snapshot of a large document being encoded on a blocking thread while appends go on,
-    /// and one encoded that waits for the storage slot (`snapshots.rs`).
-    encoding: Option<snapshots::Encoding>,
-    encoded: Option<snapshots::Encoded>,
-    queued: VecDeque<Queued>,
-    inflight: Option<Inflight>,
-    staged: Option<AppliedBatch>,
-    /// At most one deferred Sync/Step1 per peer (a later one replaces an earlier one).
-    deferred_step1: HashMap<PeerId, StateVector>,
-    deferred_reads: Vec<DeferredRead>,
-    waiters: VecDeque<(u64, Waiter)>,
-    received_idx: u64,
-    committed_idx: u64,
-    /// Set when an update failed half-way through being applied: the `Doc` may hold part of
-    /// it, so it is rebuilt from storage before anything else happens. Holds what peers may
-    /// have seen.
-    reload_needed: Option<StateVector>,
+    /// When the room unloads if it is still empty then.
     unload_at: Option<Instant>,
     /// What the room reports of itself (the admin dashboard), kept current by [`Room::report`].
     stats: Arc<crate::room::stats::RoomStats>,
+    lease: Lease,
+    pipeline: Pipeline,
+    peers: Peers,
+    snapshots: Snapshots,
+    /// Commits since the last automatic version (`versions.rs`).
+    versions: VersionClock,
+    reads: Reads,
 }
 
 impl Room {
-    /// (Long only because it names every field: the room's whole state starts here.)
     fn new(
         registry: Arc<Registry>,
         name: DocName,
@@ -349,79 +292,29 @@ impl Room {
     ) -> Room {
         let Loaded { mut stored, doc } = loaded;
         let copy_limit = committed_copy_limit(&registry);
-        let ttl = registry
-            .config
-            .lease
-            .as_ref()
-            .map_or(Duration::from_secs(5), |l| l.ttl);
-        let granted_at = lease.map_or_else(Instant::now, |(_, at)| at);
-        let stalled = Stalled {
-            gauge: registry.metrics.rooms_stalled.clone(),
-            on: false,
-        };
-        let lease_guard = lease.and_then(|(epoch, _)| {
-            let node = registry.config.lease.as_ref()?.node_id.clone();
-            Some(LeaseGuard {
-                store: registry.store.clone(),
-                doc: stored.id,
-                node,
-                epoch,
-                armed: true,
-                limit: registry.config.storage_timeout,
-            })
-        });
         let room = Room {
+            lease: Lease::new(&registry, stored.id, lease),
+            pipeline: Pipeline::new(&registry),
+            snapshots: Snapshots::new(&stored),
             registry,
             name,
             doc_id: stored.id,
-            fence: lease.map(|(epoch, _)| epoch),
-            renewing: None,
-            renew_started: granted_at,
-            renew_at: renewal_tick(granted_at, ttl),
-            lease_until: granted_at + ttl,
-            lease_guard,
-            fenced: false,
-            deleted_underneath: false,
-            stalled,
-            draining: false,
             doc,
-            awareness: AwarenessTable::default(),
             answers: SharedAnswers::default(),
-            peers: HashMap::new(),
-            expiries: BTreeSet::new(),
-            dangling: HashSet::new(),
-            withheld: Vec::new(),
-            snapshot_version: stored.snapshot_version,
             last_seq: stored.last_seq(),
             stored_bytes: stored.stored_bytes(),
-            queued_bytes: 0,
-            applied_bytes: 0,
-            since_snapshot_updates: stored.updates.len() as u64,
-            since_snapshot_bytes: stored.updates.iter().map(|(_, u)| u.len() as u64).sum(),
-            versions: versions::VersionClock::default(),
-            snapshot_failed: false,
-            unencodable: false,
-            encoding: None,
-            encoded: None,
-            queued: VecDeque::new(),
-            inflight: None,
-            staged: None,
-            deferred_step1: HashMap::new(),
-            deferred_reads: Vec::new(),
-            waiters: VecDeque::new(),
-            received_idx: 0,
-            committed_idx: 0,
-            reload_needed: None,
             unload_at: None,
-            role_changes: HashMap::new(),
             stats,
+            peers: Peers::default(),
+            versions: VersionClock::default(),
+            reads: Reads::default(),
             // Last: it takes the snapshot and rows out of `stored`.
             committed: CommittedCopy::take(&mut stored, copy_limit),
         };
         use std::sync::atomic::Ordering::Relaxed;
         let stats = &room.stats;
         stats.loaded_at.store(crate::storage::now_ms(), Relaxed);
-        stats.epoch.store(room.fence.unwrap_or(0), Relaxed);
+        stats.epoch.store(room.lease.fence.unwrap_or(0), Relaxed);
         room.report();
         room
     }
@@ -429,11 +322,13 @@ impl Room {
     /// Publishes the room's sizes and peer count to its [`RoomStats`](crate::room::stats).
     fn report(&self) {
         use std::sync::atomic::Ordering::Relaxed;
-        self.stats.peers.store(self.peers.len() as u64, Relaxed);
+        self.stats
+            .peers
+            .store(self.peers.by_id.len() as u64, Relaxed);
         self.stats.stored_bytes.store(self.stored_bytes, Relaxed);
         self.stats
             .log_rows
-            .store(self.since_snapshot_updates, Relaxed);
+            .store(self.snapshots.since_updates, Relaxed);
     }
 
     /// Runs until the room unloads, fails or shuts down. Returns true if the document was
@@ -447,17 +342,17 @@ impl Room {
         let gauge = self.registry.metrics.room_queue_bytes.clone();
         let mut reported = 0i64;
         let exit = loop {
-            let queued = self.queued_bytes as i64;
+            let queued = self.pipeline.queued_bytes as i64;
             gauge.add(queued - reported);
             reported = queued;
-            if let Some(seen) = self.reload_needed.take() {
-                if self.inflight.is_none() {
+            if let Some(seen) = self.pipeline.reload_needed.take() {
+                if self.pipeline.inflight.is_none() {
                     if let Err(reason) = self.reload(&seen).await {
                         break Exit::Failed(reason);
                     }
                     self.maybe_start_commit();
                 } else {
-                    self.reload_needed = Some(seen);
+                    self.pipeline.reload_needed = Some(seen);
                 }
             }
             if let Some(exit) = self.next_event(rx, &mut timers).await {
@@ -481,32 +376,37 @@ impl Room {
         // commands until a commit drains them (the senders wait: `room_queue_bytes`).
         // (A stalled room takes commands whatever it holds: it applies no new updates then,
         // and it must keep answering joins, leaves and closes.)
-        let take_commands = self.queued_bytes < self.registry.config.room_queue_bytes as u64
-            || self.stalled.is_on();
+        let take_commands = self.pipeline.queued_bytes
+            < self.registry.config.room_queue_bytes as u64
+            || self.pipeline.stalled.is_on();
         let unload_at = self.unload_at.unwrap_or_else(Instant::now);
-        let next_expiry = self.expiries.first().map_or_else(Instant::now, |e| e.0);
+        let next_expiry = self
+            .peers
+            .expiries
+            .first()
+            .map_or_else(Instant::now, |e| e.0);
         let version_due = self.version_due_at();
         tokio::select! {
-            res = wait_inflight(&mut self.inflight), if self.inflight.is_some() => {
+            res = wait_inflight(&mut self.pipeline.inflight), if self.pipeline.inflight.is_some() => {
                 let reason = self.on_op_done(res).await.err()?;
-                Some(if self.fenced {
+                Some(if self.lease.fenced {
                     Exit::Fenced(reason)
-                } else if self.deleted_underneath {
+                } else if self.pipeline.deleted_underneath {
                     Exit::DeletedUnderneath
                 } else {
                     Exit::Failed(reason)
                 })
             }
-            encoded = snapshots::wait_encoding(&mut self.encoding), if self.encoding.is_some() => {
+            encoded = snapshots::wait_encoding(&mut self.snapshots.encoding), if self.snapshots.encoding.is_some() => {
                 self.on_encoded(encoded);
                 None
             }
-            _ = sleep_until(self.renew_at), if self.fence.is_some() && self.renewing.is_none() => {
+            _ = sleep_until(self.lease.renew_at), if self.lease.fence.is_some() && self.lease.renewing.is_none() => {
                 self.start_renewal();
                 None
             }
-            renewed = wait_renewal(&mut self.renewing), if self.renewing.is_some() => {
-                self.renewing = None;
+            renewed = wait_renewal(&mut self.lease.renewing), if self.lease.renewing.is_some() => {
+                self.lease.renewing = None;
                 self.on_renewed(renewed)
             }
             cmd = rx.recv(), if take_commands => match cmd {
@@ -518,19 +418,19 @@ impl Room {
                 self.on_version_due();
                 None
             }
-            _ = timers.sweep.tick(), if !self.awareness.is_empty() => {
+            _ = timers.sweep.tick(), if !self.peers.awareness.is_empty() => {
                 let timeout = self.registry.config.awareness_timeout;
-                if let Some(gone) = self.awareness.expire(Instant::now(), timeout) {
+                if let Some(gone) = self.peers.awareness.expire(Instant::now(), timeout) {
                     self.broadcast(&protocol::encode_awareness(&gone), None);
                 }
                 None
             }
-            _ = sleep_until(next_expiry), if !self.expiries.is_empty() => {
+            _ = sleep_until(next_expiry), if !self.peers.expiries.is_empty() => {
                 self.close_expired(Instant::now());
                 None
             }
-            _ = timers.keepalive.tick(), if !self.peers.is_empty() => {
-                for peer in self.peers.values() {
+            _ = timers.keepalive.tick(), if !self.peers.by_id.is_empty() => {
+                for peer in self.peers.by_id.values() {
                     peer.tx.ping();
                 }
                 None
@@ -542,16 +442,17 @@ impl Room {
     /// The room has had no peers for `unload_delay`: it unloads once what departed peers sent
     /// is committed.
     fn on_unload_due(&mut self) -> Option<Exit> {
-        if self.peers.is_empty()
-            && self.inflight.is_none()
-            && self.staged.is_none()
-            && self.queued.is_empty()
+        if self.peers.by_id.is_empty()
+            && self.pipeline.inflight.is_none()
+            && self.pipeline.staged.is_none()
+            && self.pipeline.queued.is_empty()
         {
             return Some(Exit::Unloaded);
         }
         // Still committing what departed peers sent; look again shortly.
         self.unload_at = self
             .peers
+            .by_id
             .is_empty()
             .then(|| Instant::now() + Duration::from_millis(50));
         None
@@ -568,7 +469,7 @@ impl Room {
             // `queued_bytes` from here on.
             RoomCmd::Messages { peer, msgs, .. } => {
                 for msg in msgs {
-                    if !self.peers.contains_key(&peer) {
+                    if !self.peers.by_id.contains_key(&peer) {
                         break; // closed by the room while its messages were queued
                     }
                     self.on_message(peer, msg);
@@ -592,7 +493,7 @@ impl Room {
                 let _ = reply.send(self.committed.seq());
             }
             RoomCmd::ReadCommitted { reply } => {
-                if self.stalled.is_on() {
+                if self.pipeline.stalled.is_on() {
                     self.registry.metrics.stalled_reads.inc();
                 }
                 let _ = reply.send(self.committed.source());
@@ -633,8 +534,8 @@ async fn wait_inflight(inflight: &mut Option<Inflight>) -> OpResult {
 
 #[cfg(test)]
 mod tests {
+    use super::lifecycle::LeaseGuard;
     use super::snapshots::snapshot_due;
-    use super::LeaseGuard;
     use crate::close;
     use crate::room::{CloseReason, DocName, PeerAuth, PeerFilter, Registry, RoomCmd};
     use crate::storage::LeaseGrant;

@@ -1,8 +1,18 @@
 //! Peers: joining (first messages, expiry, role changes), their messages, and sending to
 //! them through their bounded queues (a peer that overflows is closed and resyncs).
 
-use super::*;
-use crate::room::awareness::Sender;
+use std::collections::{BTreeSet, HashMap};
+
+use bytes::Bytes;
+use tokio::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+use super::{Peer, Room};
+use crate::close;
+use crate::protocol;
+use crate::room::awareness::{AwarenessTable, Sender};
+use crate::room::queue::{Answer, SendError};
+use crate::room::{CloseReason, JoinError, PeerAuth, PeerFilter, PeerId, PeerLink, PeerMsg};
 
 /// The instant a token expiring at `exp` (seconds since the epoch) runs out, on the room's
 /// clock.
@@ -13,9 +23,21 @@ pub(super) fn expiry_instant(exp: i64) -> Instant {
     Instant::now() + Duration::from_millis(u64::try_from(left_ms).unwrap_or(0))
 }
 
+/// The room's peers, and what it keeps about them.
+#[derive(Default)]
+pub(super) struct Peers {
+    pub(super) by_id: HashMap<PeerId, Peer>,
+    /// Peers whose token expires, by when: the room closes each with 4401 then.
+    pub(super) expiries: BTreeSet<(Instant, PeerId)>,
+    /// The newest role change acted on, per user: a peer joining with a permission read
+    /// before it is closed (4403) at once.
+    role_changes: HashMap<String, i64>,
+    pub(super) awareness: AwarenessTable,
+}
+
 impl Room {
     pub(super) fn join(&mut self, link: PeerLink) -> Result<(), JoinError> {
-        if self.peers.len() >= self.registry.config.max_connections {
+        if self.peers.by_id.len() >= self.registry.config.max_connections {
             return Err(JoinError::Full);
         }
         let PeerLink { id, auth, tx } = link;
@@ -26,19 +48,19 @@ impl Room {
         if !auth.hocuspocus {
             let _ = tx.try_send(self.answers.step1(&self.doc));
         }
-        if let Some(all) = self.awareness.full_state_frame() {
+        if let Some(all) = self.peers.awareness.full_state_frame() {
             let _ = tx.try_send_answer(Answer::Awareness, all);
         }
         let expires = auth.expires_at.map(expiry_instant);
         if let Some(at) = expires {
-            self.expiries.insert((at, id));
+            self.peers.expiries.insert((at, id));
         }
         let stale = auth
             .user
             .as_deref()
-            .and_then(|user| self.role_changes.get(user))
+            .and_then(|user| self.peers.role_changes.get(user))
             .is_some_and(|&change| auth.seen_change < change);
-        self.peers.insert(id, Peer { tx, auth, expires });
+        self.peers.by_id.insert(id, Peer { tx, auth, expires });
         self.report();
         self.unload_at = None;
         if stale {
@@ -52,11 +74,11 @@ impl Room {
 
     /// Closes every peer whose token has expired by `now` (4401: reconnect with a new token).
     pub(super) fn close_expired(&mut self, now: Instant) {
-        while let Some(&(at, peer)) = self.expiries.first() {
+        while let Some(&(at, peer)) = self.peers.expiries.first() {
             if at > now {
                 break;
             }
-            self.expiries.pop_first();
+            self.peers.expiries.pop_first();
             self.registry.metrics.tokens_expired.inc();
             debug!(peer, "token expired; closing the peer");
             self.close_peer(
@@ -73,26 +95,31 @@ impl Room {
         match msg {
             PeerMsg::Update { raw, update } => self.on_peer_update(peer, raw, update),
             PeerMsg::Step1(sv) => {
-                if self.peers.get(&peer).is_some_and(|p| p.auth.hocuspocus) {
+                if self
+                    .peers
+                    .by_id
+                    .get(&peer)
+                    .is_some_and(|p| p.auth.hocuspocus)
+                {
                     // The provider counts its own Step 1 as unsynced until it has answered
                     // the server's Step 1 and heard that answer applied.
                     let step1 = self.answers.step1(&self.doc);
                     self.send_to(peer, step1);
                 }
                 if self.has_uncommitted() {
-                    self.deferred_step1.insert(peer, sv);
+                    self.reads.deferred_step1.insert(peer, sv);
                     self.answer_from_committed();
                 } else {
                     self.answer_step1(peer, &sv);
                 }
             }
             PeerMsg::Awareness { update, .. } => {
-                let Some(sender) = self.peers.get(&peer) else {
+                let Some(sender) = self.peers.by_id.get(&peer) else {
                     return;
                 };
                 let (user, echo) = (sender.auth.user.clone(), sender.auth.hocuspocus);
                 let verified = sender.auth.verified();
-                let peers = &self.peers;
+                let peers = &self.peers.by_id;
                 // Another connection's client id: only once that connection is gone, or if
                 // it is the same user's (a reconnect racing the old socket's end).
                 let may_take = |owner: PeerId| {
@@ -105,7 +132,7 @@ impl Room {
                     may_take: &may_take,
                     verified: verified.as_ref(),
                 };
-                let applied = self.awareness.apply(&update, &from, Instant::now());
+                let applied = self.peers.awareness.apply(&update, &from, Instant::now());
                 if applied.refused > 0 {
                     self.registry
                         .metrics
@@ -124,7 +151,7 @@ impl Room {
                 if self.answer_pending(peer, Answer::Awareness) {
                     return;
                 }
-                if let Some(all) = self.awareness.full_state_frame() {
+                if let Some(all) = self.peers.awareness.full_state_frame() {
                     self.send_answer(peer, Answer::Awareness, all);
                 }
             }
@@ -135,7 +162,7 @@ impl Room {
     /// Replaces a peer's credential (a token refresh): its permission, token and expiry. A
     /// refresh that lowers the permission takes effect for the peer's next update.
     pub(super) fn reauth(&mut self, peer: PeerId, mut auth: PeerAuth) -> bool {
-        let Some(p) = self.peers.get_mut(&peer) else {
+        let Some(p) = self.peers.by_id.get_mut(&peer) else {
             return false;
         };
         // A relayed refresh carries no profile: the one read at the join stands.
@@ -143,11 +170,11 @@ impl Room {
             auth.profile = p.auth.profile.take();
         }
         if let Some(at) = p.expires.take() {
-            self.expiries.remove(&(at, peer));
+            self.peers.expiries.remove(&(at, peer));
         }
         let expires = auth.expires_at.map(expiry_instant);
         if let Some(at) = expires {
-            self.expiries.insert((at, peer));
+            self.peers.expiries.insert((at, peer));
         }
         p.expires = expires;
         p.auth = auth;
@@ -159,6 +186,7 @@ impl Room {
         let frame = protocol::encode_stateless(payload);
         let targets: Vec<PeerId> = self
             .peers
+            .by_id
             .iter()
             .filter(|(_, p)| p.auth.hocuspocus)
             .map(|(id, _)| *id)
@@ -175,7 +203,7 @@ impl Room {
     pub(super) fn broadcast(&mut self, frame: &Bytes, except: Option<PeerId>) -> u64 {
         let mut overflowed = Vec::new();
         let mut queued = 0;
-        for (id, peer) in &self.peers {
+        for (id, peer) in &self.peers.by_id {
             if Some(*id) == except {
                 continue;
             }
@@ -192,7 +220,7 @@ impl Room {
     }
 
     pub(super) fn send_to(&mut self, peer: PeerId, frame: Bytes) {
-        let full = match self.peers.get(&peer) {
+        let full = match self.peers.by_id.get(&peer) {
             Some(p) => matches!(p.tx.try_send(frame), Err(SendError::Full)),
             None => false,
         };
@@ -215,27 +243,27 @@ impl Room {
 
     /// Tells a peer's connection to close and forgets the peer.
     pub(super) fn close_peer(&mut self, peer: PeerId, reason: CloseReason) {
-        if let Some(p) = self.peers.get(&peer) {
+        if let Some(p) = self.peers.by_id.get(&peer) {
             p.tx.kill(reason);
         }
         self.remove_peer(peer);
     }
 
     pub(super) fn remove_peer(&mut self, peer: PeerId) {
-        let Some(gone) = self.peers.remove(&peer) else {
+        let Some(gone) = self.peers.by_id.remove(&peer) else {
             return;
         };
         if let Some(at) = gone.expires {
-            self.expiries.remove(&(at, peer));
+            self.peers.expiries.remove(&(at, peer));
         }
-        if self.dangling.remove(&peer) {
-            self.withheld.retain(|(p, _)| *p != peer);
+        if self.pipeline.dangling.remove(&peer) {
+            self.pipeline.withheld.retain(|(p, _)| *p != peer);
         }
-        self.deferred_step1.remove(&peer);
-        if let Some(removal) = self.awareness.remove_peer(peer, Instant::now()) {
+        self.reads.deferred_step1.remove(&peer);
+        if let Some(removal) = self.peers.awareness.remove_peer(peer, Instant::now()) {
             self.broadcast(&protocol::encode_awareness(&removal), None);
         }
-        if self.peers.is_empty() {
+        if self.peers.by_id.is_empty() {
             self.unload_at = Some(Instant::now() + self.registry.config.unload_delay);
         }
         self.report();
@@ -245,21 +273,22 @@ impl Room {
         self.stats
             .peers
             .store(0, std::sync::atomic::Ordering::Relaxed);
-        for (_, peer) in self.peers.drain() {
+        for (_, peer) in self.peers.by_id.drain() {
             peer.tx.kill(reason.clone());
         }
-        self.expiries.clear();
+        self.peers.expiries.clear();
     }
 
     /// Closes the peers `filter` matches (a delete, a revocation, a role change). A role
     /// change is remembered, so a peer authorized before it that joins later is closed too.
     pub(super) fn close_matching(&mut self, filter: &PeerFilter, reason: CloseReason) {
         if let PeerFilter::UserBefore(user, change) = filter {
-            let newest = self.role_changes.entry(user.clone()).or_default();
+            let newest = self.peers.role_changes.entry(user.clone()).or_default();
             *newest = (*newest).max(*change);
         }
         let matching: Vec<PeerId> = self
             .peers
+            .by_id
             .iter()
             .filter(|(_, p)| {
                 let (user, token) = (p.auth.user.as_deref(), p.auth.token_id.as_deref());

@@ -2,7 +2,25 @@
 //! append in flight, one batch staged behind it), and broadcast and acknowledged only once
 //! committed; a failing append stalls the room and is retried.
 
-use super::*;
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+use tokio::time::{sleep, Duration, Instant};
+use tracing::{debug, info, warn};
+use yrs::updates::decoder::Decode;
+use yrs::{Doc, ReadTxn, StateVector, Transact, Update};
+
+use super::lifecycle::within;
+use super::{
+    Applied, AppliedBatch, Changes, Inflight, OpResult, Origin, Queued, Room, Stalled, StorageOp,
+    Waiter,
+};
+use crate::close;
+use crate::protocol;
+use crate::room::{ApplyError, CloseReason, PeerId, Registry};
+use crate::storage::{LogEntry, StorageError};
 
 /// Attempts at committing one batch before the room gives up (closing its peers with 1011 so
 /// they resync against a fresh load). Backoff doubles from [`COMMIT_RETRY_BASE`].
@@ -64,11 +82,73 @@ pub(super) fn contained(doc: &yrs::Doc, update: &Update) -> bool {
         .is_empty()
 }
 
+/// Updates on their way from arrival to commit (see the actor's notes), and the state of
+/// the room's storage writes.
+pub(super) struct Pipeline {
+    /// Updates received and not yet applied, and their bytes.
+    pub(super) queued: VecDeque<Queued>,
+    pub(super) queued_bytes: u64,
+    /// Bytes of updates applied and not yet committed (in flight or staged).
+    applied_bytes: u64,
+    /// The storage operation in flight: an append, or a snapshot write between appends.
+    pub(super) inflight: Option<Inflight>,
+    /// A full batch applied while the previous one commits, appended next.
+    pub(super) staged: Option<AppliedBatch>,
+    /// What waits for `committed_idx` to reach an index, in order.
+    waiters: VecDeque<(u64, Waiter)>,
+    /// The index of the last update received, and of the last committed.
+    received_idx: u64,
+    committed_idx: u64,
+    /// Peers that sent an update whose dependencies the document lacks (yrs keeps it
+    /// pending, not integrated). Their durable acknowledgements wait in `withheld` until a
+    /// commit leaves the document with nothing pending: "saved" must mean others see it.
+    pub(super) dangling: HashSet<PeerId>,
+    pub(super) withheld: Vec<(PeerId, Bytes)>,
+    /// Set when an update failed half-way through being applied: the `Doc` may hold part of
+    /// it, so it is rebuilt from storage before anything else happens. Holds what peers may
+    /// have seen.
+    pub(super) reload_needed: Option<StateVector>,
+    /// The last append failed or timed out: updates are refused (1013) until one succeeds.
+    pub(super) stalled: Stalled,
+    /// The room is leaving: failing commits are given up after a few attempts.
+    pub(super) draining: bool,
+    /// Set when an append was refused because the document is deleted: the room must stop.
+    pub(super) deleted_underneath: bool,
+}
+
+impl Pipeline {
+    pub(super) fn new(registry: &Registry) -> Pipeline {
+        Pipeline {
+            queued: VecDeque::new(),
+            queued_bytes: 0,
+            applied_bytes: 0,
+            inflight: None,
+            staged: None,
+            waiters: VecDeque::new(),
+            received_idx: 0,
+            committed_idx: 0,
+            dangling: HashSet::new(),
+            withheld: Vec::new(),
+            reload_needed: None,
+            stalled: Stalled {
+                gauge: registry.metrics.rooms_stalled.clone(),
+                on: false,
+            },
+            draining: false,
+            deleted_underneath: false,
+        }
+    }
+}
+
 impl Room {
     /// An update from a peer: refused if the peer may not write (it is told why), if storage
     /// is stalled (1013: it resends after resyncing) or if the document would grow too large.
     pub(super) fn on_peer_update(&mut self, peer: PeerId, raw: Bytes, update: Update) {
-        let can_write = self.peers.get(&peer).is_some_and(|p| p.auth.can_write);
+        let can_write = self
+            .peers
+            .by_id
+            .get(&peer)
+            .is_some_and(|p| p.auth.can_write);
         if !can_write {
             // Not applied, not logged. An update that brings nothing new (the Sync Step 2 a
             // read-only client answers with, carrying the deletions it was sent) is no
@@ -78,13 +158,17 @@ impl Room {
             }
             return;
         }
-        if self.stalled.is_on() {
+        if self.pipeline.stalled.is_on() {
             // Not applied: the client keeps it and sends it again when it resyncs.
             let why = "storage is not answering; retry later";
             self.close_peer(peer, CloseReason::new(close::TRY_AGAIN_LATER, why));
             return;
         }
-        let author = self.peers.get(&peer).and_then(|p| p.auth.user.clone());
+        let author = self
+            .peers
+            .by_id
+            .get(&peer)
+            .and_then(|p| p.auth.user.clone());
         if self
             .enqueue(Origin::Peer(peer), raw, update, author)
             .is_err()
@@ -99,10 +183,11 @@ impl Room {
     /// A durable acknowledgement request: echoed once everything the room received before
     /// it is committed.
     pub(super) fn on_ack_request(&mut self, peer: PeerId, raw: Bytes) {
-        let newest = self.received_idx;
-        if self.committed_idx >= newest {
+        let newest = self.pipeline.received_idx;
+        if self.pipeline.committed_idx >= newest {
             self.send_ack(peer, raw);
         } else if let Some((_, Waiter::Ack(_, last_raw))) = self
+            .pipeline
             .waiters
             .back_mut()
             .filter(|(idx, w)| *idx == newest && matches!(w, Waiter::Ack(p, _) if *p == peer))
@@ -112,7 +197,9 @@ impl Room {
             // committed), so a flood of requests holds one waiter, not one each.
             *last_raw = raw;
         } else {
-            self.waiters.push_back((newest, Waiter::Ack(peer, raw)));
+            self.pipeline
+                .waiters
+                .push_back((newest, Waiter::Ack(peer, raw)));
         }
     }
 
@@ -125,7 +212,7 @@ impl Room {
         reply: oneshot::Sender<Result<i64, ApplyError>>,
         author: Option<Arc<str>>,
     ) {
-        if self.stalled.is_on() {
+        if self.pipeline.stalled.is_on() {
             let _ = reply.send(Err(ApplyError::Unavailable));
             return;
         }
@@ -144,12 +231,12 @@ impl Room {
         match why {
             Some(why) => {
                 self.registry.set_storage_error(why);
-                self.stalled.set(true);
+                self.pipeline.stalled.set(true);
                 // The reads already waiting for the commit need not wait for storage.
                 self.answer_from_committed();
             }
             None => {
-                if self.stalled.set(false) {
+                if self.pipeline.stalled.set(false) {
                     info!("storage answers again; the room takes updates");
                 }
                 self.committed.forget_view();
@@ -158,9 +245,9 @@ impl Room {
     }
 
     pub(super) fn has_uncommitted(&self) -> bool {
-        matches!(self.inflight, Some(Inflight::Append { .. }))
-            || self.staged.is_some()
-            || self.reload_needed.is_some()
+        matches!(self.pipeline.inflight, Some(Inflight::Append { .. }))
+            || self.pipeline.staged.is_some()
+            || self.pipeline.reload_needed.is_some()
     }
 
     /// Queues an update for the next commit; gives the origin back if the document would
@@ -173,14 +260,19 @@ impl Room {
         author: Option<Arc<str>>,
     ) -> Result<(), Origin> {
         let limit = self.registry.config.max_doc_size;
-        if self.stored_bytes + self.applied_bytes + self.queued_bytes + raw.len() as u64 > limit {
+        if self.stored_bytes
+            + self.pipeline.applied_bytes
+            + self.pipeline.queued_bytes
+            + raw.len() as u64
+            > limit
+        {
             warn!(limit, "update refused: document would exceed max_doc_size");
             return Err(origin);
         }
-        self.received_idx += 1;
-        self.queued_bytes += raw.len() as u64;
-        self.queued.push_back(Queued {
-            idx: self.received_idx,
+        self.pipeline.received_idx += 1;
+        self.pipeline.queued_bytes += raw.len() as u64;
+        self.pipeline.queued.push_back(Queued {
+            idx: self.pipeline.received_idx,
             origin,
             raw,
             update: Some(update),
@@ -192,16 +284,16 @@ impl Room {
     /// Starts the next append if nothing is in flight (the staged batch, or the queued updates
     /// applied now), and stages a full batch if an append is in flight.
     pub(super) fn maybe_start_commit(&mut self) {
-        while self.reload_needed.is_none() {
-            if self.inflight.is_none() {
-                if let Some(staged) = self.staged.take() {
+        while self.pipeline.reload_needed.is_none() {
+            if self.pipeline.inflight.is_none() {
+                if let Some(staged) = self.pipeline.staged.take() {
                     self.start_append(staged);
                     continue;
                 }
                 // The `Doc` holds only committed state: answer the reads waiting for that
                 // before applying more.
                 self.answer_deferred();
-                if self.queued.is_empty() {
+                if self.pipeline.queued.is_empty() {
                     return;
                 }
             } else if !self.may_stage() {
@@ -210,10 +302,10 @@ impl Room {
             let Some(next) = self.apply_next_batch() else {
                 return; // an update was rejected: the Doc is rebuilt first
             };
-            if self.inflight.is_none() {
+            if self.pipeline.inflight.is_none() {
                 self.start_append(next);
             } else {
-                self.staged = Some(next);
+                self.pipeline.staged = Some(next);
             }
         }
     }
@@ -222,11 +314,11 @@ impl Room {
     /// partial batch may still grow, and group commit wants it large), and only if no read
     /// waits for committed state and no snapshot is due.
     pub(super) fn may_stage(&self) -> bool {
-        matches!(self.inflight, Some(Inflight::Append { .. }))
-            && self.staged.is_none()
-            && self.queued.len() >= self.registry.config.commit_batch
-            && self.deferred_step1.is_empty()
-            && self.deferred_reads.is_empty()
+        matches!(self.pipeline.inflight, Some(Inflight::Append { .. }))
+            && self.pipeline.staged.is_none()
+            && self.pipeline.queued.len() >= self.registry.config.commit_batch
+            && self.reads.deferred_step1.is_empty()
+            && self.reads.deferred_reads.is_empty()
             && !self.snapshot_due()
     }
 
@@ -239,11 +331,11 @@ impl Room {
             committed_sv,
         } = next;
         if batch.is_empty() {
-            self.committed_idx = upto_idx;
+            self.pipeline.committed_idx = upto_idx;
             self.release_waiters();
             return;
         }
-        self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, 0));
+        self.pipeline.inflight = Some(self.append_op(batch, upto_idx, committed_sv, 0));
     }
 
     /// Applies up to `commit_batch` queued updates; `None` if one was rejected (the good ones
@@ -252,14 +344,14 @@ impl Room {
         let committed_sv = self.doc.transact().state_vector();
         let max = self.registry.config.commit_batch;
         let mut batch: Vec<Applied> = Vec::new();
-        let mut upto_idx = self.committed_idx;
+        let mut upto_idx = self.pipeline.committed_idx;
         let mut rejected = None;
         while batch.len() < max {
-            let Some(q) = self.queued.pop_front() else {
+            let Some(q) = self.pipeline.queued.pop_front() else {
                 break;
             };
             upto_idx = q.idx;
-            self.queued_bytes -= q.raw.len() as u64;
+            self.pipeline.queued_bytes -= q.raw.len() as u64;
             let update = match q.update {
                 Some(u) => Ok(u),
                 None => Update::decode_v1(&q.raw).map_err(|e| e.to_string()),
@@ -271,7 +363,7 @@ impl Room {
                 Ok(Some(changes)) => {
                     if let (Origin::Peer(peer), Some(starts)) = (&q.origin, &starts) {
                         if left_pending(&self.doc, starts) {
-                            self.dangling.insert(*peer);
+                            self.pipeline.dangling.insert(*peer);
                         }
                     }
                     batch.push(Applied {
@@ -286,8 +378,13 @@ impl Room {
                     self.registry.metrics.updates_duplicate.inc();
                     if let Origin::Http(reply) = q.origin {
                         // Waiters stay in index order (durable acks wait for later indexes).
-                        let at = self.waiters.partition_point(|(idx, _)| *idx <= q.idx);
-                        self.waiters.insert(at, (q.idx, Waiter::Http(reply)));
+                        let at = self
+                            .pipeline
+                            .waiters
+                            .partition_point(|(idx, _)| *idx <= q.idx);
+                        self.pipeline
+                            .waiters
+                            .insert(at, (q.idx, Waiter::Http(reply)));
                     }
                 }
                 Err(e) => {
@@ -304,7 +401,7 @@ impl Room {
             .metrics
             .updates_applied
             .inc_by(batch.len() as u64);
-        self.applied_bytes += batch.iter().map(|a| a.raw.len() as u64).sum::<u64>();
+        self.pipeline.applied_bytes += batch.iter().map(|a| a.raw.len() as u64).sum::<u64>();
         Some(AppliedBatch {
             batch,
             upto_idx,
@@ -333,14 +430,14 @@ impl Room {
                 let _ = reply.send(Err(ApplyError::Invalid(e)));
             }
         }
-        self.reload_needed = Some(committed_sv);
+        self.pipeline.reload_needed = Some(committed_sv);
     }
 
     /// Puts updates taken from the queue back at its front, in order, to be applied again.
     pub(super) fn requeue_unapplied(&mut self, batch: Vec<Applied>) {
         for a in batch.into_iter().rev() {
-            self.queued_bytes += a.raw.len() as u64;
-            self.queued.push_front(Queued {
+            self.pipeline.queued_bytes += a.raw.len() as u64;
+            self.pipeline.queued.push_front(Queued {
                 idx: a.idx,
                 origin: a.origin,
                 raw: a.raw,
@@ -352,7 +449,7 @@ impl Room {
 
     /// [`Self::requeue_unapplied`] for a batch that was applied and counted in `applied_bytes`.
     pub(super) fn requeue_applied(&mut self, batch: Vec<Applied>) {
-        self.applied_bytes -= batch.iter().map(|a| a.raw.len() as u64).sum::<u64>();
+        self.pipeline.applied_bytes -= batch.iter().map(|a| a.raw.len() as u64).sum::<u64>();
         self.requeue_unapplied(batch);
     }
 
@@ -373,7 +470,10 @@ impl Room {
         Ok(changed.then(|| Changes::of(&txn)))
     }
 
-    pub(super) fn spawn_append(
+    /// The append of `batch` (updates up to `upto_idx`), as the storage operation to put in
+    /// flight. Nothing is spawned and nothing runs until the room polls it in its loop (see
+    /// [`StorageOp`]); a retry (`attempt` > 0) first waits out its backoff there.
+    pub(super) fn append_op(
         &self,
         batch: Vec<Applied>,
         upto_idx: u64,
@@ -382,7 +482,7 @@ impl Room {
     ) -> Inflight {
         let store = self.registry.store.clone();
         let doc = self.doc_id;
-        let fence = self.fence;
+        let fence = self.lease.fence;
         let first_seq = self.last_seq + 1;
         let rows: Vec<LogEntry> = batch
             .iter()
@@ -418,7 +518,7 @@ impl Room {
     /// The storage operation in flight finished: act on its outcome, then start what comes
     /// next (a due snapshot, else the next append). `Err` means the room must stop.
     pub(super) async fn on_op_done(&mut self, res: OpResult) -> Result<(), String> {
-        let Some(inflight) = self.inflight.take() else {
+        let Some(inflight) = self.pipeline.inflight.take() else {
             return Ok(());
         };
         match (inflight, res) {
@@ -459,10 +559,11 @@ impl Room {
             (_, _) => return Err("internal: operation result does not match".into()),
         }
         // (An append being retried is in flight again: nothing starts behind it.)
-        if self.inflight.is_none() && self.staged.is_none() && self.snapshot_due() {
+        if self.pipeline.inflight.is_none() && self.pipeline.staged.is_none() && self.snapshot_due()
+        {
             self.start_snapshot();
         }
-        if self.inflight.is_some() {
+        if self.pipeline.inflight.is_some() {
             self.answer_deferred();
         } else {
             self.maybe_start_commit();
@@ -479,15 +580,15 @@ impl Room {
         m.commit_seconds.observe(started.elapsed().as_secs_f64());
         m.updates_logged.inc_by(batch.len() as u64);
         let bytes: u64 = batch.iter().map(|a| a.raw.len() as u64).sum();
-        self.applied_bytes -= bytes;
+        self.pipeline.applied_bytes -= bytes;
         let rows = batch.iter().map(|a| a.raw.as_ref());
         self.committed.committed(self.last_seq + 1, rows);
         self.last_seq += batch.len() as i64;
         self.stored_bytes += bytes;
-        self.since_snapshot_updates += batch.len() as u64;
-        self.since_snapshot_bytes += bytes;
-        self.snapshot_failed = false;
-        self.committed_idx = upto_idx;
+        self.snapshots.since_updates += batch.len() as u64;
+        self.snapshots.since_bytes += bytes;
+        self.snapshots.failed = false;
+        self.pipeline.committed_idx = upto_idx;
         let last_seq = self.last_seq;
         let author = batch.iter().rev().find_map(|a| a.author.clone());
         self.versions.edited(Instant::now(), author);
@@ -528,12 +629,12 @@ impl Room {
                 // Not committed and never will be here: the HTTP callers see the room give up
                 // (503) and the peers resend through the new owner when they resync.
                 self.registry.metrics.fenced_writes.inc();
-                self.fenced = true;
+                self.lease.fenced = true;
                 Err("an append was fenced: the lease moved to another node".into())
             }
             StorageError::Deleted => {
                 // Never committed: its senders were not acknowledged, and the document is gone.
-                self.deleted_underneath = true;
+                self.pipeline.deleted_underneath = true;
                 Err("an append was refused: the document is deleted".into())
             }
             StorageError::Conflict => {
@@ -560,7 +661,7 @@ impl Room {
                     debug!(error = %e, attempt, "commit failed again; retrying");
                 }
                 self.set_stalled(Some(e.to_string()));
-                if self.draining && attempt + 1 >= DRAIN_COMMIT_ATTEMPTS {
+                if self.pipeline.draining && attempt + 1 >= DRAIN_COMMIT_ATTEMPTS {
                     return Err(format!("commit failed {DRAIN_COMMIT_ATTEMPTS} times: {e}"));
                 }
                 let AppliedBatch {
@@ -568,18 +669,19 @@ impl Room {
                     upto_idx,
                     committed_sv,
                 } = next;
-                self.inflight = Some(self.spawn_append(batch, upto_idx, committed_sv, attempt + 1));
+                self.pipeline.inflight =
+                    Some(self.append_op(batch, upto_idx, committed_sv, attempt + 1));
                 Ok(())
             }
         }
     }
 
     pub(super) fn release_waiters(&mut self) {
-        while let Some((idx, _)) = self.waiters.front() {
-            if *idx > self.committed_idx {
+        while let Some((idx, _)) = self.pipeline.waiters.front() {
+            if *idx > self.pipeline.committed_idx {
                 break;
             }
-            let Some((_, waiter)) = self.waiters.pop_front() else {
+            let Some((_, waiter)) = self.pipeline.waiters.pop_front() else {
                 break;
             };
             match waiter {
@@ -594,10 +696,10 @@ impl Room {
     /// Echoes a durable acknowledgement, or withholds it while the peer has an update
     /// pending on missing dependencies.
     pub(super) fn send_ack(&mut self, peer: PeerId, raw: Bytes) {
-        if self.dangling.contains(&peer) {
+        if self.pipeline.dangling.contains(&peer) {
             // Only the newest request is kept: its echo stands for the earlier ones.
-            self.withheld.retain(|(p, _)| *p != peer);
-            self.withheld.push((peer, raw));
+            self.pipeline.withheld.retain(|(p, _)| *p != peer);
+            self.pipeline.withheld.push((peer, raw));
         } else {
             self.send_to(peer, raw);
         }
@@ -606,14 +708,14 @@ impl Room {
     /// After a commit: if the document holds nothing pending (and no staged batch that
     /// might be what resolved it), the withheld acknowledgements go out.
     pub(super) fn release_withheld(&mut self) {
-        if self.dangling.is_empty()
-            || self.staged.is_some()
+        if self.pipeline.dangling.is_empty()
+            || self.pipeline.staged.is_some()
             || self.doc.transact().has_missing_updates()
         {
             return;
         }
-        self.dangling.clear();
-        for (peer, raw) in std::mem::take(&mut self.withheld) {
+        self.pipeline.dangling.clear();
+        for (peer, raw) in std::mem::take(&mut self.pipeline.withheld) {
             self.send_to(peer, raw);
         }
     }

@@ -2,7 +2,15 @@
 //! the same version) and HTTP reads, deferred while the `Doc` holds uncommitted updates and
 //! answered from the committed copy while storage is stalled.
 
-use super::*;
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+use yrs::{Doc, ReadTxn, StateVector, Transact};
+
+use super::{DeferredRead, Room};
+use crate::room::queue::{Answer, SendError};
+use crate::room::PeerId;
 
 /// The document's root types as JSON. Roots loaded from updates have no declared type, so
 /// the type is inferred from the content the way yrs does (text, array or map).
@@ -28,6 +36,14 @@ pub fn doc_json(doc: &Doc) -> serde_json::Value {
     serde_json::Value::Object(out)
 }
 
+/// Reads deferred while the `Doc` holds uncommitted updates.
+#[derive(Default)]
+pub(super) struct Reads {
+    /// At most one deferred Sync/Step1 per peer (a later one replaces an earlier one).
+    pub(super) deferred_step1: HashMap<PeerId, StateVector>,
+    pub(super) deferred_reads: Vec<DeferredRead>,
+}
+
 impl Room {
     /// Answers a Sync Step 1 with the Step 2 for `sv` (shared with other peers asking for the
     /// same at this version), unless the peer has not yet read its previous answer: then
@@ -44,6 +60,7 @@ impl Room {
     pub(super) fn answer_pending(&self, peer: PeerId, kind: Answer) -> bool {
         let pending = self
             .peers
+            .by_id
             .get(&peer)
             .is_some_and(|p| p.tx.answer_pending(kind));
         if pending {
@@ -53,7 +70,7 @@ impl Room {
     }
 
     pub(super) fn send_answer(&mut self, peer: PeerId, kind: Answer, frame: Bytes) {
-        let full = match self.peers.get(&peer) {
+        let full = match self.peers.by_id.get(&peer) {
             Some(p) => matches!(p.tx.try_send_answer(kind, frame), Err(SendError::Full)),
             None => false,
         };
@@ -66,8 +83,8 @@ impl Room {
     /// committed copy (the `Doc` holds the stalled batch): a joined peer gets the stalled
     /// batch as a broadcast once it commits, like any peer. Otherwise they keep waiting.
     pub(super) fn answer_from_committed(&mut self) {
-        if !self.stalled.is_on()
-            || (self.deferred_step1.is_empty() && self.deferred_reads.is_empty())
+        if !self.pipeline.stalled.is_on()
+            || (self.reads.deferred_step1.is_empty() && self.reads.deferred_reads.is_empty())
         {
             return;
         }
@@ -75,7 +92,7 @@ impl Room {
             return; // no usable copy: they wait for the commit
         };
         let mut json = None;
-        for read in std::mem::take(&mut self.deferred_reads) {
+        for read in std::mem::take(&mut self.reads.deferred_reads) {
             match read {
                 DeferredRead::Update(sv, reply) => {
                     let _ = reply.send(doc.transact().encode_diff_v1(&sv));
@@ -86,8 +103,8 @@ impl Room {
             }
             self.registry.metrics.stalled_reads.inc();
         }
-        for (peer, sv) in std::mem::take(&mut self.deferred_step1) {
-            if !self.peers.contains_key(&peer) || self.answer_pending(peer, Answer::Sync) {
+        for (peer, sv) in std::mem::take(&mut self.reads.deferred_step1) {
+            if !self.peers.by_id.contains_key(&peer) || self.answer_pending(peer, Answer::Sync) {
                 continue;
             }
             match self.committed.step2(&sv) {
@@ -97,7 +114,7 @@ impl Room {
                 }
                 // (Not after `doc()` answered; if it did, the peer waits for the commit.)
                 None => {
-                    self.deferred_step1.insert(peer, sv);
+                    self.reads.deferred_step1.insert(peer, sv);
                 }
             }
         }
@@ -108,12 +125,12 @@ impl Room {
         if self.has_uncommitted() {
             return;
         }
-        for (peer, sv) in std::mem::take(&mut self.deferred_step1) {
-            if self.peers.contains_key(&peer) {
+        for (peer, sv) in std::mem::take(&mut self.reads.deferred_step1) {
+            if self.peers.by_id.contains_key(&peer) {
                 self.answer_step1(peer, &sv);
             }
         }
-        for read in std::mem::take(&mut self.deferred_reads) {
+        for read in std::mem::take(&mut self.reads.deferred_reads) {
             match read {
                 DeferredRead::Update(sv, reply) => {
                     let _ = reply.send(self.doc.transact().encode_diff_v1(&sv));
@@ -129,7 +146,9 @@ impl Room {
     /// only committed state, else once it does (or from the committed copy while stalled).
     pub(super) fn read_update(&mut self, since: StateVector, reply: oneshot::Sender<Vec<u8>>) {
         if self.has_uncommitted() {
-            self.deferred_reads.push(DeferredRead::Update(since, reply));
+            self.reads
+                .deferred_reads
+                .push(DeferredRead::Update(since, reply));
             self.answer_from_committed();
         } else {
             let _ = reply.send(self.doc.transact().encode_diff_v1(&since));
@@ -139,7 +158,7 @@ impl Room {
     /// An HTTP read of the document as JSON, committed state only (as [`Self::read_update`]).
     pub(super) fn read_json(&mut self, reply: oneshot::Sender<serde_json::Value>) {
         if self.has_uncommitted() {
-            self.deferred_reads.push(DeferredRead::Json(reply));
+            self.reads.deferred_reads.push(DeferredRead::Json(reply));
             self.answer_from_committed();
         } else {
             let _ = reply.send(doc_json(&self.doc));

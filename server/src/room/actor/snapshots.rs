@@ -17,9 +17,18 @@
 //! transaction). Writing 20 MB in the room's write held its appends, and on SQLite every
 //! document's, for up to 90 ms.
 
-use super::*;
+use bytes::Bytes;
+use tokio::time::Duration;
+use tracing::{debug, warn};
+use yrs::{ReadTxn, StateVector, Transact};
+
+use super::lifecycle::within;
+use super::{wait_inflight, Inflight, Room};
 use crate::room::committed::SnapshotSource;
-use crate::storage::{DocStore, SnapshotBytes, StagedSnapshot, SNAPSHOT_PART_BYTES};
+use crate::storage::{
+    DocStore, SnapshotBytes, SnapshotOutcome, StagedSnapshot, StorageError, StoredDoc,
+    SNAPSHOT_PART_BYTES,
+};
 
 /// Documents with at least this many bytes stored (snapshot and log) are snapshotted away
 /// from the room.
@@ -67,6 +76,39 @@ pub(super) async fn wait_encoding(encoding: &mut Option<Encoding>) -> EncodingRe
     }
 }
 
+/// Where the room stands with snapshots.
+pub(super) struct Snapshots {
+    /// Version of the document row's snapshot, for the optimistic check.
+    pub(super) version: i64,
+    /// Updates and bytes logged since the last snapshot.
+    pub(super) since_updates: u64,
+    pub(super) since_bytes: u64,
+    /// A snapshot write failed: wait for the next successful append before trying again, so
+    /// a failing snapshot never holds up commits.
+    pub(super) failed: bool,
+    /// yrs could not encode the document for a snapshot (see `spawn_snapshot`).
+    unencodable: bool,
+    /// A snapshot of a large document being encoded on a blocking thread while appends go on,
+    /// and one encoded that waits for the storage slot.
+    pub(super) encoding: Option<Encoding>,
+    pub(super) encoded: Option<Encoded>,
+}
+
+impl Snapshots {
+    /// As the document was loaded: its snapshot and the log after it.
+    pub(super) fn new(stored: &StoredDoc) -> Snapshots {
+        Snapshots {
+            version: stored.snapshot_version,
+            since_updates: stored.updates.len() as u64,
+            since_bytes: stored.updates.iter().map(|(_, u)| u.len() as u64).sum(),
+            failed: false,
+            unencodable: false,
+            encoding: None,
+            encoded: None,
+        }
+    }
+}
+
 /// Whether a snapshot is due, given what was logged since the last one and that snapshot's
 /// size: by bytes logged at once, by update count only once the log is also a fair share of
 /// the snapshot (re-encoding a large document after every `snapshot_updates` small updates
@@ -85,19 +127,19 @@ pub(super) fn snapshot_due(
 
 impl Room {
     pub(super) fn snapshot_due(&self) -> bool {
-        if self.encoded.is_some() {
+        if self.snapshots.encoded.is_some() {
             return true; // written at the next free slot
         }
         let c = &self.registry.config;
-        self.encoding.is_none()
-            && !self.snapshot_failed
-            && self.reload_needed.is_none()
-            && !(self.unencodable && self.doc.transact().has_missing_updates())
+        self.snapshots.encoding.is_none()
+            && !self.snapshots.failed
+            && self.pipeline.reload_needed.is_none()
+            && !(self.snapshots.unencodable && self.doc.transact().has_missing_updates())
             && snapshot_due(
                 c,
-                self.since_snapshot_updates,
-                self.since_snapshot_bytes,
-                self.stored_bytes.saturating_sub(self.since_snapshot_bytes),
+                self.snapshots.since_updates,
+                self.snapshots.since_bytes,
+                self.stored_bytes.saturating_sub(self.snapshots.since_bytes),
             )
     }
 
@@ -109,9 +151,9 @@ impl Room {
             upto_seq,
             covered_bytes,
             prepared,
-        }) = self.encoded.take()
+        }) = self.snapshots.encoded.take()
         {
-            self.inflight = Some(self.snapshot_write(prepared, upto_seq, covered_bytes));
+            self.pipeline.inflight = Some(self.snapshot_write(prepared, upto_seq, covered_bytes));
             return;
         }
         if self.stored_bytes >= ENCODE_APART_BYTES {
@@ -120,7 +162,7 @@ impl Room {
                 return;
             }
         }
-        self.inflight = self.spawn_snapshot(true);
+        self.pipeline.inflight = self.spawn_snapshot(true);
     }
 
     /// Stages a snapshot encoded in the room on a task of its own, like one encoded away
@@ -141,10 +183,10 @@ impl Room {
                 staged: Some(staged),
             })
         });
-        self.encoding = Some(Encoding {
+        self.snapshots.encoding = Some(Encoding {
             upto_seq: self.last_seq,
-            version: self.snapshot_version,
-            covered_bytes: self.since_snapshot_bytes,
+            version: self.snapshots.version,
+            covered_bytes: self.snapshots.since_bytes,
             task,
         });
     }
@@ -172,10 +214,10 @@ impl Room {
             };
             Ok(Prepared { data, staged })
         });
-        self.encoding = Some(Encoding {
+        self.snapshots.encoding = Some(Encoding {
             upto_seq: self.last_seq,
-            version: self.snapshot_version,
-            covered_bytes: self.since_snapshot_bytes,
+            version: self.snapshots.version,
+            covered_bytes: self.snapshots.since_bytes,
             task,
         });
     }
@@ -183,7 +225,7 @@ impl Room {
     /// A snapshot encoded away from the room: written at once if the storage slot is free,
     /// else after the append in flight.
     pub(super) fn on_encoded(&mut self, result: EncodingResult) {
-        let Some(encoding) = self.encoding.take() else {
+        let Some(encoding) = self.snapshots.encoding.take() else {
             return;
         };
         debug!(
@@ -192,24 +234,24 @@ impl Room {
             "snapshot encoded away from the room"
         );
         match result {
-            Ok(Ok(prepared)) if encoding.version == self.snapshot_version => {
-                self.encoded = Some(Encoded {
+            Ok(Ok(prepared)) if encoding.version == self.snapshots.version => {
+                self.snapshots.encoded = Some(Encoded {
                     upto_seq: encoding.upto_seq,
                     covered_bytes: encoding.covered_bytes,
                     prepared,
                 });
-                if self.inflight.is_none() && self.staged.is_none() {
+                if self.pipeline.inflight.is_none() && self.pipeline.staged.is_none() {
                     self.start_snapshot();
                 }
             }
             Ok(Ok(_)) => debug!("a snapshot encoded for an older version is dropped"),
             Ok(Err(e)) => {
                 warn!(error = %e, "snapshot not encoded; trying again after the next commit");
-                self.snapshot_failed = true;
+                self.snapshots.failed = true;
             }
             Err(e) => {
                 warn!(error = %e, "the snapshot encoding task failed; trying again after the next commit");
-                self.snapshot_failed = true;
+                self.snapshots.failed = true;
             }
         }
     }
@@ -230,7 +272,7 @@ impl Room {
         // Not even tried while an update is pending: that is when yrs may panic (and a panic
         // under the fuzzer aborts, caught or not).
         if self.doc.transact().has_missing_updates() {
-            self.unencodable = true;
+            self.snapshots.unencodable = true;
             return None;
         }
         let doc = &self.doc;
@@ -242,18 +284,18 @@ impl Room {
             Ok(data) => data,
             Err(_) => {
                 warn!("the document cannot be encoded while an update is pending; no snapshot until it integrates");
-                self.unencodable = true;
+                self.snapshots.unencodable = true;
                 return None;
             }
         };
-        self.unencodable = false;
+        self.snapshots.unencodable = false;
         let data = Bytes::from(data);
         if apart && data.len() > SNAPSHOT_PART_BYTES {
             self.stage_apart(data);
             return None;
         }
         let prepared = Prepared { data, staged: None };
-        Some(self.snapshot_write(prepared, self.last_seq, self.since_snapshot_bytes))
+        Some(self.snapshot_write(prepared, self.last_seq, self.snapshots.since_bytes))
     }
 
     /// Writes an encoded snapshot covering the log up to `upto_seq` (and `covered_bytes` of
@@ -265,8 +307,8 @@ impl Room {
         let size = data.len() as u64;
         let kept = data.clone();
         let store = self.registry.store.clone();
-        let (doc, version) = (self.doc_id, self.snapshot_version);
-        let fence = self.fence;
+        let (doc, version) = (self.doc_id, self.snapshots.version);
+        let fence = self.lease.fence;
         let (limit, metrics) = (
             self.registry.config.storage_timeout,
             self.registry.metrics.clone(),
@@ -293,19 +335,19 @@ impl Room {
 
     /// A snapshot before unloading, so the next load replays nothing.
     pub(super) async fn final_snapshot(&mut self) {
-        if self.inflight.is_some()
-            || self.since_snapshot_updates == 0
-            || self.snapshot_failed
-            || self.unencodable
+        if self.pipeline.inflight.is_some()
+            || self.snapshots.since_updates == 0
+            || self.snapshots.failed
+            || self.snapshots.unencodable
         {
             return;
         }
         // Leaving: whatever is being encoded away from the room is not waited for.
-        self.encoding = None;
-        self.encoded = None;
-        self.inflight = self.spawn_snapshot(false);
-        while self.inflight.is_some() {
-            let res = wait_inflight(&mut self.inflight).await;
+        self.snapshots.encoding = None;
+        self.snapshots.encoded = None;
+        self.pipeline.inflight = self.spawn_snapshot(false);
+        while self.pipeline.inflight.is_some() {
+            let res = wait_inflight(&mut self.pipeline.inflight).await;
             if let Err(e) = self.on_op_done(res).await {
                 warn!(error = %e, "final snapshot failed; the log still holds every update");
                 return;
@@ -328,12 +370,13 @@ impl Room {
                 self.registry.metrics.snapshots.inc();
                 self.committed.snapshotted(data, upto_seq, self.last_seq);
                 debug!(upto_seq, size, "snapshot written");
-                self.snapshot_version = new_version;
+                self.snapshots.version = new_version;
                 // Rows committed while it was encoded away from the room stay in the log.
                 let logged_after = (self.last_seq - upto_seq) as u64;
-                self.since_snapshot_updates = logged_after;
-                self.since_snapshot_bytes = self.since_snapshot_bytes.saturating_sub(covered_bytes);
-                self.stored_bytes = size + self.since_snapshot_bytes;
+                self.snapshots.since_updates = logged_after;
+                self.snapshots.since_bytes =
+                    self.snapshots.since_bytes.saturating_sub(covered_bytes);
+                self.stored_bytes = size + self.snapshots.since_bytes;
                 self.stats.last_snapshot.store(
                     crate::storage::now_ms(),
                     std::sync::atomic::Ordering::Relaxed,
@@ -343,24 +386,24 @@ impl Room {
             Ok(SnapshotOutcome::Conflict) => {
                 self.registry.metrics.snapshot_conflicts.inc();
                 warn!(
-                    expected_version = self.snapshot_version,
+                    expected_version = self.snapshots.version,
                     "snapshot refused: the document row changed; reloading"
                 );
                 // A batch is staged only behind an append, never behind a snapshot, so
                 // the Doc is exactly what peers may have seen.
-                debug_assert!(self.staged.is_none());
+                debug_assert!(self.pipeline.staged.is_none());
                 let sv = self.doc.transact().state_vector();
                 self.reload(&sv).await?;
             }
             Err(StorageError::Fenced) => {
                 self.registry.metrics.fenced_writes.inc();
-                self.fenced = true;
+                self.lease.fenced = true;
                 return Err("a snapshot was fenced: the lease moved to another node".into());
             }
             Err(e) => {
                 // The log still holds everything; try again after the next commit.
                 warn!(error = %e, "snapshot write failed");
-                self.snapshot_failed = true;
+                self.snapshots.failed = true;
             }
         }
         Ok(())

@@ -4,7 +4,14 @@
 //! (v2) at the last committed position, taken only when nothing is uncommitted, so it is
 //! exactly the content of the log up to that position.
 
-use super::*;
+use std::sync::Arc;
+
+use tokio::time::{Duration, Instant};
+use tracing::warn;
+use yrs::{ReadTxn, StateVector, Transact};
+
+use super::lifecycle::within;
+use super::Room;
 use crate::storage::history::{NewVersion, VersionKind};
 
 /// Commits since the last version: when editing started and last happened, and who edited last.
@@ -59,7 +66,10 @@ impl Room {
     /// (a commit in flight ends soon and is in the version then).
     pub(super) fn on_version_due(&mut self) {
         let idle = self.registry.config.history.version_idle;
-        if self.has_uncommitted() || !self.queued.is_empty() || self.inflight.is_some() {
+        if self.has_uncommitted()
+            || !self.pipeline.queued.is_empty()
+            || self.pipeline.inflight.is_some()
+        {
             // Looked at again shortly (commits take milliseconds), but not so often that a
             // room stalled on storage wakes up for nothing.
             let retry = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
