@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use quire_server::bus::Envelope;
+use quire_server::bus::{Credential, Envelope};
 use quire_server::fuzzing::ROUTES;
 use quire_server::protocol;
 use yrs::sync::awareness::AwarenessUpdateEntry;
@@ -349,31 +349,11 @@ fn bus_seeds(seeds: &mut Seeds, fixtures: &[(String, Bytes)]) {
     let envelopes = [
         (
             "open",
-            Envelope::Open {
-                from: from.clone(),
-                conn: 42,
-                doc: "notes/meeting".into(),
-                user: Some("ann".into()),
-                can_write: true,
-                expires_at: Some(1_767_225_600),
-                seen_change: 0,
-                hocuspocus: false,
-                profile: None,
-            },
+            Envelope::Open { from: from.clone(), conn: 42, doc: "notes/meeting".into(), auth: Credential { user: Some("ann".into()), can_write: true, expires_at: Some(1_767_225_600), seen_change: 0, hocuspocus: false, profile: None } },
         ),
         (
             "open-anonymous-readonly",
-            Envelope::Open {
-                from: from.clone(),
-                conn: u64::MAX,
-                doc: "d".into(),
-                user: None,
-                can_write: false,
-                expires_at: None,
-                seen_change: 0,
-                hocuspocus: true,
-                profile: None,
-            },
+            Envelope::Open { from: from.clone(), conn: u64::MAX, doc: "d".into(), auth: Credential { user: None, can_write: false, expires_at: None, seen_change: 0, hocuspocus: true, profile: None } },
         ),
         (
             "frame",

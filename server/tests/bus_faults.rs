@@ -14,7 +14,7 @@ use bytes::Bytes;
 use common::*;
 use quire_server::app::TestHooks;
 use quire_server::auth::{Auth, Permission};
-use quire_server::bus::{Change, ClusterKey, Envelope, FaultAction, Faults, Kind};
+use quire_server::bus::{Change, ClusterKey, Credential, Envelope, FaultAction, Faults, Kind};
 use quire_server::protocol;
 use yrs::{Doc, Text, Transact};
 
@@ -253,12 +253,14 @@ async fn messages_not_signed_with_the_cluster_key_cannot_write() {
             from: "mallory".into(),
             conn,
             doc: "guarded".into(),
-            user: Some("mallory".into()),
-            can_write: true,
-            expires_at: None,
-            seen_change: 0,
-            hocuspocus: false,
-            profile: None,
+            auth: Credential {
+                user: Some("mallory".into()),
+                can_write: true,
+                expires_at: None,
+                seen_change: 0,
+                hocuspocus: false,
+                profile: None,
+            },
         };
         let frame = Envelope::Frame {
             from: "mallory".into(),

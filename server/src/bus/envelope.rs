@@ -46,12 +46,7 @@ pub enum Envelope {
         from: String,
         conn: u64,
         doc: String,
-        user: Option<String>,
-        can_write: bool,
-        expires_at: Option<i64>,
-        seen_change: i64,
-        hocuspocus: bool,
-        profile: Option<(String, String)>,
+        auth: Credential,
     },
     Frame {
         from: String,
@@ -116,10 +111,8 @@ pub enum Envelope {
     Reauth {
         from: String,
         conn: u64,
-        user: Option<String>,
-        can_write: bool,
-        expires_at: Option<i64>,
-        seen_change: i64,
+        /// Its `hocuspocus` and `profile` are not carried (a refresh changes neither).
+        auth: Credential,
     },
     /// The owner's answer to `Request` `id`.
     Response {
@@ -205,6 +198,23 @@ pub struct Credential {
     /// The user's profile name and colour (`PeerAuth::profile`), for the identity the owner
     /// stamps into the client's awareness states. Not in a `Reauth`.
     pub profile: Option<(String, String)>,
+}
+
+impl From<&PeerAuth> for Credential {
+    /// What a relayed client's permission says, for its owner.
+    fn from(auth: &PeerAuth) -> Credential {
+        Credential {
+            user: auth.user.as_deref().map(str::to_owned),
+            can_write: auth.can_write,
+            expires_at: auth.expires_at,
+            seen_change: auth.seen_change,
+            hocuspocus: auth.hocuspocus,
+            profile: auth
+                .profile
+                .as_ref()
+                .map(|(name, color)| (name.to_string(), color.to_string())),
+        }
+    }
 }
 
 /// How a message lays out the credential after its expiry.
@@ -346,37 +356,9 @@ impl Envelope {
     }
 
     /// The credential an `Open` or a `Reauth` carries.
-    pub fn credential(&self) -> Option<Credential> {
+    pub fn credential(&self) -> Option<&Credential> {
         match self {
-            Envelope::Open {
-                user,
-                can_write,
-                expires_at,
-                seen_change,
-                hocuspocus,
-                profile,
-                ..
-            } => Some(Credential {
-                user: user.clone(),
-                can_write: *can_write,
-                expires_at: *expires_at,
-                seen_change: *seen_change,
-                hocuspocus: *hocuspocus,
-                profile: profile.clone(),
-            }),
-            Envelope::Reauth {
-                user,
-                can_write,
-                expires_at,
-                seen_change,
-                ..
-            } => Some(Credential {
-                user: user.clone(),
-                can_write: *can_write,
-                expires_at: *expires_at,
-                seen_change: *seen_change,
-                ..Credential::default()
-            }),
+            Envelope::Open { auth, .. } | Envelope::Reauth { auth, .. } => Some(auth),
             _ => None,
         }
     }
@@ -585,45 +567,20 @@ fn encode_changed(b: &mut BytesMut, from: &str, at_ms: i64, doc: &str, change: &
 fn decode_open(conn: u64, b: &mut Bytes) -> Option<Envelope> {
     let from = get_str(b)?;
     let doc = get_str(b)?;
-    let Credential {
-        user,
-        can_write,
-        expires_at,
-        seen_change,
-        hocuspocus,
-        profile,
-    } = Credential::decode_from(b, Layout::Open)?;
+    let auth = Credential::decode_from(b, Layout::Open)?;
     Some(Envelope::Open {
         from,
         conn,
         doc,
-        user,
-        can_write,
-        expires_at,
-        seen_change,
-        hocuspocus,
-        profile,
+        auth,
     })
 }
 
 /// A `Reauth` after its header.
 fn decode_reauth(conn: u64, b: &mut Bytes) -> Option<Envelope> {
     let from = get_str(b)?;
-    let Credential {
-        user,
-        can_write,
-        expires_at,
-        seen_change,
-        ..
-    } = Credential::decode_from(b, Layout::Reauth)?;
-    Some(Envelope::Reauth {
-        from,
-        conn,
-        user,
-        can_write,
-        expires_at,
-        seen_change,
-    })
+    let auth = Credential::decode_from(b, Layout::Reauth)?;
+    Some(Envelope::Reauth { from, conn, auth })
 }
 
 /// A `Changed` after its header (`id`: the change's id, 0 for a delete).
@@ -711,50 +668,62 @@ mod tests {
                 from: "n1".into(),
                 conn: 7,
                 doc: "team/notes".into(),
-                user: Some("ann".into()),
-                can_write: true,
-                expires_at: Some(1_800_000_000),
-                seen_change: 3,
-                hocuspocus: false,
-                profile: Some(("Ann".into(), "#e11d48".into())),
+                auth: Credential {
+                    user: Some("ann".into()),
+                    can_write: true,
+                    expires_at: Some(1_800_000_000),
+                    seen_change: 3,
+                    hocuspocus: false,
+                    profile: Some(("Ann".into(), "#e11d48".into())),
+                },
             },
             Envelope::Open {
                 from: "n1".into(),
                 conn: 9,
                 doc: "tiptap".into(),
-                user: Some("ann".into()),
-                can_write: true,
-                expires_at: None,
-                seen_change: 0,
-                hocuspocus: true,
-                profile: None,
+                auth: Credential {
+                    user: Some("ann".into()),
+                    can_write: true,
+                    expires_at: None,
+                    seen_change: 0,
+                    hocuspocus: true,
+                    profile: None,
+                },
             },
             Envelope::Open {
                 from: "n1".into(),
                 conn: 8,
                 doc: "d".into(),
-                user: None,
-                can_write: false,
-                expires_at: None,
-                seen_change: 3,
-                hocuspocus: false,
-                profile: None,
+                auth: Credential {
+                    user: None,
+                    can_write: false,
+                    expires_at: None,
+                    seen_change: 3,
+                    hocuspocus: false,
+                    profile: None,
+                },
             },
             Envelope::Reauth {
                 from: "n1".into(),
                 conn: 9,
-                user: Some("ann".into()),
-                can_write: false,
-                expires_at: Some(1_800_000_000),
-                seen_change: 4,
+                auth: Credential {
+                    user: Some("ann".into()),
+                    can_write: false,
+                    expires_at: Some(1_800_000_000),
+                    seen_change: 4,
+                    ..Credential::default()
+                },
             },
             Envelope::Reauth {
                 from: "n1".into(),
                 conn: 9,
-                user: None,
-                can_write: true,
-                expires_at: None,
-                seen_change: 0,
+                auth: Credential {
+                    user: None,
+                    can_write: true,
+                    expires_at: None,
+                    seen_change: 0,
+                    ..Credential::default()
+                },
             },
             Envelope::Frame {
                 from: "n2".into(),
@@ -826,12 +795,14 @@ mod tests {
                 from: "n1".into(),
                 conn: 1,
                 doc: "doc".into(),
-                user: Some("user".into()),
-                can_write: true,
-                expires_at: None,
-                seen_change,
-                hocuspocus: false,
-                profile: None,
+                auth: Credential {
+                    user: Some("user".into()),
+                    can_write: true,
+                    expires_at: None,
+                    seen_change,
+                    hocuspocus: false,
+                    profile: None,
+                },
             }
             .encode();
             truncated.truncate(truncated.len() - 3);
@@ -847,12 +818,14 @@ mod tests {
             from: "n1".into(),
             conn: 1,
             doc: "d".into(),
-            user: Some("mallory".into()),
-            can_write: true,
-            expires_at: None,
-            seen_change: 3,
-            hocuspocus: false,
-            profile: None,
+            auth: Credential {
+                user: Some("mallory".into()),
+                can_write: true,
+                expires_at: None,
+                seen_change: 3,
+                hocuspocus: false,
+                profile: None,
+            },
         }
         .encode();
         let sealed = key.seal("quire.node.n2", &body);

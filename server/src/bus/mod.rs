@@ -551,23 +551,8 @@ impl Bus {
                 from,
                 conn,
                 doc,
-                user,
-                can_write,
-                expires_at,
-                seen_change,
-                hocuspocus,
-                profile,
-            } => {
-                let credential = Credential {
-                    user,
-                    can_write,
-                    expires_at,
-                    seen_change,
-                    hocuspocus,
-                    profile,
-                };
-                self.on_open(from, conn, &doc, credential);
-            }
+                auth,
+            } => self.on_open(from, conn, &doc, auth),
             Envelope::Frame {
                 from,
                 conn,
@@ -576,23 +561,7 @@ impl Bus {
             } => self.on_frame(&from, conn, seq, data).await,
             Envelope::Alive { from, conn, sent } => self.on_alive(&from, conn, sent).await,
             Envelope::Close { from, conn } => self.on_close(from, conn),
-            Envelope::Reauth {
-                from,
-                conn,
-                user,
-                can_write,
-                expires_at,
-                seen_change,
-            } => {
-                let credential = Credential {
-                    user,
-                    can_write,
-                    expires_at,
-                    seen_change,
-                    ..Credential::default()
-                };
-                self.on_reauth(from, conn, credential);
-            }
+            Envelope::Reauth { from, conn, auth } => self.on_reauth(from, conn, auth),
             Envelope::Request {
                 from,
                 id,

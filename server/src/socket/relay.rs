@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::transport::{WsError, WsMessage};
 use crate::app::AppState;
 use crate::bus::owners::Watching;
-use crate::bus::{Bus, Envelope, RemoteIn, RemoteOpen, ALIVE_EVERY};
+use crate::bus::{Bus, Credential, Envelope, RemoteIn, RemoteOpen, ALIVE_EVERY};
 use crate::close;
 use crate::limits::PeerRates;
 use crate::room::join::{join_room, next_peer_id, peer_bounds, to_peer_msgs};
@@ -93,15 +93,7 @@ where
         from: link.from.clone(),
         conn,
         doc: name.as_str().to_owned(),
-        user: auth.user.as_deref().map(str::to_owned),
-        can_write: auth.can_write,
-        expires_at: auth.expires_at,
-        seen_change: auth.seen_change,
-        hocuspocus: auth.hocuspocus,
-        profile: auth
-            .profile
-            .as_ref()
-            .map(|(name, color)| (name.to_string(), color.to_string())),
+        auth: Credential::from(&auth),
     };
     let watching = Watching::new(&app.relay_leases, doc, &link.owner);
     let (outcome, link) = if bus.send(&link.owner, open).await.is_err() {
@@ -166,10 +158,7 @@ where
                 let reauth = Envelope::Reauth {
                     from: link.from.clone(),
                     conn: link.conn,
-                    user: fresh.user.as_deref().map(str::to_owned),
-                    can_write: fresh.can_write,
-                    expires_at: fresh.expires_at,
-                    seen_change: fresh.seen_change,
+                    auth: Credential::from(&fresh),
                 };
                 auth = fresh;
                 if link.bus.send(&link.owner, reauth).await.is_err() {
