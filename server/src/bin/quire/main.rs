@@ -3,15 +3,16 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Args as _;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use quire_server::auth::{Auth, Permission};
 use quire_server::config::Settings;
 use tokio_util::sync::CancellationToken;
 
-mod backup_cli;
-mod doc_cli;
-mod history_cli;
-mod ops_cli;
+mod backup;
+mod doc;
+mod history;
+mod ops;
 
 #[derive(Parser)]
 #[command(
@@ -41,14 +42,14 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         limit: u32,
         #[command(flatten)]
-        target: history_cli::Target,
+        target: history::Target,
         #[command(flatten)]
         args: Args,
     },
     /// Export a document's content to a file, or import a file into a document
     Doc {
         #[command(subcommand)]
-        command: doc_cli::DocCommand,
+        command: doc::DocCommand,
     },
     /// Back the store up into FILE while the server runs (SQLite; prints the pg_dump command
     /// for PostgreSQL), then check the copy
@@ -61,7 +62,7 @@ enum Command {
     RestoreBackup {
         file: PathBuf,
         #[command(flatten)]
-        target: history_cli::Target,
+        target: history::Target,
         #[command(flatten)]
         args: Args,
     },
@@ -80,9 +81,9 @@ enum Command {
     /// A document's versions: list, create, restore (through a running server)
     Version {
         #[command(subcommand)]
-        command: history_cli::VersionCommand,
+        command: history::VersionCommand,
         #[command(flatten)]
-        target: history_cli::Target,
+        target: history::Target,
         #[command(flatten)]
         args: Args,
     },
@@ -142,9 +143,80 @@ impl Args {
     }
 }
 
+/// The settings each command reads, by their field names in `Settings`: its `--help` shows
+/// these and hides the others (which it still accepts, like a config file's, and ignores).
+/// `serve` reads them all.
+const STORE: &[&str] = &[
+    "database_url",
+    "sqlite_synchronous",
+    "sqlite_commit_delay",
+    "sqlite_commit_siblings",
+    "log_format",
+    "log",
+];
+/// A running server's address and the key that administers it (`history`, `version`, ...).
+const SERVER: &[&str] = &["bind", "admin_key"];
+
+/// The command line, each subcommand's help showing only the settings it reads.
+fn command() -> clap::Command {
+    let reads: &[(&[&str], &[&[&str]])] = &[
+        (&["migrate"], &[STORE]),
+        (&["token", "issue"], &[&["auth_keys"]]),
+        (&["token", "revoke"], &[STORE]),
+        (&["history"], &[SERVER]),
+        (&["version"], &[SERVER]),
+        (&["doc", "export"], &[STORE, SERVER]),
+        (&["doc", "import"], &[STORE, SERVER]),
+        (&["backup"], &[STORE]),
+        (&["restore-backup"], &[STORE, SERVER]),
+        (&["compact"], &[STORE, &["history_retention"]]),
+        (
+            &["doctor"],
+            &[
+                STORE,
+                SERVER,
+                &[
+                    "auth_keys",
+                    "node_id",
+                    "bus_url",
+                    "bus_credentials",
+                    "cluster_key",
+                ],
+            ],
+        ),
+    ];
+    let settings = Settings::augment_args(clap::Command::new("settings"));
+    let all: Vec<String> = settings
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .collect();
+    let mut cmd = Cli::command();
+    for (path, groups) in reads {
+        let keep: Vec<&str> = groups.iter().flat_map(|g| g.iter().copied()).collect();
+        cmd = hide_settings(cmd, path, &all, &keep);
+    }
+    cmd
+}
+
+/// Hides, in the subcommand at `path`, every setting of `all` but those in `keep`.
+fn hide_settings(
+    cmd: clap::Command,
+    path: &[&str],
+    all: &[String],
+    keep: &[&str],
+) -> clap::Command {
+    let Some((first, rest)) = path.split_first() else {
+        return all
+            .iter()
+            .filter(|id| !keep.contains(&id.as_str()))
+            .fold(cmd, |cmd, id| cmd.mut_arg(id, |a| a.hide(true)));
+    };
+    cmd.mut_subcommand(*first, |sub| hide_settings(sub, rest, all, keep))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Serve(args) => {
             let config = args.resolve()?;
@@ -195,35 +267,35 @@ async fn main() -> anyhow::Result<()> {
             args,
         } => {
             let config = args.resolve()?;
-            let api = history_cli::Api::new(target, &config);
-            history_cli::history(&api, &name, limit).await
+            let api = history::Api::new(target, &config);
+            history::history(&api, &name, limit).await
         }
         Command::Backup { file, args } => {
             let config = args.resolve()?;
-            backup_cli::backup(&config, &file).await
+            backup::backup(&config, &file).await
         }
         Command::RestoreBackup { file, target, args } => {
             let config = args.resolve()?;
-            let api = history_cli::Api::new(target, &config);
-            backup_cli::restore(&config, &api, &file).await
+            let api = history::Api::new(target, &config);
+            backup::restore(&config, &api, &file).await
         }
         Command::Compact { names, args } => {
             let config = args.resolve()?;
-            ops_cli::compact(&config, names).await
+            ops::compact(&config, names).await
         }
         Command::Doctor { args } => {
             let config = args.resolve()?;
-            ops_cli::doctor(&config).await
+            ops::doctor(&config).await
         }
-        Command::Doc { command } => doc_cli::run(command).await,
+        Command::Doc { command } => doc::run(command).await,
         Command::Version {
             command,
             target,
             args,
         } => {
             let config = args.resolve()?;
-            let api = history_cli::Api::new(target, &config);
-            history_cli::version(&api, command).await
+            let api = history::Api::new(target, &config);
+            history::version(&api, command).await
         }
         Command::Token(TokenCommand::Revoke {
             token_id,

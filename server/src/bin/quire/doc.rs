@@ -28,7 +28,7 @@ use quire_server::storage::{LogEntry, StorageError};
 use yrs::updates::decoder::Decode;
 use yrs::{Doc, GetString, ReadTxn, StateVector, Text, Transact, Update};
 
-use crate::history_cli::{Api, Target};
+use crate::history::{Api, Target};
 
 #[derive(Subcommand)]
 pub enum DocCommand {
@@ -177,7 +177,7 @@ async fn export(
     root: &str,
 ) -> anyhow::Result<()> {
     let progress = Progress::start(format!("exporting {name}"));
-    let stores = crate::ops_cli::open_current_store(config).await?;
+    let stores = crate::ops::open_current_store(config).await?;
     let (_, doc) = stored_doc(&stores, name).await?;
     let bytes = {
         let txn = doc.transact();
@@ -318,7 +318,7 @@ async fn import(
     }
     quire_server::room::DocName::parse(name)
         .map_err(|e| anyhow::anyhow!("{name:?} is not a document name: {e}"))?;
-    let stores = crate::ops_cli::open_current_store(config).await?;
+    let stores = crate::ops::open_current_store(config).await?;
     // A document that does not exist yet is created, as a first WebSocket client would.
     if let Some(meta) = stores.api.get_doc_by_name(name).await? {
         if meta.deleted_at.is_some() {

@@ -17,7 +17,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
-use crate::history_cli::Api;
+use crate::history::Api;
 
 /// What a checked SQLite file holds.
 struct Checked {
