@@ -29,12 +29,15 @@ if ! [ -x /usr/bin/chromium ]; then
   echo "Chromium is missing at /usr/bin/chromium: the browser tests cannot run" >&2
   exit 1
 fi
+# Built after web/build.sh, so the binary compiles the pages in (server/build.rs).
 cargo build -p quire-server --bin quire
 export QUIRE_BIN="${CARGO_TARGET_DIR:-target}/debug/quire"
 echo "--- the WASM client's tests in Node"
 node --test web/test/wasm-node.test.mjs
 echo "--- the WASM client as an npm package, installed into a scratch project"
 node --test web/test/npm-package.test.mjs
+echo "--- the editor compiled into the binary, served from another directory"
+node --test web/test/embedded.test.mjs
 echo "--- end to end in Chromium (screenshots in target/screenshots/)"
 node --test web/test/e2e.mjs
 echo "--- the admin dashboard in Chromium, under a load (screenshots in target/screenshots/admin-*.png)"

@@ -246,8 +246,9 @@ pub struct Settings {
     /// How long a node's lease on a document's room lasts without renewal (PostgreSQL) [default: 5s]
     #[arg(long, env = "QUIRE_LEASE_TTL")]
     pub lease_ttl: Option<HumanDuration>,
-    /// Directory of the built web editor (web/build.sh writes web/dist), served at / to browsers
-    /// (requests without a WebSocket upgrade) [default: web/dist]
+    /// Directory of web pages served at / to browsers (requests without a WebSocket upgrade)
+    /// instead of the editor compiled into the binary (web/build.sh writes web/dist, which the
+    /// next build compiles in) [default: the compiled-in editor]
     #[arg(long, env = "QUIRE_WEB_ROOT")]
     pub web_root: Option<PathBuf>,
     /// Bytes a WebSocket connection reads per system call; small keeps idle connections cheap [default: 128]
@@ -420,8 +421,9 @@ pub struct Config {
     /// This node's name in room leases.
     pub node_id: String,
     pub lease_ttl: Duration,
-    /// The built web editor's directory (may not exist: then / explains how to build it).
-    pub web_root: PathBuf,
+    /// A directory of web pages served instead of those compiled in (may not exist: then /
+    /// explains how to build them). `None`: the pages compiled into the binary.
+    pub web_root: Option<PathBuf>,
 }
 
 /// Where and how events are delivered.
@@ -506,21 +508,6 @@ impl HistoryConfig {
     /// Whether history is kept at all.
     pub fn enabled(&self) -> bool {
         !self.retention.is_zero()
-    }
-}
-
-/// `web/dist` under the working directory, else the one in the source tree this binary was
-/// built from (so `cargo run` serves the editor from any directory).
-fn default_web_root() -> PathBuf {
-    let local = PathBuf::from("web/dist");
-    if local.is_dir() {
-        return local;
-    }
-    let built = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../web/dist"));
-    if built.is_dir() {
-        built
-    } else {
-        local
     }
 }
 
@@ -757,7 +744,7 @@ impl Settings {
                 .node_id
                 .unwrap_or_else(|| format!("node-{:08x}", rand::random::<u32>())),
             lease_ttl: d(self.lease_ttl, Duration::from_secs(5)).max(Duration::from_millis(100)),
-            web_root: self.web_root.unwrap_or_else(default_web_root),
+            web_root: self.web_root,
             webhooks: WebhookConfig {
                 urls: self.webhook_urls.unwrap_or_default(),
                 secret: self.webhook_secret,

@@ -13,7 +13,7 @@ async fn plain_gets_serve_the_web_root_and_upgrades_open_documents() {
     std::fs::write(web.join("index.html"), "<title>editor</title>").expect("write");
     std::fs::write(web.join("assets/app.js"), "console.log(1)").expect("write");
     let mut cfg = test_config(dir.path());
-    cfg.web_root = web.clone();
+    cfg.web_root = Some(web.clone());
     let server = TestServer::start(cfg).await;
 
     let (status, body) = http_get(server.addr, "/").await;
@@ -61,7 +61,7 @@ async fn plain_gets_serve_the_web_root_and_upgrades_open_documents() {
 
     // Without a built editor, / says how to build one.
     let mut cfg = test_config(dir.path());
-    cfg.web_root = dir.path().join("nothing-here");
+    cfg.web_root = Some(dir.path().join("nothing-here"));
     let server = TestServer::start(cfg).await;
     let (status, body) = http_get(server.addr, "/").await;
     assert_eq!(status, 404);

@@ -11,6 +11,7 @@ mod history;
 mod idempotency;
 mod listen;
 pub mod owner;
+mod pages;
 mod reads;
 mod shared;
 mod tokens;
@@ -21,8 +22,6 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use tower::ServiceExt;
-use tower_http::services::ServeDir;
 
 pub use crate::problem::{problem, too_many, ApiError};
 pub use listen::serve;
@@ -64,7 +63,7 @@ pub fn router(app: AppState) -> Router {
 }
 
 /// Every other path: a WebSocket upgrade opens the document the path names; a plain `GET` or
-/// `HEAD` gets the web editor's file at that path (`web_root`; `/` is its index page), and
+/// `HEAD` gets the web editor's file at that path (`pages`; `/` is its index page), and
 /// anything else is answered like a document request (a bad name gets 400).
 async fn web_or_document(State(app): State<AppState>, req: Request) -> Response {
     let upgrade = req
@@ -73,28 +72,15 @@ async fn web_or_document(State(app): State<AppState>, req: Request) -> Response 
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
     let read = matches!(*req.method(), Method::GET | Method::HEAD);
-    if upgrade || !read {
-        return axum::handler::Handler::call(crate::socket::ws::accept, req, app).await;
-    }
-    let root = app.config.web_root.clone();
-    let path = req.uri().path();
-    if path == "/" && !root.join("index.html").is_file() {
-        return (
-            StatusCode::NOT_FOUND,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            format!(
-                "Quire is running. The web editor is not built (no {}/index.html): run \
-                 web/build.sh, or point --web-root at its output.\n",
-                root.display()
-            ),
-        )
-            .into_response();
-    }
-    if path == "/" || web_file(&root, path).is_some() {
-        return match ServeDir::new(root).oneshot(req).await {
-            Ok(response) => response.into_response(),
-            Err(never) => match never {},
-        };
+    if !upgrade && read {
+        // The request's head only: a body would make this future not `Send`.
+        let mut head = Request::new(());
+        *head.method_mut() = req.method().clone();
+        *head.uri_mut() = req.uri().clone();
+        *head.headers_mut() = req.headers().clone();
+        if let Some(page) = pages::serve(app.config.web_root.as_deref(), head).await {
+            return page;
+        }
     }
     axum::handler::Handler::call(crate::socket::ws::accept, req, app).await
 }
@@ -108,26 +94,6 @@ async fn admin_page(State(app): State<AppState>, req: Request) -> Response {
         Some(page) if !upgrade => page,
         _ => web_or_document(State(app), req).await,
     }
-}
-
-/// The file under `root` that a URL path names, if there is one. Only plain segments count
-/// (no `..`, no empty or hidden ones), so nothing outside `root` is ever looked at.
-fn web_file(root: &std::path::Path, url_path: &str) -> Option<std::path::PathBuf> {
-    let decoded = percent_encoding::percent_decode_str(url_path)
-        .decode_utf8()
-        .ok()?;
-    let mut file = root.to_path_buf();
-    for segment in decoded.trim_start_matches('/').split('/') {
-        let plain = !segment.is_empty()
-            && !segment.starts_with('.')
-            && segment.len() <= 255
-            && !segment.contains(['\\', '\0']);
-        if !plain {
-            return None;
-        }
-        file.push(segment);
-    }
-    file.is_file().then_some(file)
 }
 
 /// Largest request body the API reads, JSON or a Yjs update (axum's default limit for its
