@@ -12,7 +12,7 @@ use sqlx::Row;
 use super::dialect::backend_impl;
 use super::history::NewVersion;
 use super::sql_api::SqlApi;
-use super::{DocId, Epoch, LeaseGrant, SharedStatements, StorageError, StoredDoc};
+use super::{now_ms, DocId, Epoch, LeaseGrant, SharedStatements, StorageError, StoredDoc};
 
 backend_impl!(
     #[async_trait]
@@ -238,6 +238,70 @@ backend_impl!(
             .execute(&self.pool)
             .await?;
             Ok(())
+        }
+    }
+);
+
+backend_impl!(
+    impl<DB> SqlApi<DB> {
+        /// Creates the row of a document first opened over WebSocket (no owner yet).
+        pub(super) async fn create_for_load(&self, name: &str) -> Result<(), StorageError> {
+            let now = now_ms();
+            let mut tx = self.pool.begin().await?;
+            let created = sqlx::query(
+                "INSERT INTO documents (name, created_at, updated_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (name) DO NOTHING RETURNING id",
+            )
+            .bind(name)
+            .bind(now)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(row) = created {
+                let id: i64 = row.try_get("id")?;
+                self.emit(
+                    &mut tx,
+                    "document.created",
+                    serde_json::json!({ "id": id, "name": name, "owner": null }),
+                    now,
+                )
+                .await?;
+            }
+            self.committed_with_events(tx).await?;
+            Ok(())
+        }
+
+        /// Why a write matched no row: the document is deleted ([`StorageError::Deleted`]), the
+        /// lease moved on ([`StorageError::Fenced`]), or else the write's own conflict.
+        pub(super) async fn why_refused(
+            conn: &mut DB::Connection,
+            doc: DocId,
+            fence: Option<Epoch>,
+            otherwise: StorageError,
+        ) -> StorageError {
+            let deleted: Result<Option<Option<i64>>, _> =
+                sqlx::query_scalar("SELECT deleted_at FROM documents WHERE id = $1")
+                    .bind(doc)
+                    .fetch_optional(&mut *conn)
+                    .await;
+            match deleted {
+                Ok(Some(Some(_))) => return StorageError::Deleted,
+                Ok(_) => {}
+                Err(e) => return e.into(),
+            }
+            let Some(fence) = fence else {
+                return otherwise;
+            };
+            let current: Result<Option<i64>, _> =
+                sqlx::query_scalar("SELECT epoch FROM room_leases WHERE doc_id = $1")
+                    .bind(doc)
+                    .fetch_optional(&mut *conn)
+                    .await;
+            match current {
+                Ok(Some(epoch)) if epoch == fence => otherwise,
+                Ok(_) => StorageError::Fenced,
+                Err(e) => e.into(),
+            }
         }
     }
 );
