@@ -38,8 +38,7 @@ use sqlx::{Connection, Postgres};
 use tokio::sync::{mpsc, oneshot, Mutex, Notify};
 
 use self::writer::{writer_loop, AppendRequest, WRITE_QUEUE};
-use super::sql_api::SqlApi;
-use super::sqlite::EventSettings;
+use super::sql_api::{EventSettings, SqlApi};
 use super::{
     DocId, DocStore, Epoch, LogEntry, SharedStatements, SnapshotBytes, SnapshotOutcome,
     StorageError,
@@ -108,13 +107,7 @@ impl PgStore {
             ));
         }
         Ok(PgStore {
-            api: SqlApi {
-                pool,
-                events,
-                events_written,
-                renewals: Arc::default(),
-                retention_ms: Arc::default(),
-            },
+            api: SqlApi::new(pool, events, events_written),
             writer: tx,
         })
     }

@@ -18,6 +18,7 @@ mod profiles;
 mod revocations;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::{Pool, Transaction};
@@ -25,8 +26,23 @@ use tokio::sync::Notify;
 
 use super::api::*;
 use super::dialect::{backend_impl, Dialect};
-use super::sqlite::EventSettings;
 use super::{DocId, StorageError};
+
+/// Whether document changes write webhook events to the outbox, and how `document.updated`
+/// events are debounced.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EventSettings {
+    pub enabled: bool,
+    pub debounce: Duration,
+}
+
+impl EventSettings {
+    /// After how many ms a `document.updated` event folded into the outbox by an append
+    /// becomes available; `None` if events are off.
+    pub fn debounce_ms(&self) -> Option<i64> {
+        self.enabled.then_some(self.debounce.as_millis() as i64)
+    }
+}
 
 /// The API rows of one database: its pool and whether writes emit outbox events. Both stores
 /// hold one; cheap to clone.
@@ -42,6 +58,18 @@ pub struct SqlApi<DB: Dialect> {
 }
 
 impl<DB: Dialect> SqlApi<DB> {
+    /// The API rows of the database behind `pool`; `events_written` is woken after each
+    /// commit that wrote outbox events.
+    pub(super) fn new(pool: Pool<DB>, events: EventSettings, events_written: Arc<Notify>) -> Self {
+        SqlApi {
+            pool,
+            events,
+            events_written,
+            renewals: Arc::default(),
+            retention_ms: Arc::default(),
+        }
+    }
+
     /// The connection pool, for tests and tools that inspect the database.
     pub fn pool(&self) -> &Pool<DB> {
         &self.pool

@@ -27,6 +27,7 @@ use sqlx::{Connection, Sqlite};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use self::writer::{writer_loop, WriteOp, WriteOutcome, WriteRequest, WRITE_QUEUE};
+pub use super::sql_api::EventSettings;
 use super::sql_api::SqlApi;
 use super::{
     DocId, DocStore, Epoch, LogEntry, SharedStatements, SnapshotBytes, SnapshotOutcome,
@@ -38,22 +39,6 @@ use crate::config::{CommitWindowSettings, SqliteSync};
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Read connections: loads and readiness checks.
 const READ_POOL_SIZE: u32 = 4;
-
-/// Whether document changes write webhook events to the outbox, and how `document.updated`
-/// events are debounced.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct EventSettings {
-    pub enabled: bool,
-    pub debounce: Duration,
-}
-
-impl EventSettings {
-    /// After how many ms a `document.updated` event folded into the outbox by an append
-    /// becomes available; `None` if events are off.
-    pub fn debounce_ms(&self) -> Option<i64> {
-        self.enabled.then_some(self.debounce.as_millis() as i64)
-    }
-}
 
 /// The SQLite document store. Cheap to share behind an `Arc`.
 pub struct SqliteStore {
@@ -118,13 +103,7 @@ impl SqliteStore {
             transactions.clone(),
         ));
         Ok(SqliteStore {
-            api: SqlApi {
-                pool,
-                events,
-                events_written,
-                renewals: Arc::default(),
-                retention_ms: Arc::default(),
-            },
+            api: SqlApi::new(pool, events, events_written),
             writer: tx,
             transactions,
         })

@@ -9,7 +9,9 @@ use sqlx::{Connection, Postgres};
 use tokio::sync::{mpsc, oneshot, Mutex, Notify};
 
 use crate::storage::sql_api::SqlApi;
-use crate::storage::{client_rows, clone_err, now_ms, DocId, Epoch, LogEntry, StorageError};
+use crate::storage::{
+    answer_batch, client_rows, now_ms, take_queued, DocId, Epoch, LogEntry, StorageError,
+};
 
 /// Most append requests folded into one transaction.
 const MAX_APPENDS_PER_TRANSACTION: usize = 512;
@@ -47,34 +49,19 @@ pub(super) async fn writer_loop(
             let Some(first) = rx.recv().await else {
                 return; // the store was dropped
             };
-            batch.push(first);
-            while batch.len() < MAX_APPENDS_PER_TRANSACTION {
-                match rx.try_recv() {
-                    Ok(req) => batch.push(req),
-                    Err(_) => break,
-                }
-            }
+            take_queued(first, &mut rx, &mut batch, MAX_APPENDS_PER_TRANSACTION);
         }
-        match commit_batch(&pool, &batch).await {
-            Ok(results) => {
-                let wrote_events = batch
-                    .iter()
-                    .zip(&results)
-                    .any(|(req, r)| req.event_debounce_ms.is_some() && r.is_ok());
-                if wrote_events {
-                    events_written.notify_one();
-                }
-                for (req, result) in batch.drain(..).zip(results) {
-                    let _ = req.reply.send(result);
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "commit failed; the batch is not durable");
-                for req in batch.drain(..) {
-                    let _ = req.reply.send(Err(StorageError::Database(clone_err(&e))));
-                }
-            }
+        let committed = commit_batch(&pool, &batch).await;
+        let wrote_events = committed.as_ref().is_ok_and(|results| {
+            batch
+                .iter()
+                .zip(results)
+                .any(|(req, r)| req.event_debounce_ms.is_some() && r.is_ok())
+        });
+        if wrote_events {
+            events_written.notify_one();
         }
+        answer_batch(batch.drain(..).map(|r| r.reply), committed);
     }
 }
 
@@ -363,7 +350,7 @@ mod tests {
 
     use super::*;
     use crate::storage::postgres::tests::{test_db, TestDb};
-    use crate::storage::sqlite::EventSettings;
+    use crate::storage::sql_api::EventSettings;
     use crate::storage::{DocStore, SnapshotOutcome, StoredDoc};
 
     fn request(doc: DocId, first_seq: i64, n: usize, events: bool) -> AppendRequest {

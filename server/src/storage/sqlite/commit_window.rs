@@ -90,7 +90,8 @@ mod tests {
 
     use super::*;
     use crate::config::SqliteSync;
-    use crate::storage::sqlite::{EventSettings, SqliteStore};
+    use crate::storage::sql_api::EventSettings;
+    use crate::storage::sqlite::SqliteStore;
     use crate::storage::DocStore;
 
     fn window(delay_ms: u64, siblings: u32) -> CommitWindowSettings {

@@ -15,8 +15,8 @@ use super::commit_window::CommitWindow;
 use crate::config::CommitWindowSettings;
 use crate::storage::sql_api::SqlApi;
 use crate::storage::{
-    client_rows, clone_err, now_ms, DocId, Epoch, LogEntry, SnapshotBytes, SnapshotOutcome,
-    StorageError,
+    answer_batch, client_rows, now_ms, take_queued, DocId, Epoch, LogEntry, SnapshotBytes,
+    SnapshotOutcome, StorageError,
 };
 
 /// Most write requests folded into one transaction. Bounds the latency a request can add to the
@@ -88,42 +88,27 @@ pub(super) async fn writer_loop(
         if let Some(delay) = window.wait(Instant::now()) {
             tokio::time::sleep(delay).await;
         }
-        batch.push(first);
-        while batch.len() < MAX_WRITES_PER_TRANSACTION {
-            match rx.try_recv() {
-                Ok(req) => batch.push(req),
-                Err(_) => break,
-            }
-        }
+        take_queued(first, &mut rx, &mut batch, MAX_WRITES_PER_TRANSACTION);
         window.record(Instant::now(), batch.iter().map(|r| r.op.doc()));
         transactions.fetch_add(1, Ordering::Relaxed);
-        match commit_batch(&mut conn, &mut batch).await {
-            Ok(results) => {
-                if batch.iter().any(|r| {
-                    matches!(
-                        r.op,
-                        WriteOp::Append {
-                            event_debounce_ms: Some(_),
-                            ..
-                        }
-                    )
-                }) {
-                    events_written.notify_one();
+        let committed = commit_batch(&mut conn, &mut batch).await;
+        let wrote_events = batch.iter().any(|r| {
+            matches!(
+                r.op,
+                WriteOp::Append {
+                    event_debounce_ms: Some(_),
+                    ..
                 }
-                for (req, result) in batch.drain(..).zip(results) {
-                    let _ = req.reply.send(result);
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "commit failed; the batch is not durable");
-                for req in batch.drain(..) {
-                    let _ = req.reply.send(Err(StorageError::Database(clone_err(&e))));
-                }
-                // The connection may be unusable (disk error, lock state); start afresh.
-                match SqliteConnection::connect_with(&opts).await {
-                    Ok(fresh) => conn = fresh,
-                    Err(e) => tracing::error!(error = %e, "cannot reopen the writer connection"),
-                }
+            )
+        });
+        if committed.is_ok() && wrote_events {
+            events_written.notify_one();
+        }
+        if !answer_batch(batch.drain(..).map(|r| r.reply), committed) {
+            // The connection may be unusable (disk error, lock state); start afresh.
+            match SqliteConnection::connect_with(&opts).await {
+                Ok(fresh) => conn = fresh,
+                Err(e) => tracing::error!(error = %e, "cannot reopen the writer connection"),
             }
         }
     }
