@@ -166,3 +166,49 @@ impl Dialect for Postgres {
         Ok(moved.rows_affected() == 1)
     }
 }
+
+/// Writes an `impl` block generic over the database `DB` (`impl<DB> SqlApi<DB> { .. }` or
+/// `impl<DB> SomeTrait for SqlApi<DB> { .. }`, attributes such as `#[async_trait]` kept) with
+/// the bounds sqlx needs to run the shared statements on `DB`: its connections execute them,
+/// and the column and parameter types they use encode and decode. Both [`Sqlite`] and
+/// [`Postgres`] meet them.
+///
+/// A macro rather than a `Backend` trait with these bounds and a blanket impl: Rust takes only
+/// a trait's `Self: ...` bounds as given where the trait is used, not where clauses on other
+/// types such as `i64: Encode<'a, Self>` (rust-lang/rust#20671), so every `impl<DB: Backend>`
+/// would have had to repeat them.
+macro_rules! backend_impl {
+    ($(#[$attr:meta])* impl<DB> SqlApi<DB> { $($body:tt)* }) => {
+        $crate::storage::dialect::backend_impl! {
+            @bounded [$(#[$attr])*] [] { $($body)* }
+        }
+    };
+    ($(#[$attr:meta])* impl<DB> $trait:ident for SqlApi<DB> { $($body:tt)* }) => {
+        $crate::storage::dialect::backend_impl! {
+            @bounded [$(#[$attr])*] [$trait for] { $($body)* }
+        }
+    };
+    (@bounded [$($attr:tt)*] [$($trait:tt)*] { $($body:tt)* }) => {
+        $($attr)*
+        impl<DB> $($trait)* $crate::storage::sql_api::SqlApi<DB>
+        where
+            DB: $crate::storage::dialect::Dialect,
+            for<'c> &'c mut DB::Connection: ::sqlx::Executor<'c, Database = DB>,
+            for<'q> DB::Arguments<'q>: ::sqlx::IntoArguments<'q, DB>,
+            for<'a> &'a str: ::sqlx::ColumnIndex<DB::Row> + ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
+            usize: ::sqlx::ColumnIndex<DB::Row>,
+            for<'a> i64: ::sqlx::Encode<'a, DB> + ::sqlx::Decode<'a, DB> + ::sqlx::Type<DB>,
+            for<'a> String: ::sqlx::Encode<'a, DB> + ::sqlx::Decode<'a, DB> + ::sqlx::Type<DB>,
+            for<'a> Vec<u8>: ::sqlx::Encode<'a, DB> + ::sqlx::Decode<'a, DB> + ::sqlx::Type<DB>,
+            for<'a> &'a [u8]: ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
+            for<'a> bool: ::sqlx::Encode<'a, DB> + ::sqlx::Type<DB>,
+            for<'a> Option<&'a str>: ::sqlx::Encode<'a, DB>,
+            for<'a> Option<String>: ::sqlx::Encode<'a, DB> + ::sqlx::Decode<'a, DB>,
+            for<'a> Option<i64>: ::sqlx::Encode<'a, DB> + ::sqlx::Decode<'a, DB>,
+            for<'a> Option<Vec<u8>>: ::sqlx::Decode<'a, DB>,
+        {
+            $($body)*
+        }
+    };
+}
+pub(super) use backend_impl;

@@ -11,10 +11,9 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Row, Type};
+use sqlx::Row;
 
-use super::dialect::Dialect;
-use super::sql_api::SqlApi;
+use super::dialect::backend_impl;
 use super::{DocId, StorageError};
 
 /// Why a version was taken.
@@ -197,510 +196,484 @@ pub trait HistoryStore: Send + Sync {
     async fn job(&self, name: &str) -> Result<Option<JobStatus>, StorageError>;
 }
 
-#[async_trait]
-impl<DB: Dialect> HistoryStore for SqlApi<DB>
-where
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'a> &'a str: ColumnIndex<DB::Row> + Encode<'a, DB> + Type<DB>,
-    usize: ColumnIndex<DB::Row>,
-    for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
-    for<'a> String: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
-    for<'a> Vec<u8>: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
-    for<'a> &'a [u8]: Encode<'a, DB> + Type<DB>,
-    for<'a> Option<String>: Encode<'a, DB> + Decode<'a, DB>,
-    for<'a> Option<i64>: Encode<'a, DB> + Decode<'a, DB>,
-    for<'a> Option<Vec<u8>>: Decode<'a, DB>,
-{
-    async fn versions(&self, doc: DocId) -> Result<Vec<Version>, StorageError> {
-        let rows = sqlx::query(
-            "SELECT id, seq, kind, label, author, created_at FROM doc_versions \
-             WHERE doc_id = $1 ORDER BY seq, id",
-        )
-        .bind(doc)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(version_row::<DB>).collect()
-    }
-
-    async fn version(&self, doc: DocId, id: i64) -> Result<Option<Version>, StorageError> {
-        let row = sqlx::query(
-            "SELECT id, seq, kind, label, author, created_at FROM doc_versions \
-             WHERE doc_id = $1 AND id = $2",
-        )
-        .bind(doc)
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.as_ref().map(version_row::<DB>).transpose()
-    }
-
-    async fn kept_version_bytes(&self, doc: DocId) -> Result<u64, StorageError> {
-        let bytes: i64 = sqlx::query_scalar(
-            "SELECT COALESCE(SUM(LENGTH(state)), 0) FROM doc_versions \
-             WHERE doc_id = $1 AND kind <> 'auto'",
-        )
-        .bind(doc)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(u64::try_from(bytes).unwrap_or(0))
-    }
-
-    async fn add_version_within(
-        &self,
-        v: NewVersion,
-        budget: u64,
-    ) -> Result<Option<i64>, StorageError> {
-        let size = i64::try_from(v.state.len()).unwrap_or(i64::MAX);
-        let budget = i64::try_from(budget).unwrap_or(i64::MAX);
-        Ok(sqlx::query_scalar(
-            "INSERT INTO doc_versions (doc_id, seq, kind, label, author, state, created_at) \
-             SELECT $1, $2, $3, $4, $5, $6, $7 \
-             WHERE (SELECT COALESCE(SUM(LENGTH(state)), 0) FROM doc_versions \
-                    WHERE doc_id = $1 AND kind <> 'auto') + $8 <= $9 \
-             RETURNING id",
-        )
-        .bind(v.doc)
-        .bind(v.seq)
-        .bind(v.kind.as_str())
-        .bind(v.label)
-        .bind(v.author)
-        .bind(v.state.as_slice())
-        .bind(v.created_at)
-        .bind(size)
-        .bind(budget)
-        .fetch_optional(&self.pool)
-        .await?)
-    }
-
-    async fn version_state(
-        &self,
-        doc: DocId,
-        id: i64,
-    ) -> Result<Option<(Version, Vec<u8>)>, StorageError> {
-        let row = sqlx::query(
-            "SELECT id, seq, kind, label, author, created_at, state FROM doc_versions \
-             WHERE doc_id = $1 AND id = $2",
-        )
-        .bind(doc)
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
-        match row {
-            None => Ok(None),
-            Some(row) => Ok(Some((version_row::<DB>(&row)?, row.try_get("state")?))),
+backend_impl!(
+    #[async_trait]
+    impl<DB> HistoryStore for SqlApi<DB> {
+        async fn versions(&self, doc: DocId) -> Result<Vec<Version>, StorageError> {
+            let rows = sqlx::query(
+                "SELECT id, seq, kind, label, author, created_at FROM doc_versions \
+                 WHERE doc_id = $1 ORDER BY seq, id",
+            )
+            .bind(doc)
+            .fetch_all(&self.pool)
+            .await?;
+            rows.iter().map(Self::version_row).collect()
         }
-    }
 
-    async fn delete_version(&self, doc: DocId, id: i64) -> Result<VersionDelete, StorageError> {
-        // Serialized with the prune job per document (the document's row locked, as prune
-        // locks it): under PostgreSQL's READ COMMITTED a prune making this version the base
-        // could otherwise commit between this check and the delete. (SQLite has one writer.)
-        let mut tx = self.pool.begin().await?;
-        lock_doc::<DB>(&mut tx, doc).await?;
-        // A version is the history's base when the log's first retained row follows it, rows
-        // before it were pruned, and no other version stands at its position.
-        let done = sqlx::query(
-            "DELETE FROM doc_versions WHERE doc_id = $1 AND id = $2 AND NOT ( \
-               seq + 1 = (SELECT COALESCE(MIN(u.seq), -1) FROM doc_updates u \
-                 WHERE u.doc_id = $1) \
-               AND seq > 0 \
-               AND NOT EXISTS (SELECT 1 FROM doc_versions o \
-                 WHERE o.doc_id = $1 AND o.seq = doc_versions.seq AND o.id <> $2))",
-        )
-        .bind(doc)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        if DB::rows_affected(&done) > 0 {
-            return Ok(VersionDelete::Deleted);
+        async fn version(&self, doc: DocId, id: i64) -> Result<Option<Version>, StorageError> {
+            let row = sqlx::query(
+                "SELECT id, seq, kind, label, author, created_at FROM doc_versions \
+                 WHERE doc_id = $1 AND id = $2",
+            )
+            .bind(doc)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+            row.as_ref().map(Self::version_row).transpose()
         }
-        let exists: Option<i64> =
-            sqlx::query_scalar("SELECT id FROM doc_versions WHERE doc_id = $1 AND id = $2")
-                .bind(doc)
-                .bind(id)
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(match exists {
-            Some(_) => VersionDelete::InUse,
-            None => VersionDelete::NotFound,
-        })
-    }
 
-    async fn session_starts(
-        &self,
-        doc: DocId,
-        before_seq: i64,
-        gap_ms: i64,
-        limit: u32,
-    ) -> Result<(Vec<i64>, Option<i64>), StorageError> {
-        // Newest first along the primary key, each row checked against the one before it by
-        // a key lookup: the scan stops at the `limit`th start, whatever the log's length.
-        let starts: Vec<i64> = sqlx::query_scalar(
-            "SELECT u.seq FROM doc_updates u \
-             WHERE u.doc_id = $1 AND u.seq < $2 AND NOT EXISTS ( \
-               SELECT 1 FROM doc_updates p \
-               WHERE p.doc_id = $1 AND p.seq = u.seq - 1 AND u.created_at - p.created_at < $3) \
-             ORDER BY u.seq DESC LIMIT $4",
-        )
-        .bind(doc)
-        .bind(before_seq)
-        .bind(gap_ms)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        let last: Option<i64> =
-            sqlx::query_scalar("SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1 AND seq < $2")
-                .bind(doc)
-                .bind(before_seq)
-                .fetch_one(&self.pool)
-                .await?;
-        Ok((starts, last))
-    }
+        async fn kept_version_bytes(&self, doc: DocId) -> Result<u64, StorageError> {
+            let bytes: i64 = sqlx::query_scalar(
+                "SELECT COALESCE(SUM(LENGTH(state)), 0) FROM doc_versions \
+                 WHERE doc_id = $1 AND kind <> 'auto'",
+            )
+            .bind(doc)
+            .fetch_one(&self.pool)
+            .await?;
+            Ok(u64::try_from(bytes).unwrap_or(0))
+        }
 
-    async fn author_totals(
-        &self,
-        doc: DocId,
-        first: i64,
-        last: i64,
-    ) -> Result<Vec<AuthorTotals>, StorageError> {
-        let rows = sqlx::query(
-            "SELECT author, COUNT(*) AS updates, CAST(SUM(inserted) AS BIGINT) AS inserted, \
-               CAST(SUM(deleted) AS BIGINT) AS deleted, MIN(created_at) AS first_at, MAX(created_at) AS last_at \
-             FROM doc_updates WHERE doc_id = $1 AND seq >= $2 AND seq <= $3 GROUP BY author",
-        )
-        .bind(doc)
-        .bind(first)
-        .bind(last)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(AuthorTotals {
-                    author: r.try_get("author")?,
-                    updates: r.try_get("updates")?,
-                    inserted: r.try_get::<Option<i64>, _>("inserted")?.unwrap_or(0),
-                    deleted: r.try_get::<Option<i64>, _>("deleted")?.unwrap_or(0),
-                    first_at: r.try_get::<Option<i64>, _>("first_at")?.unwrap_or(0),
-                    last_at: r.try_get::<Option<i64>, _>("last_at")?.unwrap_or(0),
-                })
+        async fn add_version_within(
+            &self,
+            v: NewVersion,
+            budget: u64,
+        ) -> Result<Option<i64>, StorageError> {
+            let size = i64::try_from(v.state.len()).unwrap_or(i64::MAX);
+            let budget = i64::try_from(budget).unwrap_or(i64::MAX);
+            Ok(sqlx::query_scalar(
+                "INSERT INTO doc_versions (doc_id, seq, kind, label, author, state, created_at) \
+                 SELECT $1, $2, $3, $4, $5, $6, $7 \
+                 WHERE (SELECT COALESCE(SUM(LENGTH(state)), 0) FROM doc_versions \
+                        WHERE doc_id = $1 AND kind <> 'auto') + $8 <= $9 \
+                 RETURNING id",
+            )
+            .bind(v.doc)
+            .bind(v.seq)
+            .bind(v.kind.as_str())
+            .bind(v.label)
+            .bind(v.author)
+            .bind(v.state.as_slice())
+            .bind(v.created_at)
+            .bind(size)
+            .bind(budget)
+            .fetch_optional(&self.pool)
+            .await?)
+        }
+
+        async fn version_state(
+            &self,
+            doc: DocId,
+            id: i64,
+        ) -> Result<Option<(Version, Vec<u8>)>, StorageError> {
+            let row = sqlx::query(
+                "SELECT id, seq, kind, label, author, created_at, state FROM doc_versions \
+                 WHERE doc_id = $1 AND id = $2",
+            )
+            .bind(doc)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+            match row {
+                None => Ok(None),
+                Some(row) => Ok(Some((Self::version_row(&row)?, row.try_get("state")?))),
+            }
+        }
+
+        async fn delete_version(&self, doc: DocId, id: i64) -> Result<VersionDelete, StorageError> {
+            // Serialized with the prune job per document (the document's row locked, as prune
+            // locks it): under PostgreSQL's READ COMMITTED a prune making this version the base
+            // could otherwise commit between this check and the delete. (SQLite has one writer.)
+            let mut tx = self.pool.begin().await?;
+            Self::lock_doc(&mut tx, doc).await?;
+            // A version is the history's base when the log's first retained row follows it, rows
+            // before it were pruned, and no other version stands at its position.
+            let done = sqlx::query(
+                "DELETE FROM doc_versions WHERE doc_id = $1 AND id = $2 AND NOT ( \
+                   seq + 1 = (SELECT COALESCE(MIN(u.seq), -1) FROM doc_updates u \
+                     WHERE u.doc_id = $1) \
+                   AND seq > 0 \
+                   AND NOT EXISTS (SELECT 1 FROM doc_versions o \
+                     WHERE o.doc_id = $1 AND o.seq = doc_versions.seq AND o.id <> $2))",
+            )
+            .bind(doc)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            if DB::rows_affected(&done) > 0 {
+                return Ok(VersionDelete::Deleted);
+            }
+            let exists: Option<i64> =
+                sqlx::query_scalar("SELECT id FROM doc_versions WHERE doc_id = $1 AND id = $2")
+                    .bind(doc)
+                    .bind(id)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            Ok(match exists {
+                Some(_) => VersionDelete::InUse,
+                None => VersionDelete::NotFound,
             })
-            .collect()
-    }
-
-    async fn last_seq(&self, doc: DocId) -> Result<i64, StorageError> {
-        let (snapshot_seq, last_row): (i64, Option<i64>) = sqlx::query_as(
-            "SELECT snapshot_seq, (SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1) \
-             FROM documents WHERE id = $1",
-        )
-        .bind(doc)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(snapshot_seq.max(last_row.unwrap_or(0)))
-    }
-
-    async fn state_at(
-        &self,
-        doc: DocId,
-        seq: Option<i64>,
-    ) -> Result<Option<StateAt>, StorageError> {
-        // One read snapshot: a snapshot or a prune committing between the statements would
-        // otherwise take rows the base chosen first still needs.
-        let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
-        let (snapshot_seq, generation, last_row): (i64, Option<i64>, Option<i64>) = sqlx::query_as(
-            "SELECT snapshot_seq, snapshot_generation, \
-                 (SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1) \
-                 FROM documents WHERE id = $1",
-        )
-        .bind(doc)
-        .fetch_one(&mut *tx)
-        .await?;
-        let seq = seq.unwrap_or_else(|| snapshot_seq.max(last_row.unwrap_or(0)));
-        let version: Option<(i64, i64)> = sqlx::query_as(
-            "SELECT id, seq FROM doc_versions WHERE doc_id = $1 AND seq <= $2 \
-             ORDER BY seq DESC, id DESC LIMIT 1",
-        )
-        .bind(doc)
-        .bind(seq)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let version_seq = version.map_or(-1, |(_, s)| s);
-        let (base_seq, base) =
-            if snapshot_seq <= seq && snapshot_seq > 0 && snapshot_seq >= version_seq {
-                (
-                    snapshot_seq,
-                    Self::read_snapshot(&mut tx, doc, generation).await?,
-                )
-            } else if let Some((id, vseq)) = version {
-                let state: Vec<u8> =
-                    sqlx::query_scalar("SELECT state FROM doc_versions WHERE id = $1")
-                        .bind(id)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                (vseq, Some(state))
-            } else {
-                (0, None)
-            };
-        let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as(
-            "SELECT seq, data FROM doc_updates WHERE doc_id = $1 AND seq > $2 AND seq <= $3 \
-             ORDER BY seq",
-        )
-        .bind(doc)
-        .bind(base_seq)
-        .bind(seq)
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        // Positions are consecutive: a missing row is a pruned one.
-        if rows.len() as i64 != seq - base_seq {
-            return Ok(None);
         }
-        Ok(Some(StateAt {
-            seq,
-            base,
-            updates: rows.into_iter().map(|(_, data)| data).collect(),
-        }))
-    }
 
-    async fn position_retained(&self, doc: DocId, seq: i64) -> Result<bool, StorageError> {
-        // The same choice of base as `state_at`, in one read snapshot, counting the rows.
-        let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
-        let snapshot_seq: i64 =
-            sqlx::query_scalar("SELECT snapshot_seq FROM documents WHERE id = $1")
+        async fn session_starts(
+            &self,
+            doc: DocId,
+            before_seq: i64,
+            gap_ms: i64,
+            limit: u32,
+        ) -> Result<(Vec<i64>, Option<i64>), StorageError> {
+            // Newest first along the primary key, each row checked against the one before it by
+            // a key lookup: the scan stops at the `limit`th start, whatever the log's length.
+            let starts: Vec<i64> = sqlx::query_scalar(
+                "SELECT u.seq FROM doc_updates u \
+                 WHERE u.doc_id = $1 AND u.seq < $2 AND NOT EXISTS ( \
+                   SELECT 1 FROM doc_updates p \
+                   WHERE p.doc_id = $1 AND p.seq = u.seq - 1 AND u.created_at - p.created_at < $3) \
+                 ORDER BY u.seq DESC LIMIT $4",
+            )
+            .bind(doc)
+            .bind(before_seq)
+            .bind(gap_ms)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+            let last: Option<i64> = sqlx::query_scalar(
+                "SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1 AND seq < $2",
+            )
+            .bind(doc)
+            .bind(before_seq)
+            .fetch_one(&self.pool)
+            .await?;
+            Ok((starts, last))
+        }
+
+        async fn author_totals(
+            &self,
+            doc: DocId,
+            first: i64,
+            last: i64,
+        ) -> Result<Vec<AuthorTotals>, StorageError> {
+            let rows = sqlx::query(
+                "SELECT author, COUNT(*) AS updates, CAST(SUM(inserted) AS BIGINT) AS inserted, \
+                   CAST(SUM(deleted) AS BIGINT) AS deleted, MIN(created_at) AS first_at, MAX(created_at) AS last_at \
+                 FROM doc_updates WHERE doc_id = $1 AND seq >= $2 AND seq <= $3 GROUP BY author",
+            )
+            .bind(doc)
+            .bind(first)
+            .bind(last)
+            .fetch_all(&self.pool)
+            .await?;
+            rows.iter()
+                .map(|r| {
+                    Ok(AuthorTotals {
+                        author: r.try_get("author")?,
+                        updates: r.try_get("updates")?,
+                        inserted: r.try_get::<Option<i64>, _>("inserted")?.unwrap_or(0),
+                        deleted: r.try_get::<Option<i64>, _>("deleted")?.unwrap_or(0),
+                        first_at: r.try_get::<Option<i64>, _>("first_at")?.unwrap_or(0),
+                        last_at: r.try_get::<Option<i64>, _>("last_at")?.unwrap_or(0),
+                    })
+                })
+                .collect()
+        }
+
+        async fn last_seq(&self, doc: DocId) -> Result<i64, StorageError> {
+            let (snapshot_seq, last_row): (i64, Option<i64>) = sqlx::query_as(
+                "SELECT snapshot_seq, (SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1) \
+                 FROM documents WHERE id = $1",
+            )
+            .bind(doc)
+            .fetch_one(&self.pool)
+            .await?;
+            Ok(snapshot_seq.max(last_row.unwrap_or(0)))
+        }
+
+        async fn state_at(
+            &self,
+            doc: DocId,
+            seq: Option<i64>,
+        ) -> Result<Option<StateAt>, StorageError> {
+            // One read snapshot: a snapshot or a prune committing between the statements would
+            // otherwise take rows the base chosen first still needs.
+            let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
+            let (snapshot_seq, generation, last_row): (i64, Option<i64>, Option<i64>) =
+                sqlx::query_as(
+                    "SELECT snapshot_seq, snapshot_generation, \
+                     (SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1) \
+                     FROM documents WHERE id = $1",
+                )
                 .bind(doc)
                 .fetch_one(&mut *tx)
                 .await?;
-        let version_seq: Option<i64> = sqlx::query_scalar(
-            "SELECT seq FROM doc_versions WHERE doc_id = $1 AND seq <= $2 \
-             ORDER BY seq DESC, id DESC LIMIT 1",
-        )
-        .bind(doc)
-        .bind(seq)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let version_seq = version_seq.unwrap_or(-1);
-        let base_seq = if snapshot_seq <= seq && snapshot_seq > 0 && snapshot_seq >= version_seq {
-            snapshot_seq
-        } else {
-            version_seq.max(0)
-        };
-        let rows: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM doc_updates WHERE doc_id = $1 AND seq > $2 AND seq <= $3",
-        )
-        .bind(doc)
-        .bind(base_seq)
-        .bind(seq)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(rows == seq - base_seq)
-    }
-
-    async fn position_at(&self, doc: DocId, at_ms: i64) -> Result<Option<i64>, StorageError> {
-        let (at, first): (Option<i64>, Option<i64>) = sqlx::query_as(
-            "SELECT (SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1 AND created_at <= $2), \
-                    (SELECT MIN(seq) FROM doc_updates WHERE doc_id = $1)",
-        )
-        .bind(doc)
-        .bind(at_ms)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(match (at, first) {
-            (Some(seq), _) => Some(seq),
-            // Before the first edit, and the log reaches back to it: the empty document.
-            (None, Some(1)) => Some(0),
-            (None, _) => None,
-        })
-    }
-
-    async fn authors(&self, doc: DocId) -> Result<HashMap<u64, String>, StorageError> {
-        let rows: Vec<(i64, String)> =
-            sqlx::query_as("SELECT client_id, author FROM doc_clients WHERE doc_id = $1")
-                .bind(doc)
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(rows.into_iter().map(|(c, a)| (c as u64, a)).collect())
-    }
-
-    async fn prune_history(&self, cutoff: i64, now: i64) -> Result<PruneReport, StorageError> {
-        self.job_started(PRUNE_JOB, now).await?;
-        let result = self.prune(cutoff).await;
-        let finished = super::now_ms();
-        match &result {
-            Ok(report) => {
-                sqlx::query(
-                    "UPDATE jobs SET state = 'idle', finished_at = $2, runs = runs + 1, \
-                     items = items + $3, last_error = NULL WHERE name = $1",
-                )
-                .bind(PRUNE_JOB)
-                .bind(finished)
-                .bind((report.rows + report.versions) as i64)
-                .execute(&self.pool)
-                .await?;
-            }
-            Err(e) => {
-                sqlx::query(
-                    "UPDATE jobs SET state = 'failed', finished_at = $2, runs = runs + 1, \
-                     last_error = $3 WHERE name = $1",
-                )
-                .bind(PRUNE_JOB)
-                .bind(finished)
-                .bind(e.to_string())
-                .execute(&self.pool)
-                .await?;
-            }
-        }
-        result
-    }
-
-    async fn job(&self, name: &str) -> Result<Option<JobStatus>, StorageError> {
-        let row = sqlx::query(
-            "SELECT name, state, started_at, finished_at, runs, items, last_error FROM jobs \
-             WHERE name = $1",
-        )
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some(r) = row else {
-            return Ok(None);
-        };
-        Ok(Some(JobStatus {
-            name: r.try_get("name")?,
-            state: r.try_get("state")?,
-            started_at: r.try_get("started_at")?,
-            finished_at: r.try_get("finished_at")?,
-            runs: r.try_get("runs")?,
-            items: r.try_get("items")?,
-            last_error: r.try_get("last_error")?,
-        }))
-    }
-}
-
-impl<DB: Dialect> SqlApi<DB>
-where
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'a> &'a str: ColumnIndex<DB::Row> + Encode<'a, DB> + Type<DB>,
-    usize: ColumnIndex<DB::Row>,
-    for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
-    for<'a> String: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
-    for<'a> Option<i64>: Encode<'a, DB> + Decode<'a, DB>,
-{
-    async fn job_started(&self, name: &str, now: i64) -> Result<(), StorageError> {
-        sqlx::query(
-            "INSERT INTO jobs (name, state, started_at) VALUES ($1, 'running', $2) \
-             ON CONFLICT (name) DO UPDATE SET state = 'running', started_at = $2",
-        )
-        .bind(name)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
-    /// For each document, the newest version older than `cutoff` and within the snapshot
-    /// becomes the history's first base: the log rows up to it and the automatic versions
-    /// before it go. Each document in its own short transaction.
-    async fn prune(&self, cutoff: i64) -> Result<PruneReport, StorageError> {
-        let mut report = PruneReport::default();
-        let mut after: i64 = 0;
-        loop {
-            // Only documents with something to delete: rows up to the base, or automatic
-            // versions before it.
-            let bases: Vec<(i64, Option<i64>)> = sqlx::query_as(
-                "SELECT b.id, b.base FROM ( \
-                   SELECT d.id, (SELECT MAX(v.seq) FROM doc_versions v \
-                     WHERE v.doc_id = d.id AND v.created_at < $2 AND v.seq <= d.snapshot_seq) \
-                     AS base \
-                   FROM documents d WHERE d.id > $1) b \
-                 WHERE b.base IS NOT NULL AND ( \
-                   EXISTS (SELECT 1 FROM doc_updates u WHERE u.doc_id = b.id AND u.seq <= b.base) \
-                   OR EXISTS (SELECT 1 FROM doc_versions o WHERE o.doc_id = b.id \
-                     AND o.kind = 'auto' AND o.seq < b.base AND o.created_at < $2)) \
-                 ORDER BY b.id LIMIT 500",
+            let seq = seq.unwrap_or_else(|| snapshot_seq.max(last_row.unwrap_or(0)));
+            let version: Option<(i64, i64)> = sqlx::query_as(
+                "SELECT id, seq FROM doc_versions WHERE doc_id = $1 AND seq <= $2 \
+                 ORDER BY seq DESC, id DESC LIMIT 1",
             )
-            .bind(after)
-            .bind(cutoff)
-            .fetch_all(&self.pool)
+            .bind(doc)
+            .bind(seq)
+            .fetch_optional(&mut *tx)
             .await?;
-            let Some((last, _)) = bases.last() else {
-                break;
+            let version_seq = version.map_or(-1, |(_, s)| s);
+            let (base_seq, base) =
+                if snapshot_seq <= seq && snapshot_seq > 0 && snapshot_seq >= version_seq {
+                    (
+                        snapshot_seq,
+                        Self::read_snapshot(&mut tx, doc, generation).await?,
+                    )
+                } else if let Some((id, vseq)) = version {
+                    let state: Vec<u8> =
+                        sqlx::query_scalar("SELECT state FROM doc_versions WHERE id = $1")
+                            .bind(id)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                    (vseq, Some(state))
+                } else {
+                    (0, None)
+                };
+            let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as(
+                "SELECT seq, data FROM doc_updates WHERE doc_id = $1 AND seq > $2 AND seq <= $3 \
+                 ORDER BY seq",
+            )
+            .bind(doc)
+            .bind(base_seq)
+            .bind(seq)
+            .fetch_all(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            // Positions are consecutive: a missing row is a pruned one.
+            if rows.len() as i64 != seq - base_seq {
+                return Ok(None);
+            }
+            Ok(Some(StateAt {
+                seq,
+                base,
+                updates: rows.into_iter().map(|(_, data)| data).collect(),
+            }))
+        }
+
+        async fn position_retained(&self, doc: DocId, seq: i64) -> Result<bool, StorageError> {
+            // The same choice of base as `state_at`, in one read snapshot, counting the rows.
+            let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
+            let snapshot_seq: i64 =
+                sqlx::query_scalar("SELECT snapshot_seq FROM documents WHERE id = $1")
+                    .bind(doc)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            let version_seq: Option<i64> = sqlx::query_scalar(
+                "SELECT seq FROM doc_versions WHERE doc_id = $1 AND seq <= $2 \
+                 ORDER BY seq DESC, id DESC LIMIT 1",
+            )
+            .bind(doc)
+            .bind(seq)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let version_seq = version_seq.unwrap_or(-1);
+            let base_seq = if snapshot_seq <= seq && snapshot_seq > 0 && snapshot_seq >= version_seq
+            {
+                snapshot_seq
+            } else {
+                version_seq.max(0)
             };
-            after = *last;
-            for (doc, base) in bases {
-                let Some(base) = base else { continue };
-                let mut tx = self.pool.begin().await?;
-                lock_doc::<DB>(&mut tx, doc).await?;
-                // Only while the base still stands (a version deleted meanwhile is no base).
-                let rows = sqlx::query(
-                    "DELETE FROM doc_updates WHERE doc_id = $1 AND seq <= $2 \
-                     AND EXISTS (SELECT 1 FROM doc_versions WHERE doc_id = $1 AND seq = $2)",
-                )
-                .bind(doc)
-                .bind(base)
-                .execute(&mut *tx)
-                .await?;
-                let versions = sqlx::query(
-                    "DELETE FROM doc_versions WHERE doc_id = $1 AND kind = 'auto' \
-                     AND seq < $2 AND created_at < $3",
-                )
-                .bind(doc)
-                .bind(base)
-                .bind(cutoff)
-                .execute(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                let (rows, versions) = (DB::rows_affected(&rows), DB::rows_affected(&versions));
-                if rows + versions > 0 {
-                    report.docs += 1;
-                    report.rows += rows;
-                    report.versions += versions;
+            let rows: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM doc_updates WHERE doc_id = $1 AND seq > $2 AND seq <= $3",
+            )
+            .bind(doc)
+            .bind(base_seq)
+            .bind(seq)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(rows == seq - base_seq)
+        }
+
+        async fn position_at(&self, doc: DocId, at_ms: i64) -> Result<Option<i64>, StorageError> {
+            let (at, first): (Option<i64>, Option<i64>) = sqlx::query_as(
+                "SELECT (SELECT MAX(seq) FROM doc_updates WHERE doc_id = $1 AND created_at <= $2), \
+                        (SELECT MIN(seq) FROM doc_updates WHERE doc_id = $1)",
+            )
+            .bind(doc)
+            .bind(at_ms)
+            .fetch_one(&self.pool)
+            .await?;
+            Ok(match (at, first) {
+                (Some(seq), _) => Some(seq),
+                // Before the first edit, and the log reaches back to it: the empty document.
+                (None, Some(1)) => Some(0),
+                (None, _) => None,
+            })
+        }
+
+        async fn authors(&self, doc: DocId) -> Result<HashMap<u64, String>, StorageError> {
+            let rows: Vec<(i64, String)> =
+                sqlx::query_as("SELECT client_id, author FROM doc_clients WHERE doc_id = $1")
+                    .bind(doc)
+                    .fetch_all(&self.pool)
+                    .await?;
+            Ok(rows.into_iter().map(|(c, a)| (c as u64, a)).collect())
+        }
+
+        async fn prune_history(&self, cutoff: i64, now: i64) -> Result<PruneReport, StorageError> {
+            self.job_started(PRUNE_JOB, now).await?;
+            let result = self.prune(cutoff).await;
+            let finished = super::now_ms();
+            match &result {
+                Ok(report) => {
+                    sqlx::query(
+                        "UPDATE jobs SET state = 'idle', finished_at = $2, runs = runs + 1, \
+                         items = items + $3, last_error = NULL WHERE name = $1",
+                    )
+                    .bind(PRUNE_JOB)
+                    .bind(finished)
+                    .bind((report.rows + report.versions) as i64)
+                    .execute(&self.pool)
+                    .await?;
+                }
+                Err(e) => {
+                    sqlx::query(
+                        "UPDATE jobs SET state = 'failed', finished_at = $2, runs = runs + 1, \
+                         last_error = $3 WHERE name = $1",
+                    )
+                    .bind(PRUNE_JOB)
+                    .bind(finished)
+                    .bind(e.to_string())
+                    .execute(&self.pool)
+                    .await?;
                 }
             }
+            result
         }
-        Ok(report)
-    }
-}
 
-/// Locks the document's row for the rest of the transaction (PostgreSQL; SQLite serializes
-/// every write anyway, and a read lock taken first would only have to be upgraded).
-async fn lock_doc<DB: Dialect>(
-    tx: &mut sqlx::Transaction<'_, DB>,
-    doc: DocId,
-) -> Result<(), StorageError>
-where
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'a> i64: Encode<'a, DB> + Type<DB>,
-{
-    if DB::LOCK_ROWS.is_empty() {
-        return Ok(());
+        async fn job(&self, name: &str) -> Result<Option<JobStatus>, StorageError> {
+            let row = sqlx::query(
+                "SELECT name, state, started_at, finished_at, runs, items, last_error FROM jobs \
+                 WHERE name = $1",
+            )
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
+            let Some(r) = row else {
+                return Ok(None);
+            };
+            Ok(Some(JobStatus {
+                name: r.try_get("name")?,
+                state: r.try_get("state")?,
+                started_at: r.try_get("started_at")?,
+                finished_at: r.try_get("finished_at")?,
+                runs: r.try_get("runs")?,
+                items: r.try_get("items")?,
+                last_error: r.try_get("last_error")?,
+            }))
+        }
     }
-    sqlx::query(&format!(
-        "SELECT id FROM documents WHERE id = $1 {}",
-        DB::LOCK_ROWS
-    ))
-    .bind(doc)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
+);
 
-fn version_row<DB: Dialect>(row: &DB::Row) -> Result<Version, StorageError>
-where
-    for<'a> &'a str: ColumnIndex<DB::Row>,
-    for<'a> i64: Decode<'a, DB> + Type<DB>,
-    for<'a> String: Decode<'a, DB> + Type<DB>,
-    for<'a> Option<String>: Decode<'a, DB>,
-{
-    let kind: String = row.try_get("kind")?;
-    Ok(Version {
-        id: row.try_get("id")?,
-        seq: row.try_get("seq")?,
-        kind: VersionKind::parse(&kind),
-        label: row.try_get("label")?,
-        author: row.try_get("author")?,
-        created_at: row.try_get("created_at")?,
-    })
-}
+backend_impl!(
+    impl<DB> SqlApi<DB> {
+        async fn job_started(&self, name: &str, now: i64) -> Result<(), StorageError> {
+            sqlx::query(
+                "INSERT INTO jobs (name, state, started_at) VALUES ($1, 'running', $2) \
+                 ON CONFLICT (name) DO UPDATE SET state = 'running', started_at = $2",
+            )
+            .bind(name)
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+            Ok(())
+        }
+
+        /// For each document, the newest version older than `cutoff` and within the snapshot
+        /// becomes the history's first base: the log rows up to it and the automatic versions
+        /// before it go. Each document in its own short transaction.
+        async fn prune(&self, cutoff: i64) -> Result<PruneReport, StorageError> {
+            let mut report = PruneReport::default();
+            let mut after: i64 = 0;
+            loop {
+                // Only documents with something to delete: rows up to the base, or automatic
+                // versions before it.
+                let bases: Vec<(i64, Option<i64>)> = sqlx::query_as(
+                    "SELECT b.id, b.base FROM ( \
+                       SELECT d.id, (SELECT MAX(v.seq) FROM doc_versions v \
+                         WHERE v.doc_id = d.id AND v.created_at < $2 AND v.seq <= d.snapshot_seq) \
+                         AS base \
+                       FROM documents d WHERE d.id > $1) b \
+                     WHERE b.base IS NOT NULL AND ( \
+                       EXISTS (SELECT 1 FROM doc_updates u WHERE u.doc_id = b.id AND u.seq <= b.base) \
+                       OR EXISTS (SELECT 1 FROM doc_versions o WHERE o.doc_id = b.id \
+                         AND o.kind = 'auto' AND o.seq < b.base AND o.created_at < $2)) \
+                     ORDER BY b.id LIMIT 500",
+                )
+                .bind(after)
+                .bind(cutoff)
+                .fetch_all(&self.pool)
+                .await?;
+                let Some((last, _)) = bases.last() else {
+                    break;
+                };
+                after = *last;
+                for (doc, base) in bases {
+                    let Some(base) = base else { continue };
+                    let mut tx = self.pool.begin().await?;
+                    Self::lock_doc(&mut tx, doc).await?;
+                    // Only while the base still stands (a version deleted meanwhile is no base).
+                    let rows = sqlx::query(
+                        "DELETE FROM doc_updates WHERE doc_id = $1 AND seq <= $2 \
+                         AND EXISTS (SELECT 1 FROM doc_versions WHERE doc_id = $1 AND seq = $2)",
+                    )
+                    .bind(doc)
+                    .bind(base)
+                    .execute(&mut *tx)
+                    .await?;
+                    let versions = sqlx::query(
+                        "DELETE FROM doc_versions WHERE doc_id = $1 AND kind = 'auto' \
+                         AND seq < $2 AND created_at < $3",
+                    )
+                    .bind(doc)
+                    .bind(base)
+                    .bind(cutoff)
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                    let (rows, versions) = (DB::rows_affected(&rows), DB::rows_affected(&versions));
+                    if rows + versions > 0 {
+                        report.docs += 1;
+                        report.rows += rows;
+                        report.versions += versions;
+                    }
+                }
+            }
+            Ok(report)
+        }
+
+        /// Locks the document's row for the rest of the transaction (PostgreSQL; SQLite serializes
+        /// every write anyway, and a read lock taken first would only have to be upgraded).
+        async fn lock_doc(
+            tx: &mut sqlx::Transaction<'_, DB>,
+            doc: DocId,
+        ) -> Result<(), StorageError> {
+            if DB::LOCK_ROWS.is_empty() {
+                return Ok(());
+            }
+            sqlx::query(&format!(
+                "SELECT id FROM documents WHERE id = $1 {}",
+                DB::LOCK_ROWS
+            ))
+            .bind(doc)
+            .execute(&mut **tx)
+            .await?;
+            Ok(())
+        }
+
+        fn version_row(row: &DB::Row) -> Result<Version, StorageError> {
+            let kind: String = row.try_get("kind")?;
+            Ok(Version {
+                id: row.try_get("id")?,
+                seq: row.try_get("seq")?,
+                kind: VersionKind::parse(&kind),
+                label: row.try_get("label")?,
+                author: row.try_get("author")?,
+                created_at: row.try_get("created_at")?,
+            })
+        }
+    }
+);

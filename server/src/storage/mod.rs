@@ -418,6 +418,46 @@ fn clone_err(e: &sqlx::Error) -> sqlx::Error {
     sqlx::Error::Protocol(e.to_string())
 }
 
+/// Adds `first` and then whatever requests are already queued to `batch`, up to `max` in all:
+/// what a writer task commits together (both backends' group commit).
+fn take_queued<T>(
+    first: T,
+    rx: &mut tokio::sync::mpsc::Receiver<T>,
+    batch: &mut Vec<T>,
+    max: usize,
+) {
+    batch.push(first);
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(req) => batch.push(req),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Sends each request of a committed batch its own result, or, when the commit failed as a
+/// whole, the error (logged once) to every one; false in that case.
+fn answer_batch<R>(
+    replies: impl Iterator<Item = tokio::sync::oneshot::Sender<Result<R, StorageError>>>,
+    committed: Result<Vec<Result<R, StorageError>>, sqlx::Error>,
+) -> bool {
+    match committed {
+        Ok(results) => {
+            for (reply, result) in replies.zip(results) {
+                let _ = reply.send(result);
+            }
+            true
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "commit failed; the batch is not durable");
+            for reply in replies {
+                let _ = reply.send(Err(StorageError::Database(clone_err(&e))));
+            }
+            false
+        }
+    }
+}
+
 /// Milliseconds since the Unix epoch, for `created_at` columns.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
