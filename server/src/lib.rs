@@ -39,7 +39,7 @@ pub mod changes;
 pub mod close;
 pub mod config;
 pub mod entry_points;
-#[cfg(feature = "fuzzing")]
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gate;
