@@ -212,3 +212,28 @@ macro_rules! backend_impl {
     };
 }
 pub(super) use backend_impl;
+
+/// The batch again, each request in a savepoint of one transaction, so that only a failing
+/// request fails: what both writers fall back to when a batch's fast path fails. Evaluates to
+/// `Ok(results)`, one per request; `?` passes a failure of the transaction itself on. A macro
+/// because each backend's transaction and request types differ and a closure returning a
+/// future that borrows the savepoint cannot be written for both.
+macro_rules! each_in_a_savepoint {
+    ($conn:expr, $batch:expr, |$sp:ident, $req:ident| $apply:expr) => {{
+        let mut results = Vec::with_capacity($batch.len());
+        let mut tx = ::sqlx::Connection::begin(&mut *$conn).await?;
+        for $req in $batch {
+            let mut $sp = ::sqlx::Connection::begin(&mut *tx).await?;
+            let result = $apply.await;
+            if result.is_ok() {
+                $sp.commit().await?;
+            } else {
+                $sp.rollback().await?;
+            }
+            results.push(result);
+        }
+        tx.commit().await?;
+        Ok(results)
+    }};
+}
+pub(super) use each_in_a_savepoint;

@@ -8,6 +8,7 @@ use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Connection, Postgres};
 use tokio::sync::{mpsc, oneshot, Mutex, Notify};
 
+use crate::storage::dialect::each_in_a_savepoint;
 use crate::storage::sql_api::SqlApi;
 use crate::storage::{
     answer_batch, client_rows, now_ms, take_queued, DocId, Epoch, LogEntry, StorageError,
@@ -104,20 +105,7 @@ async fn commit_batch(
             }
         }
     }
-    let mut results = Vec::with_capacity(batch.len());
-    let mut tx = conn.begin().await?;
-    for req in batch {
-        let mut sp = tx.begin().await?;
-        let result = append_one(&mut sp, req, now).await;
-        if result.is_ok() {
-            sp.commit().await?;
-        } else {
-            sp.rollback().await?;
-        }
-        results.push(result);
-    }
-    tx.commit().await?;
-    Ok(results)
+    each_in_a_savepoint!(conn, batch, |sp, req| append_one(&mut sp, req, now))
 }
 
 /// Every request of the batch (one per document) with as few statements as possible: the log

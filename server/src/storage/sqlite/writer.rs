@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::commit_window::CommitWindow;
 use crate::config::CommitWindowSettings;
+use crate::storage::dialect::each_in_a_savepoint;
 use crate::storage::sql_api::SqlApi;
 use crate::storage::{
     answer_batch, client_rows, now_ms, take_queued, DocId, Epoch, LogEntry, SnapshotBytes,
@@ -139,20 +140,7 @@ async fn commit_batch(
         return Ok(results);
     }
     tx.rollback().await?;
-    let mut results = Vec::with_capacity(batch.len());
-    let mut tx = conn.begin().await?;
-    for req in batch.iter() {
-        let mut sp = tx.begin().await?;
-        let result = apply(&mut sp, &req.op).await;
-        if result.is_ok() {
-            sp.commit().await?;
-        } else {
-            sp.rollback().await?;
-        }
-        results.push(result);
-    }
-    tx.commit().await?;
-    Ok(results)
+    each_in_a_savepoint!(conn, batch.iter(), |sp, req| apply(&mut sp, &req.op))
 }
 
 /// Most rows in one multi-row INSERT (8 bound values each, well under SQLite's limit).
