@@ -116,7 +116,7 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     http("GET /readyz", Public, Constant, "one database ping within storage_timeout", "none"),
     http("GET /metrics", Public, Constant, "the metric families (a fixed set)", "none"),
     http("GET /admin", Public, Constant, "the page's three files, compiled in", "none"),
-    http("GET /{web file}", Public, Constant, "files under web_root only (plain path segments)", "none"),
+    http("GET /{web file}", Public, Constant, "the compiled-in pages, or files under web_root only (plain path segments)", "none"),
     http("GET /hocuspocus", Public, Constant, "hocuspocus_auth_timeout (a socket that authenticates no document is closed), hocuspocus_max_documents, hocuspocus_pending_frames, hocuspocus_pending_bytes, header_timeout", "connections_per_minute_per_addr"),
     http("GET /{document}", Read, Constant, "the token checked before the upgrade; max_connections_per_doc, header_timeout", "connections_per_minute_per_addr, auth_failures_per_minute_per_addr"),
     // The API: documents.

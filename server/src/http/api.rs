@@ -8,6 +8,19 @@ use axum::routing::{get, post, put};
 use axum::Router;
 use utoipa::OpenApi;
 
+use super::access::{
+    __path_delete_access, __path_get_me, __path_get_user, __path_list_access, __path_patch_user,
+    __path_put_access,
+};
+use super::admin::__path_admin_outbox;
+use super::content::{
+    __path_get_json, __path_get_update, __path_post_stateless, __path_post_update,
+};
+use super::docs::{
+    __path_create_doc, __path_delete_doc, __path_get_doc, __path_list_docs, __path_patch_doc,
+    __path_restore_doc,
+};
+use super::tokens::{__path_issue_token, __path_revoke};
 use super::{access, admin, content, docs, history, tokens};
 use crate::app::AppState;
 use crate::auth::Permission;
@@ -80,11 +93,14 @@ pub fn routes(app: &AppState) -> Router<AppState> {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Quire API", version = "1", description = "Documents, content, access, profiles, tokens and webhooks of a Quire server."),
+    // Bare names for the handlers the API served untagged before it was split by resource,
+    // `super::admin::` and `history::` for those tagged so: the document's tags stay as
+    // clients generated from it know them.
     paths(
-        docs::create_doc, docs::list_docs, docs::get_doc, docs::patch_doc, docs::delete_doc, docs::restore_doc, content::get_update,
-        content::post_update, content::post_stateless, content::get_json, access::list_access, access::put_access, access::delete_access, access::get_user, access::patch_user,
-        access::get_me, tokens::issue_token, tokens::revoke, admin::admin_outbox, admin::overview, admin::docs,
-        admin::cluster, admin::retry_dead, history::get_history, history::list_versions,
+        create_doc, list_docs, get_doc, patch_doc, delete_doc, restore_doc, get_update,
+        post_update, post_stateless, get_json, list_access, put_access, delete_access, get_user, patch_user,
+        get_me, issue_token, revoke, admin_outbox, super::admin::overview, super::admin::docs,
+        super::admin::cluster, super::admin::retry_dead, history::get_history, history::list_versions,
         history::create_version, history::delete_version, history::version_json,
         history::get_diff, history::restore_version, history::fork
     ),

@@ -3,7 +3,7 @@
 //! directory; or read from `--web-root` when that is set, which then replaces them.
 
 use axum::http::Request;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use rust_embed::Embed;
 use tower::ServiceExt;
@@ -21,7 +21,7 @@ pub(super) async fn serve(root: Option<&std::path::Path>, req: Request<()>) -> O
     let path = req.uri().path();
     match root {
         Some(root) => from_root(root, req).await,
-        None => match embedded::<Built>(path) {
+        None => match embedded::<Built>(path, req.headers()) {
             Some(page) => Some(page),
             None if path == "/" => Some(not_built("this binary was built without them")),
             None => None,
@@ -46,19 +46,15 @@ async fn from_root(root: &std::path::Path, req: Request<()>) -> Option<Response>
     }
 }
 
-/// A compiled-in page of `E` at a URL path, with its content type and an ETag of its hash.
-fn embedded<E: Embed>(url_path: &str) -> Option<Response> {
+/// A compiled-in page of `E` at a URL path, with its content type and an ETag of its hash;
+/// 304 without a body when the request's `If-None-Match` names that ETag.
+fn embedded<E: Embed>(url_path: &str, request: &HeaderMap) -> Option<Response> {
     let file = if url_path == "/" {
         "index.html".to_owned()
     } else {
         plain(url_path)?
     };
     let page = E::get(&file)?;
-    let mut response = (StatusCode::OK, page.data.into_owned()).into_response();
-    let headers = response.headers_mut();
-    if let Ok(mime) = HeaderValue::from_str(page.metadata.mimetype()) {
-        headers.insert(header::CONTENT_TYPE, mime);
-    }
     let etag = page
         .metadata
         .sha256_hash()
@@ -66,6 +62,21 @@ fn embedded<E: Embed>(url_path: &str) -> Option<Response> {
         .take(16)
         .fold(String::from("\""), |s, b| s + &format!("{b:02x}"))
         + "\"";
+    let fresh = request
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|tag| matches!(tag.trim(), "*") || tag.trim().trim_start_matches("W/") == etag);
+    let mut response = if fresh {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        (StatusCode::OK, page.data.into_owned()).into_response()
+    };
+    let headers = response.headers_mut();
+    if let Ok(mime) = HeaderValue::from_str(page.metadata.mimetype()) {
+        headers.insert(header::CONTENT_TYPE, mime);
+    }
     if let Ok(etag) = HeaderValue::from_str(&etag) {
         headers.insert(header::ETAG, etag);
     }
@@ -121,11 +132,20 @@ mod tests {
 
     #[tokio::test]
     async fn compiled_in_pages_are_served_with_their_types_and_nothing_else() {
-        let index = embedded::<Fixture>("/").expect("index");
+        let index = embedded::<Fixture>("/", &HeaderMap::new()).expect("index");
         assert_eq!(index.headers()[header::CONTENT_TYPE], "text/html");
-        assert!(index.headers().contains_key(header::ETAG));
+        let etag = index.headers()[header::ETAG].clone();
         assert_eq!(body(index).await, "<title>fixture</title>\n");
-        let script = embedded::<Fixture>("/assets/app.js").expect("script");
+        // Revalidation: the same ETag gets 304 and no body; another gets the page.
+        let mut asking = HeaderMap::new();
+        asking.insert(header::IF_NONE_MATCH, etag);
+        let again = embedded::<Fixture>("/", &asking).expect("index");
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
+        assert_eq!(body(again).await, "");
+        asking.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"other\""));
+        let changed = embedded::<Fixture>("/", &asking).expect("index");
+        assert_eq!(changed.status(), StatusCode::OK);
+        let script = embedded::<Fixture>("/assets/app.js", &HeaderMap::new()).expect("script");
         assert_eq!(script.headers()[header::CONTENT_TYPE], "text/javascript");
         assert_eq!(body(script).await, "console.log(1)\n");
         for path in [
@@ -135,7 +155,10 @@ mod tests {
             "/assets/",
             "/.hidden",
         ] {
-            assert!(embedded::<Fixture>(path).is_none(), "{path}");
+            assert!(
+                embedded::<Fixture>(path, &HeaderMap::new()).is_none(),
+                "{path}"
+            );
         }
     }
 }

@@ -38,6 +38,7 @@ pub(crate) fn socket_config(limits: &Limits) -> WebSocketConfig {
         .write_buffer_size(WRITE_BUFFER)
 }
 
+/// How long a close frame may take to leave before the socket is dropped.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Largest WebSocket frame sent: a longer message (a whole document's Sync Step 2) leaves as

@@ -33,7 +33,6 @@ use crate::room::join::{join, join_close, next_peer_id, to_peer_msgs};
 use crate::room::queue::{self, Next, QueueRx};
 use crate::room::{CloseReason, DocName, JoinError, PeerAuth, RoomCmd, RoomHandle, SendWait};
 
-/// How long a close frame may take to leave before the socket is dropped.
 /// Most queued frames written with one flush.
 const MAX_FRAMES_PER_FLUSH: u8 = 64;
 
