@@ -550,8 +550,6 @@ mod tests {
         }
     }
 
-    /// A room that panics drops its lease guard while unwinding: the lease is released, so
-    /// another node is granted the document at once (the lease here would last an hour).
     /// A peer whose permission was read before a role change the room has already acted on
     /// (the change committed between the read and the join) is closed as it joins; one read
     /// after the change stays.
@@ -605,6 +603,57 @@ mod tests {
         shutdown.cancel();
     }
 
+    /// A relayed token refresh (which carries neither the protocol nor the profile) leaves a
+    /// Hocuspocus peer a Hocuspocus peer: stateless messages still reach it.
+    #[tokio::test]
+    async fn a_hocuspocus_peer_refreshed_through_a_relay_stays_one() {
+        let config = memory_config();
+        let stores = crate::startup::open_stores(&config).await.expect("stores");
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let registry = Registry::new(
+            stores.docs.clone(),
+            Arc::new(crate::metrics::Metrics::new()),
+            config.room.clone(),
+            shutdown.clone(),
+        );
+        let name = DocName::parse("tiptap").expect("name");
+        let peer = crate::room::join::next_peer_id();
+        let joined = PeerAuth {
+            user: Some("ann".into()),
+            can_write: true,
+            hocuspocus: true,
+            ..PeerAuth::default()
+        };
+        let (room, _rx) = crate::room::join::join_room(&registry, &name, peer, joined)
+            .await
+            .expect("join");
+        let stateless = || async {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let payload = "hello".into();
+            room.command(RoomCmd::Stateless { payload, reply })
+                .await
+                .expect("command");
+            answer.await.expect("answer")
+        };
+        assert_eq!(stateless().await, 1);
+        // What a relaying node's refresh becomes on the owner (bus::Credential into PeerAuth).
+        let relayed = PeerAuth {
+            user: Some("ann".into()),
+            can_write: true,
+            ..PeerAuth::default()
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let auth = Box::new(relayed);
+        room.command(RoomCmd::Reauth { peer, auth, reply })
+            .await
+            .expect("command");
+        assert!(answer.await.expect("answer"));
+        assert_eq!(stateless().await, 1, "still a Hocuspocus peer");
+        shutdown.cancel();
+    }
+
+    /// A room that panics drops its lease guard while unwinding: the lease is released, so
+    /// another node is granted the document at once (the lease here would last an hour).
     #[tokio::test]
     async fn a_room_dropped_without_releasing_its_lease_releases_it() {
         let config = memory_config();

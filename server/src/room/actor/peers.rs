@@ -169,6 +169,8 @@ impl Room {
         if auth.profile.is_none() && auth.user == p.auth.user {
             auth.profile = p.auth.profile.take();
         }
+        // Nor the protocol, which a refresh never changes: a Hocuspocus peer stays one.
+        auth.hocuspocus = p.auth.hocuspocus;
         if let Some(at) = p.expires.take() {
             self.peers.expiries.remove(&(at, peer));
         }
