@@ -3,6 +3,7 @@
 //! - every route of the OpenAPI document (and the router's routes outside it), every message
 //!   kind of both WebSocket protocols and every bus envelope kind has exactly one row, and no
 //!   row names something that does not exist;
+//! - every route of the OpenAPI document is mounted in the router;
 //! - with the gate given no slot, every `PerDocument` route answers 503 with `Retry-After`
 //!   while the other routes answer as usual;
 //! - docs/security.md holds the table as `markdown()` renders it (`QUIRE_BLESS=1` rewrites it).
@@ -83,6 +84,50 @@ async fn every_route_message_and_envelope_has_one_row() {
         names(quire_server::bus::Kind::iter()),
         "bus envelope kinds and the table's rows"
     );
+    server.stop().await;
+}
+
+/// Every route of the OpenAPI document (so every row of the table) is mounted: sent to the
+/// server, none reaches the router's fallback for unknown routes or methods. (A path mistyped
+/// where the routes are listed answers "no such API route" while the OpenAPI document, from
+/// the handlers' attributes, still names the route.)
+#[tokio::test]
+async fn every_documented_route_is_mounted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let openapi: Value = reqwest::get(server.http("/api/v1/openapi.json"))
+        .await
+        .expect("openapi")
+        .json()
+        .await
+        .expect("json");
+    let http = reqwest::Client::new();
+    let mut tried = 0;
+    for (path, item) in openapi["paths"].as_object().expect("paths") {
+        let concrete = path
+            .replace("{name}", "mounted")
+            .replace("{id}", "1")
+            .replace("{user}", "ann");
+        for method in item.as_object().expect("path item").keys() {
+            let method: reqwest::Method = method.to_uppercase().parse().expect("method");
+            let mut request = http.request(method.clone(), server.http(&concrete));
+            if matches!(
+                method,
+                reqwest::Method::POST | reqwest::Method::PUT | reqwest::Method::PATCH
+            ) {
+                request = request.json(&json!({}));
+            }
+            let response = request.send().await.expect("send");
+            let status = response.status();
+            let body = response.text().await.unwrap_or_default();
+            assert!(
+                !body.contains("no such API route") && !body.contains("does not take that method"),
+                "{method} {path} is in the OpenAPI document but not mounted: {status} {body}"
+            );
+            tried += 1;
+        }
+    }
+    assert!(tried > 25, "only {tried} routes tried");
     server.stop().await;
 }
 
