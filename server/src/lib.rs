@@ -1,28 +1,32 @@
 //! Quire: a durable Yjs sync server speaking the y-websocket and Hocuspocus protocols.
 //!
-//! Map of the crate, from the ground up (a module imports only modules listed above it,
-//! docs/architecture.md draws it):
+//! Map of the crate, from the ground up: each module imports only modules listed above it
+//! (`tests/architecture.rs` holds the code to this list; docs/architecture.md draws it).
 //! - [`config`]: every setting, declared once with its default; a leaf.
-//! - [`close`], [`metrics`], [`telemetry`]: close codes, counters, logs.
+//! - [`close`], [`metrics`]: close codes, counters; leaves too.
+//! - [`entry_points`]: the table of every entry point with its permission, cost and bound.
 //! - [`protocol`]: the wire protocols as pure functions over bytes (`quire-protocol`).
+//! - [`telemetry`]: the log output, its format and filter.
 //! - [`storage`]: the [`storage::DocStore`] trait (append-only log, snapshots with an
 //!   optimistic version check, leases with fencing tokens), the API rows, and the SQLite and
 //!   PostgreSQL implementations.
-//! - [`auth`], [`limits`], [`gate`]: tokens and permissions, per-client rates, the
-//!   admission gate of whole-document work.
+//! - [`gate`]: the admission gate of whole-document work.
+//! - [`auth`]: tokens, permissions, revocations.
+//! - [`history`]: content at a position or version, diffs and their authors (no I/O).
+//! - [`webhooks`]: the outbox's delivery.
 //! - [`room`]: one task per loaded document, the only writer of its `Doc` and log; the
 //!   [`room::Registry`] that starts rooms on demand.
-//! - [`history`]: content at a position or version, diffs and their authors.
+//! - [`limits`]: per-client and per-address rates.
+//! - [`admin`]: the dashboard's figures.
 //! - [`bus`]: signed envelopes between nodes over NATS; document owners, replay guard.
-//! - [`changes`], [`revocation`], [`webhooks`], [`admin`]: what follows a document
-//!   change or a revocation to every node, the outbox's delivery, the dashboard's figures.
 //! - [`app`]: the shared state every handler and connection reaches ([`app::AppState`]).
 //! - [`problem`]: errors as HTTP problem+json, shared by the API and the socket checks.
+//! - [`changes`], [`revocation`]: what follows a document change or a revocation to every
+//!   node's sockets.
 //! - [`socket`]: every client WebSocket (y-websocket, Hocuspocus, relayed), from the checks
 //!   before the upgrade to the close.
 //! - [`http`]: the router: the REST API, the pages, health and metrics; routes upgrades to
 //!   [`socket`].
-//! - [`entry_points`]: the table of every entry point with its permission, cost and bound.
 //! - [`startup`]: opening the stores, the background jobs, the bus, graceful shutdown;
 //!   [`run`] serves on a listener until a shutdown token fires (tests start it on port 0).
 //! - `fuzzing` (feature `fuzzing`): harnesses for the fuzz crate.

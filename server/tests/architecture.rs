@@ -1,7 +1,8 @@
 //! The shape of the server's source, as docs/architecture.md describes it: no two top-level
 //! modules of `server/src` import each other (directly or around a circle), the socket wing
-//! imports nothing of `http`, configuration imports nothing of the crate, and no source file
-//! is longer than 900 lines.
+//! imports nothing of `http`, configuration imports nothing of the crate, the crate's map in
+//! lib.rs names every module and lists each below all it imports, and no source file is
+//! longer than 900 lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -123,6 +124,42 @@ fn no_two_top_level_modules_import_each_other() {
         "config imports {:?}",
         uses("config")
     );
+}
+
+/// The modules lib.rs's map names, each with the number of its line in the map.
+fn map() -> BTreeMap<String, usize> {
+    let lib = std::fs::read_to_string(src().join("lib.rs")).expect("lib.rs");
+    let mut ranks = BTreeMap::new();
+    let entries = lib
+        .lines()
+        .take_while(|l| l.starts_with("//!"))
+        .filter(|l| l.starts_with("//! - "));
+    for (rank, line) in entries.enumerate() {
+        // The names before the colon: [`room`], or `fuzzing` (not linked: behind a feature).
+        let head = line.split(": ").next().unwrap_or("");
+        for name in head.split('`').skip(1).step_by(2) {
+            ranks.insert(name.to_owned(), rank);
+        }
+    }
+    ranks
+}
+
+#[test]
+fn the_crate_map_names_every_module_below_what_it_imports() {
+    let graph = graph();
+    let map = map();
+    for (module, uses) in &graph {
+        let Some(rank) = map.get(module) else {
+            panic!("lib.rs's map does not name `{module}`");
+        };
+        for used in uses {
+            let used_rank = map.get(used).copied().unwrap_or(usize::MAX);
+            assert!(
+                used_rank < *rank,
+                "`{module}` imports `{used}`, which lib.rs's map lists at or below it"
+            );
+        }
+    }
 }
 
 #[test]

@@ -48,16 +48,21 @@ fn names<T: Into<&'static str>>(kinds: impl Iterator<Item = T>) -> BTreeSet<Stri
     kinds.map(|k| k.into().to_owned()).collect()
 }
 
-#[tokio::test]
-async fn every_route_message_and_envelope_has_one_row() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = TestServer::start(test_config(dir.path())).await;
-    let openapi: Value = reqwest::get(server.http("/api/v1/openapi.json"))
+/// The OpenAPI document the server serves.
+async fn openapi(server: &TestServer) -> Value {
+    reqwest::get(server.http("/api/v1/openapi.json"))
         .await
         .expect("openapi")
         .json()
         .await
-        .expect("json");
+        .expect("json")
+}
+
+#[tokio::test]
+async fn every_route_message_and_envelope_has_one_row() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let openapi = openapi(&server).await;
     let mut routes: BTreeSet<String> = UNDOCUMENTED.iter().map(|r| r.to_string()).collect();
     for (path, item) in openapi["paths"].as_object().expect("paths") {
         for method in item.as_object().expect("path item").keys() {
@@ -95,12 +100,7 @@ async fn every_route_message_and_envelope_has_one_row() {
 async fn every_documented_route_is_mounted() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start(test_config(dir.path())).await;
-    let openapi: Value = reqwest::get(server.http("/api/v1/openapi.json"))
-        .await
-        .expect("openapi")
-        .json()
-        .await
-        .expect("json");
+    let openapi = openapi(&server).await;
     let http = reqwest::Client::new();
     let mut tried = 0;
     for (path, item) in openapi["paths"].as_object().expect("paths") {

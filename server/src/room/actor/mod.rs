@@ -550,11 +550,8 @@ mod tests {
         }
     }
 
-    /// A peer whose permission was read before a role change the room has already acted on
-    /// (the change committed between the read and the join) is closed as it joins; one read
-    /// after the change stays.
-    #[tokio::test]
-    async fn a_peer_authorized_before_a_role_change_the_room_acted_on_is_closed_on_joining() {
+    /// A registry of rooms on an in-memory SQLite database, and the token that stops them.
+    async fn memory_registry() -> (Arc<Registry>, tokio_util::sync::CancellationToken) {
         let config = memory_config();
         let stores = crate::startup::open_stores(&config).await.expect("stores");
         let shutdown = tokio_util::sync::CancellationToken::new();
@@ -564,6 +561,15 @@ mod tests {
             config.room.clone(),
             shutdown.clone(),
         );
+        (registry, shutdown)
+    }
+
+    /// A peer whose permission was read before a role change the room has already acted on
+    /// (the change committed between the read and the join) is closed as it joins; one read
+    /// after the change stays.
+    #[tokio::test]
+    async fn a_peer_authorized_before_a_role_change_the_room_acted_on_is_closed_on_joining() {
+        let (registry, shutdown) = memory_registry().await;
         let name = DocName::parse("roles").expect("name");
         let ann = |seen_change| PeerAuth {
             user: Some("ann".into()),
@@ -607,15 +613,7 @@ mod tests {
     /// Hocuspocus peer a Hocuspocus peer: stateless messages still reach it.
     #[tokio::test]
     async fn a_hocuspocus_peer_refreshed_through_a_relay_stays_one() {
-        let config = memory_config();
-        let stores = crate::startup::open_stores(&config).await.expect("stores");
-        let shutdown = tokio_util::sync::CancellationToken::new();
-        let registry = Registry::new(
-            stores.docs.clone(),
-            Arc::new(crate::metrics::Metrics::new()),
-            config.room.clone(),
-            shutdown.clone(),
-        );
+        let (registry, shutdown) = memory_registry().await;
         let name = DocName::parse("tiptap").expect("name");
         let peer = crate::room::join::next_peer_id();
         let joined = PeerAuth {
