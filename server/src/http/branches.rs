@@ -465,6 +465,7 @@ async fn merge_locked(
         ));
     }
     if selected.is_empty() {
+        settle(app, row, &review, &BTreeSet::new()).await?;
         return Ok(Merged {
             merged: Vec::new(),
             already_merged: already,
@@ -548,6 +549,26 @@ async fn merge_locked(
     })
 }
 
+/// Marks an open branch `merged` once every change is merged or rejected (`decided`: the
+/// ones just decided). A branch changed meanwhile keeps its state (optimistic check).
+async fn settle(
+    app: &AppState,
+    row: &BranchRow,
+    review: &Review,
+    decided: &BTreeSet<i64>,
+) -> ApiResult<()> {
+    let still_open = review
+        .changes
+        .iter()
+        .any(|c| c.state == "open" && !decided.contains(&c.id));
+    if !still_open && row.state == "open" {
+        app.api
+            .set_branch_state(row.doc_id, row.version, "merged")
+            .await?;
+    }
+    Ok(())
+}
+
 /// Rejects a change: it is never merged (nor any change that depends on it). Needs write on
 /// the parent.
 #[utoipa::path(post, path = "/api/v1/docs/{name}/changes/{id}/reject",
@@ -593,6 +614,7 @@ pub async fn reject_change(
             format!("change {id} is merged already"),
         ));
     }
+    settle(&app, &row, &review, &[id].into()).await?;
     let mut change = change.clone();
     change.state = "rejected";
     change.last_seq = stored.last_seq;
