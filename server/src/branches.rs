@@ -581,9 +581,12 @@ pub fn review(
             runs,
         });
     }
+    let mut per_text: Vec<HashMap<i64, TextDiff>> = view.iter().map(change_texts).collect();
     for c in changes.iter_mut() {
-        c.texts = view.iter().map(|v| change_diff(v, c.id)).collect();
-        c.texts.retain(|t| t.runs.iter().any(|r| r.kind != "kept"));
+        c.texts = per_text
+            .iter_mut()
+            .filter_map(|texts| texts.remove(&c.id))
+            .collect();
     }
     let rows_of = {
         let mut map: HashMap<i64, Vec<i64>> = HashMap::new();
@@ -620,46 +623,140 @@ fn split_utf16(text: &str, start: u32) -> Vec<(&str, u32)> {
     out
 }
 
-/// One change's diff of a text against the parent: its own insertions and deletions, the
-/// parent's text around them as context, other changes' insertions left out.
-fn change_diff(view: &TextView, id: i64) -> TextDiff {
-    let mut runs: Vec<Run> = Vec::new();
-    for r in &view.runs {
-        let kind = match (r.kind, r.change) {
-            ("inserted", Some(c)) if c == id => "inserted",
-            ("deleted", Some(c)) if c == id => "deleted",
-            ("inserted", _) => continue,
-            _ => "kept",
+/// Runs a context walk looks at, at most, on each side of a change's run.
+const CONTEXT_RUNS: usize = 1000;
+
+/// Whether a run of the branch's view is parent text as change `id` sees it: kept text, or
+/// parent text another change deleted.
+fn parent_text(run: &ViewRun, id: i64) -> bool {
+    run.kind == "kept" || (run.kind == "deleted" && run.change != Some(id))
+}
+
+/// The parent's text next to run `at` as change `id` sees it, at most `CONTEXT_CHARS`
+/// characters, walking forward up to `stop` (excluded) or backward down to `stop` (included)
+/// through at most `CONTEXT_RUNS` runs, and stopping at the change's own runs; and whether
+/// there is more beyond.
+fn context(runs: &[ViewRun], at: usize, forward: bool, stop: usize, id: i64) -> (String, bool) {
+    let mut pieces: Vec<&str> = Vec::new();
+    let mut chars = 0;
+    let mut i = at;
+    for _ in 0..CONTEXT_RUNS {
+        let next = if forward {
+            (i + 1 < stop).then_some(i + 1)
+        } else {
+            (i > stop).then(|| i - 1)
         };
-        match runs.last_mut() {
-            Some(last) if last.kind == kind => last.text.push_str(&r.text),
-            _ => runs.push(Run {
-                kind,
-                text: r.text.clone(),
-                author: (kind != "kept").then(|| r.author.clone()).flatten(),
-            }),
+        let Some(n) = next else {
+            return (join(pieces, forward), false);
+        };
+        i = n;
+        let run = &runs[i];
+        if run.change == Some(id) {
+            return (join(pieces, forward), false);
         }
-    }
-    // Kept text shortened to the context around the change.
-    let last = runs.len().saturating_sub(1);
-    for (i, run) in runs.iter_mut().enumerate() {
-        if run.kind != "kept" {
+        if !parent_text(run, id) {
             continue;
         }
-        let chars: Vec<char> = run.text.chars().collect();
-        let head = if i == 0 { 0 } else { CONTEXT_CHARS };
-        let tail = if i == last { 0 } else { CONTEXT_CHARS };
-        if chars.len() > head + tail + 1 {
-            let mut text: String = chars[..head].iter().collect();
-            text.push('…');
-            text.extend(&chars[chars.len() - tail..]);
-            run.text = text;
+        let len = run.text.chars().count();
+        if chars + len >= CONTEXT_CHARS {
+            let take = CONTEXT_CHARS - chars;
+            let piece = if forward {
+                let end = run
+                    .text
+                    .char_indices()
+                    .nth(take)
+                    .map_or(run.text.len(), |(b, _)| b);
+                &run.text[..end]
+            } else {
+                let start = run
+                    .text
+                    .char_indices()
+                    .nth(len - take)
+                    .map_or(0, |(b, _)| b);
+                &run.text[start..]
+            };
+            pieces.push(piece);
+            let beyond = if forward { i + 1 < stop } else { i > stop };
+            return (join(pieces, forward), chars + len > CONTEXT_CHARS || beyond);
+        }
+        chars += len;
+        pieces.push(&run.text);
+    }
+    (join(pieces, forward), true)
+}
+
+fn join(mut pieces: Vec<&str>, forward: bool) -> String {
+    if !forward {
+        pieces.reverse();
+    }
+    pieces.concat()
+}
+
+/// Each change's diff of one text against the parent: its own insertions and deletions, the
+/// parent's text around them as context (cut with `…`), other changes' insertions left out.
+/// One pass over the view, then a bounded walk around each of a change's runs.
+fn change_texts(view: &TextView) -> HashMap<i64, TextDiff> {
+    let runs = &view.runs;
+    let mut own: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+    for (i, r) in runs.iter().enumerate() {
+        if let (Some(c), "inserted" | "deleted") = (r.change, r.kind) {
+            own.entry(c).or_default().push(i);
         }
     }
-    TextDiff {
-        root: view.root.clone(),
-        runs,
+    let mut out = HashMap::new();
+    for (id, indices) in own {
+        let mut diff: Vec<Run> = Vec::new();
+        let mut push = |kind: &'static str, text: &str, author: Option<String>| {
+            if text.is_empty() {
+                return;
+            }
+            match diff.last_mut() {
+                Some(last) if last.kind == kind => last.text.push_str(text),
+                _ => diff.push(Run {
+                    kind,
+                    text: text.to_owned(),
+                    author,
+                }),
+            }
+        };
+        let mut prev: Option<usize> = None;
+        for &i in &indices {
+            match prev {
+                // Between two runs of the change: all of the parent's text if short, else
+                // both ends.
+                Some(p) => {
+                    let (head, more) = context(runs, p, true, i, id);
+                    if more {
+                        let (tail, _) = context(runs, i, false, p + 1, id);
+                        push("kept", &format!("{head}…{tail}"), None);
+                    } else {
+                        push("kept", &head, None);
+                    }
+                }
+                None => {
+                    let (tail, more) = context(runs, i, false, 0, id);
+                    let tail = if more { format!("…{tail}") } else { tail };
+                    push("kept", &tail, None);
+                }
+            }
+            let r = &runs[i];
+            push(r.kind, &r.text, r.author.clone());
+            prev = Some(i);
+        }
+        if let Some(p) = prev {
+            let (head, more) = context(runs, p, true, runs.len(), id);
+            let head = if more { format!("{head}…") } else { head };
+            push("kept", &head, None);
+        }
+        out.insert(
+            id,
+            TextDiff {
+                root: view.root.clone(),
+                runs: diff,
+            },
+        );
     }
+    out
 }
 
 impl Review {
@@ -891,6 +988,49 @@ mod tests {
         assert_eq!(r.change(2).unwrap().last_seq, 2);
         assert_eq!(r.change(2).unwrap().state, "rejected");
         assert_eq!(r.change(4).unwrap().state, "open");
+    }
+
+    #[test]
+    fn a_changes_diff_shows_the_parents_text_around_it_cut_to_the_context() {
+        let run = |kind, text: &str, change| ViewRun {
+            kind,
+            text: text.into(),
+            change,
+            author: change.map(|c: i64| format!("a{c}")),
+        };
+        let long = "x".repeat(100);
+        let view = TextView {
+            root: "content".into(),
+            runs: vec![
+                run("kept", &long, None),
+                run("inserted", "other", Some(9)),
+                run("inserted", "MINE", Some(7)),
+                run("deleted", "gone", Some(9)),
+                run("kept", "short", None),
+                run("deleted", "cut", Some(7)),
+                run("kept", &long, None),
+            ],
+        };
+        let texts = change_texts(&view);
+        let mine: Vec<(&str, String)> = texts[&7]
+            .runs
+            .iter()
+            .map(|r| (r.kind, r.text.clone()))
+            .collect();
+        let forty = "x".repeat(40);
+        assert_eq!(
+            mine,
+            vec![
+                ("kept", format!("…{forty}")),
+                ("inserted", "MINE".into()),
+                // Another change's deletion is the parent's text to this one.
+                ("kept", "goneshort".into()),
+                ("deleted", "cut".into()),
+                ("kept", format!("{forty}…")),
+            ]
+        );
+        let theirs: Vec<&str> = texts[&9].runs.iter().map(|r| r.kind).collect();
+        assert_eq!(theirs, vec!["kept", "inserted", "deleted", "kept"]);
     }
 
     #[test]
