@@ -396,7 +396,7 @@ async fn a_reader_cannot_merge_nor_can_a_branch_writer_into_a_parent_it_cannot_w
     // The parent is not visible to it: 404, as for any document it cannot see.
     assert_eq!(status, StatusCode::NOT_FOUND, "reject by a branch writer");
     // A reader of the parent may branch it (into a name it may write) but not write the parent.
-    let reader_of_spec = format!("{}", token("rex", "spec", Permission::Read));
+    let reader_of_spec = token("rex", "spec", Permission::Read);
     let (status, body) = post(
         &http,
         &server,
