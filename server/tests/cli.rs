@@ -541,6 +541,14 @@ async fn branch_commands_review_and_merge_through_the_running_server() {
         again,
         format!("nothing to merge from notes-review\nalready merged: {a}, {b}\n")
     );
+    // The parent's new rows are the branch's own changes: updating from the parent brings
+    // nothing, and the branch is then behind by nothing (it stayed "2 behind" for ever).
+    assert_eq!(
+        ok(&["update-from-parent", "notes-review"]),
+        "notes-review already has the parent's changes up to its position 4\n"
+    );
+    let list = ok(&["list", "notes"]);
+    assert!(list.contains(", 0 behind, "), "{list}");
     let rejected = ok(&["reject", "notes-review", &c]);
     assert_eq!(
         rejected,
