@@ -363,6 +363,234 @@ async fn history_and_version_commands_work_through_the_running_server() {
     server.stop().await;
 }
 
+/// `quire branch ...` against a running server: a branch of a document written by three
+/// authors (Rust clients), listed, reviewed (authors, dependencies, diffs), a merge refused
+/// for a missing dependency then accepted with it, the parent's own typing brought into the
+/// branch, a change rejected, the branch closed; the parent then holds exactly the merged
+/// changes and its own typing, for a live client, a fresh one and `GET /json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn branch_commands_review_and_merge_through_the_running_server() {
+    use quire_server::auth::Permission;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(secured(dir.path())).await;
+    let ws = |user: &str, doc: &str| {
+        format!(
+            "{}?token={}",
+            server.url(doc),
+            token(user, "notes*", Permission::Write)
+        )
+    };
+    let mut ann = Client::connect(&ws("ann", "notes"), 1).await;
+    ann.insert(0, "Hello world").await;
+    ann.durable_ack(1).await;
+    let base = server.http("").trim_end_matches('/').to_owned();
+    let run = |args: &[&str]| {
+        let out = quire()
+            .arg("branch")
+            .args(args)
+            .args(["--server", &base, "--token", ADMIN])
+            .output()
+            .expect("run");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), stdout, stderr)
+    };
+    let ok = |args: &[&str]| {
+        let (success, stdout, stderr) = tokio::task::block_in_place(|| run(args));
+        assert!(success, "quire branch {args:?}: {stderr}");
+        stdout
+    };
+    let refused = |args: &[&str]| {
+        let (success, stdout, stderr) = tokio::task::block_in_place(|| run(args));
+        assert!(!success, "quire branch {args:?} succeeded: {stdout}");
+        stderr
+    };
+
+    let created = ok(&["create", "notes", "notes-review"]);
+    assert_eq!(created, "branch notes-review of notes from position 1\n");
+    // Three authors on the branch, one after the other: bob writes inside alice's insertion
+    // (his change needs hers), carol at the end of the parent's text.
+    let mut alice = Client::connect(&ws("alice", "notes-review"), 2).await;
+    alice.insert(5, " dear").await;
+    alice.durable_ack(1).await;
+    let mut bob = Client::connect(&ws("bob", "notes-review"), 3).await;
+    assert_eq!(bob.text(), "Hello dear world");
+    bob.insert(10, "!!").await;
+    bob.durable_ack(1).await;
+    let mut carol = Client::connect(&ws("carol", "notes-review"), 4).await;
+    carol.insert(18, " (carol)").await;
+    carol.durable_ack(1).await;
+    // Meanwhile the parent goes on.
+    ann.insert(0, "[ann] ").await;
+    ann.durable_ack(2).await;
+
+    let list = ok(&["list", "notes"]);
+    assert!(
+        list.starts_with("notes-review  open, by admin, base position 1, 3 ahead, 1 behind"),
+        "{list}"
+    );
+    assert_eq!(list.lines().count(), 1, "{list}");
+    assert_eq!(
+        ok(&["list", "notes-review"]),
+        "no branches of notes-review\n"
+    );
+
+    // The ids, by author, from the API the command reads.
+    let http = reqwest::Client::new();
+    let changes: serde_json::Value = http
+        .get(api(&server, "/docs/notes-review/changes"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("GET /changes")
+        .json()
+        .await
+        .expect("json");
+    let id_of = |author: &str| {
+        let ids: Vec<i64> = changes["changes"]
+            .as_array()
+            .expect("changes")
+            .iter()
+            .filter(|c| c["author"] == author)
+            .map(|c| c["id"].as_i64().expect("id"))
+            .collect();
+        assert_eq!(ids.len(), 1, "{author}: {changes}");
+        ids[0].to_string()
+    };
+    let (a, b, c) = (id_of("alice"), id_of("bob"), id_of("carol"));
+    let shown = ok(&["changes", "notes-review"]);
+    let lines: Vec<&str> = shown.lines().collect();
+    assert!(
+        lines[0].starts_with("branch notes-review of notes: open, by admin, base position 1"),
+        "{shown}"
+    );
+    let change = |id: &str| {
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with(&format!("change {id}  ")))
+            .unwrap_or_else(|| panic!("no change {id} in:\n{shown}"));
+        (lines[at], lines[at + 1])
+    };
+    let (head, diff) = change(&a);
+    assert!(
+        head.contains("  alice  open  ") && head.contains("+5 -0"),
+        "{head}"
+    );
+    assert!(!head.contains("depends on"), "{head}");
+    assert_eq!(diff, "    text: Hello{+ dear+} world");
+    let (head, diff) = change(&b);
+    assert!(
+        head.contains("  bob  open  ") && head.contains("+2 -0"),
+        "{head}"
+    );
+    assert!(head.ends_with(&format!("depends on {a}")), "{head}");
+    assert_eq!(diff, "    text: Hello{+!!+} world");
+    let (head, diff) = change(&c);
+    assert!(head.contains("  carol  open  "), "{head}");
+    assert_eq!(diff, "    text: Hello world{+ (carol)+}");
+
+    // Bob's change alone is refused, naming alice's; nothing is applied.
+    let why = refused(&["merge", "notes-review", "--change", &b]);
+    assert!(
+        why.contains(&format!("depend on changes not chosen: {a}\n"))
+            && why.contains(&format!(
+                "quire branch merge notes-review --change {a} --change {b}"
+            )),
+        "{why}"
+    );
+    let parent_text = || async {
+        let doc: serde_json::Value = reqwest::Client::new()
+            .get(api(&server, "/docs/notes/json"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .expect("GET /json")
+            .json()
+            .await
+            .expect("json");
+        doc["text"].as_str().expect("text root").to_owned()
+    };
+    assert_eq!(parent_text().await, "[ann] Hello world");
+
+    // The parent's typing comes into the branch (and is no change of the branch's).
+    let pulled = ok(&["update-from-parent", "notes-review"]);
+    assert!(
+        pulled.starts_with(
+            "brought the parent's changes up to its position 2 into notes-review at position "
+        ),
+        "{pulled}"
+    );
+    let ok_pulled = carol
+        .pump_until(PATIENCE, |c| c.text() == "[ann] Hello dear!! world (carol)")
+        .await;
+    assert!(ok_pulled, "{}", carol.text());
+    assert_eq!(
+        ok(&["update-from-parent", "notes-review"]),
+        "notes-review already has the parent's changes up to its position 2\n"
+    );
+
+    let merged = ok(&["merge", "notes-review", "--change", &a, "--change", &b]);
+    assert!(
+        merged.starts_with(&format!(
+            "merged changes {a}, {b} of notes-review into the parent at position "
+        )),
+        "{merged}"
+    );
+    let again = ok(&["merge", "notes-review", "--change", &a, "--change", &b]);
+    assert_eq!(
+        again,
+        format!("nothing to merge from notes-review\nalready merged: {a}, {b}\n")
+    );
+    // The parent's new rows are the branch's own changes: updating from the parent brings
+    // nothing, and the branch is then behind by nothing (it stayed "2 behind" for ever).
+    assert_eq!(
+        ok(&["update-from-parent", "notes-review"]),
+        "notes-review already has the parent's changes up to its position 4\n"
+    );
+    let list = ok(&["list", "notes"]);
+    assert!(list.contains(", 0 behind, "), "{list}");
+    let rejected = ok(&["reject", "notes-review", &c]);
+    assert_eq!(
+        rejected,
+        format!("rejected change {c} of notes-review (carol, +8 -0)\n")
+    );
+    let why = refused(&["merge", "notes-review", "--change", &c]);
+    assert!(why.contains("change-rejected"), "{why}");
+    let shown = ok(&["changes", "notes-review"]);
+    assert!(
+        shown.contains(&format!("change {a}  alice  merged  ")),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!("change {c}  carol  rejected  ")),
+        "{shown}"
+    );
+    let closed = ok(&["close", "notes-review"]);
+    assert!(
+        closed.starts_with("notes-review  closed, by admin"),
+        "{closed}"
+    );
+    let why = refused(&["merge", "notes-review"]);
+    assert!(why.contains("branch-closed"), "{why}");
+
+    // The parent: its own typing and the merged changes, nothing of carol's.
+    let expected = "[ann] Hello dear!! world";
+    assert_eq!(parent_text().await, expected);
+    let live = ann.pump_until(PATIENCE, |c| c.text() == expected).await;
+    assert!(live, "the parent's live client has {:?}", ann.text());
+    let fresh = Client::connect(&ws("rita", "notes"), 9).await;
+    assert_eq!(fresh.text(), expected);
+    // A branch from an earlier position holds the parent's content there.
+    let old = ok(&["create", "notes", "notes-old", "--position", "1"]);
+    assert_eq!(old, "branch notes-old of notes from position 1\n");
+    let reader = Client::connect(&ws("rita", "notes-old"), 10).await;
+    assert_eq!(reader.text(), "Hello world");
+    for c in [ann, alice, bob, carol, fresh, reader] {
+        c.close().await;
+    }
+    server.stop().await;
+}
+
 /// CPU time (user + system, in clock ticks) the process `pid` has used.
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");

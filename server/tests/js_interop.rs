@@ -181,6 +181,73 @@ async fn a_restore_under_live_and_offline_yjs_clients_converges() {
     server.stop().await;
 }
 
+/// A branch merged in part while real clients edit (tests/js/branches.mjs): a y-websocket
+/// client and a Hocuspocus provider type on the parent; two authors (a y-websocket client and
+/// a Hocuspocus provider, tokens of their own) edit a branch, the second inside the first's
+/// text; merging the second's changes alone is refused naming the first's, then the first's
+/// are merged while the parent's clients keep typing. Everyone converges, and a fresh client
+/// of the parent reads exactly the merged author's changes plus the parent's typing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_merged_in_part_under_live_yjs_and_hocuspocus_clients_converges() {
+    let out = branches("alice").await;
+    assert!(out.status.success(), "branch merge interop failed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("\"ok\":true"), "{stdout}");
+}
+
+/// The same with the other author's changes merged too: the script's checks must fail (what
+/// they assert can fail), naming the other author's text in the parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_branch_merge_checks_fail_when_the_other_author_is_merged_too() {
+    let out = branches("both").await;
+    assert!(
+        !out.status.success(),
+        "the checks passed with both authors merged"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("not ok - bob's unmerged text reached the parent")
+            && stdout.contains("not ok - without the typing the parent reads"),
+        "{stdout}"
+    );
+}
+
+/// Runs tests/js/branches.mjs against a fresh secured server, merging `merge`'s changes
+/// (`alice`, or `both` to see the checks fail); its output.
+async fn branches(merge: &str) -> std::process::Output {
+    use quire_server::auth::Permission;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(secured(dir.path())).await;
+    let seed = seed() % (1 << 31);
+    let tokens = serde_json::json!({
+        "pat": token("pat", "plan*", Permission::Write),
+        "hugo": token("hugo", "plan*", Permission::Write),
+        "alice": token("alice", "plan*", Permission::Write),
+        "bob": token("bob", "plan*", Permission::Write),
+        "rev": token("rev", "plan*", Permission::Write),
+        "rita": token("rita", "plan*", Permission::Read),
+    });
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        node()
+            .args(["branches.mjs", "--url", &format!("ws://{}", server.addr)])
+            .args(["--http", &format!("http://{}", server.addr)])
+            .args(["--tokens", &tokens.to_string(), "--parent", "plan"])
+            .args(["--seed", &seed.to_string(), "--merge", merge])
+            .output(),
+    )
+    .await
+    .expect("branches script finishes")
+    .expect("node runs");
+    eprintln!(
+        "seed {seed}\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.stop().await;
+    out
+}
+
 /// A Python tool (tests/python/edit_doc.py: pycrdt, pycrdt-websocket's channel over httpx-ws,
 /// from PyPI) and a stock yjs + y-websocket client (the stack a browser editor uses) edit one
 /// document at the same time: each appends its text, each ends up with both, identical, and a

@@ -691,14 +691,15 @@ pub async fn update_from_parent(
     .await?;
     let seq = match update {
         Some(update) => {
-            let seq = apply_as(&app, &branch, Some(principal.user.as_str().into()), update).await?;
-            app.api
-                .record_pull(branch.id, seq, parent_seq, &principal.user)
-                .await?;
-            Some(seq)
+            Some(apply_as(&app, &branch, Some(principal.user.as_str().into()), update).await?)
         }
         None => None,
     };
+    // Up to date with the parent at `parent_seq` either way: with nothing new (the parent's
+    // rows since were this branch's own merged changes, say) the branch is behind by nothing.
+    app.api
+        .record_pull(branch.id, seq, parent_seq, &principal.user)
+        .await?;
     Ok(Json(Pulled { seq, parent_seq }))
 }
 

@@ -106,16 +106,18 @@ pub trait BranchStore: Send + Sync {
     async fn branch_log(&self, doc: DocId, with_data: bool) -> Result<BranchLog, StorageError>;
     /// Records a change's fate unless one is recorded; the recorded one.
     async fn decide(&self, doc: DocId, row: DecisionRow) -> Result<DecisionRow, StorageError>;
-    /// Records that branch position `branch_seq` holds the parent's changes up to `parent_seq`.
+    /// Records that branch position `branch_seq` holds the parent's changes up to `parent_seq`;
+    /// `None`: the branch had them all already (nothing was written to it), it is up to date
+    /// with `parent_seq` all the same (kept under the key `-parent_seq`, no log position).
     async fn record_pull(
         &self,
         doc: DocId,
-        branch_seq: i64,
+        branch_seq: Option<i64>,
         parent_seq: i64,
         by: &str,
     ) -> Result<(), StorageError>;
     /// The parent position the branch last took the parent's changes at (its base, or its
-    /// last pull), and how many of its log rows hold the parent's changes.
+    /// last pull, written or not), and how many of its log rows hold the parent's changes.
     async fn synced(&self, doc: DocId) -> Result<(i64, i64), StorageError>;
 }
 
@@ -222,7 +224,8 @@ backend_impl!(
             .map(Self::decision_row)
             .collect::<Result<Vec<_>, _>>()?;
             let pulls: Vec<i64> = sqlx::query_scalar(
-                "SELECT branch_seq FROM branch_pulls WHERE branch_id = $1 ORDER BY branch_seq",
+                "SELECT branch_seq FROM branch_pulls WHERE branch_id = $1 AND branch_seq > 0 \
+                 ORDER BY branch_seq",
             )
             .bind(doc)
             .fetch_all(&mut *tx)
@@ -267,10 +270,11 @@ backend_impl!(
         async fn record_pull(
             &self,
             doc: DocId,
-            branch_seq: i64,
+            branch_seq: Option<i64>,
             parent_seq: i64,
             by: &str,
         ) -> Result<(), StorageError> {
+            let branch_seq = branch_seq.unwrap_or(-parent_seq);
             sqlx::query(
                 "INSERT INTO branch_pulls (branch_id, branch_seq, parent_seq, pulled_by, created_at) \
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT (branch_id, branch_seq) DO NOTHING",
@@ -287,9 +291,10 @@ backend_impl!(
 
         async fn synced(&self, doc: DocId) -> Result<(i64, i64), StorageError> {
             let (seq, pulls): (Option<i64>, i64) = sqlx::query_as(
-                "SELECT MAX(s), COUNT(*) - 1 FROM ( \
-                   SELECT base_seq AS s FROM branches WHERE doc_id = $1 \
-                   UNION ALL SELECT parent_seq AS s FROM branch_pulls WHERE branch_id = $1) x",
+                "SELECT MAX(s), COALESCE(SUM(r), 0) FROM ( \
+                   SELECT base_seq AS s, 0 AS r FROM branches WHERE doc_id = $1 \
+                   UNION ALL SELECT parent_seq AS s, CASE WHEN branch_seq > 0 THEN 1 ELSE 0 END AS r \
+                   FROM branch_pulls WHERE branch_id = $1) x",
             )
             .bind(doc)
             .fetch_one(&self.pool)

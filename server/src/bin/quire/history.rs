@@ -65,6 +65,59 @@ impl Api {
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        self.answer(req).await?.ok()
+    }
+}
+
+/// A server's answer: its status and JSON body (a problem+json body for a refusal).
+pub struct Answer {
+    pub status: reqwest::StatusCode,
+    pub body: Value,
+}
+
+impl Answer {
+    /// The body of a success; a refusal as an error with the server's reason.
+    pub fn ok(self) -> anyhow::Result<Value> {
+        if !self.status.is_success() {
+            let detail = self.body["detail"].as_str().unwrap_or("");
+            match self.problem() {
+                "" => bail!("the server answered {}: {detail}", self.status),
+                kind => bail!("the server answered {} ({kind}): {detail}", self.status),
+            }
+        }
+        Ok(self.body)
+    }
+
+    /// The problem type of a refusal, its URI's last segment (`missing-dependencies`, ...);
+    /// empty if none.
+    pub fn problem(&self) -> &str {
+        let kind = self.body["type"].as_str().unwrap_or("");
+        kind.rsplit('/').next().unwrap_or(kind)
+    }
+}
+
+impl Api {
+    /// `GET /api/v1/docs/{name}{rest}`, refusals included.
+    pub async fn get(&self, name: &str, rest: &str) -> anyhow::Result<Answer> {
+        self.answer(self.http.get(self.url(name, rest))).await
+    }
+
+    /// `POST /api/v1/docs/{name}{rest}` with a JSON body (or none), refusals included.
+    pub async fn post(
+        &self,
+        name: &str,
+        rest: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Answer> {
+        let req = self.http.post(self.url(name, rest));
+        let req = match body {
+            Some(body) => req.json(&body),
+            None => req,
+        };
+        self.answer(req).await
+    }
+
+    async fn answer(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Answer> {
         let req = match &self.token {
             Some(t) => req.bearer_auth(t),
             None => req,
@@ -75,11 +128,7 @@ impl Api {
             .with_context(|| format!("cannot reach the server at {}", self.base))?;
         let status = resp.status();
         let body: Value = resp.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            let detail = body["detail"].as_str().unwrap_or("");
-            bail!("the server answered {status}: {detail}");
-        }
-        Ok(body)
+        Ok(Answer { status, body })
     }
 }
 
@@ -153,7 +202,7 @@ impl Api {
 }
 
 /// Milliseconds since the epoch as an RFC 3339 time (seconds).
-fn time(ms: &Value) -> String {
+pub fn time(ms: &Value) -> String {
     let ms = ms.as_i64().unwrap_or(0).max(0) as u64;
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_seconds(t).to_string()

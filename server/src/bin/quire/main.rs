@@ -10,6 +10,7 @@ use quire_server::config::Settings;
 use tokio_util::sync::CancellationToken;
 
 mod backup;
+mod branch;
 mod doc;
 mod history;
 mod ops;
@@ -82,6 +83,16 @@ enum Command {
     Version {
         #[command(subcommand)]
         command: history::VersionCommand,
+        #[command(flatten)]
+        target: history::Target,
+        #[command(flatten)]
+        args: Args,
+    },
+    /// A document's branches: create, list, review changes, merge, reject, close (through a
+    /// running server)
+    Branch {
+        #[command(subcommand)]
+        command: branch::BranchCommand,
         #[command(flatten)]
         target: history::Target,
         #[command(flatten)]
@@ -165,6 +176,7 @@ fn command() -> clap::Command {
         (&["token", "revoke"], &[STORE]),
         (&["history"], &[SERVER]),
         (&["version"], &[SERVER]),
+        (&["branch"], &[SERVER]),
         (&["doc", "export"], &[STORE, SERVER]),
         (&["doc", "import"], &[STORE, SERVER]),
         (&["backup"], &[STORE]),
@@ -296,6 +308,15 @@ async fn main() -> anyhow::Result<()> {
             let config = args.resolve()?;
             let api = history::Api::new(target, &config);
             history::version(&api, command).await
+        }
+        Command::Branch {
+            command,
+            target,
+            args,
+        } => {
+            let config = args.resolve()?;
+            let api = history::Api::new(target, &config);
+            branch::branch(&api, command).await
         }
         Command::Token(TokenCommand::Revoke {
             token_id,
