@@ -166,10 +166,11 @@ export function suggestionsPanel (name, client, text, view) {
     const branch = data.branch || state.branch
     state.branch = branch
     const open = data.changes.filter((c) => c.state === 'open')
-    const branchOpen = branch.state === 'open'
+    // Only a closed branch refuses decisions (a merged one can still take new suggestions).
+    const branchOpen = branch.state !== 'closed'
     summary.textContent = `${open.length} open change${open.length === 1 ? '' : 's'}` +
       (branch.behind ? ` · the parent has ${branch.behind} newer update${branch.behind === 1 ? '' : 's'}` : '') +
-      (branchOpen ? '' : ` · branch ${branch.state}`)
+      (branch.state === 'open' ? '' : ` · branch ${branch.state}`)
     toggle.textContent = open.length ? `Suggestions (${open.length})` : 'Suggestions'
     acceptAll.disabled = !branchOpen || open.length === 0
     panel.dataset.branchState = branch.state
