@@ -17,8 +17,9 @@ import { Decoration } from '@codemirror/view'
 const DEBOUNCE_MS = 300
 /** Fetches again this often while the panel is open (decisions taken in other tabs). */
 const POLL_MS = 5000
-/** While the fetched text and the editor's differ (edits not yet committed), retry after. */
-const MISMATCH_RETRY_MS = 700
+/** While the fetched text and the editor's differ (edits not yet committed), retry after this,
+ *  doubled on every further miss up to POLL_MS. */
+const MISMATCH_RETRY_MS = 500
 
 /** An API error with the problem+json answer's status, kind and `current` member. */
 class ApiProblem extends Error {
@@ -117,6 +118,7 @@ export function suggestionsPanel (name, client, text, view) {
     mismatch: false
   }
   let timer = null
+  let misses = 0
   let inflight = false
   let again = false
 
@@ -147,9 +149,11 @@ export function suggestionsPanel (name, client, text, view) {
       // Edits not yet committed (or not yet here): the next fetch will match.
       state.mismatch = true
       panel.dataset.mismatch = 'true'
-      schedule(MISMATCH_RETRY_MS)
+      schedule(Math.min(POLL_MS, MISMATCH_RETRY_MS * 2 ** misses))
+      misses++
       return
     }
+    misses = 0
     state.mismatch = false
     panel.dataset.mismatch = 'false'
     const states = new Map(data.changes.map((c) => [c.id, c.state]))
