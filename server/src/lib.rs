@@ -13,6 +13,7 @@
 //! - [`gate`]: the admission gate of whole-document work.
 //! - [`auth`]: tokens, permissions, revocations.
 //! - [`history`]: content at a position or version, diffs and their authors (no I/O).
+//! - [`branches`]: a branch's log as changes, their dependencies, diffs and merges (no I/O).
 //! - [`webhooks`]: the outbox's delivery.
 //! - [`room`]: one task per loaded document, the only writer of its `Doc` and log; the
 //!   [`room::Registry`] that starts rooms on demand.
@@ -38,6 +39,7 @@ pub use quire_protocol::counts;
 pub mod admin;
 pub mod app;
 pub mod auth;
+pub mod branches;
 pub mod bus;
 pub mod changes;
 pub mod close;

@@ -169,6 +169,9 @@ fn heavy_requests(route: &str, version: i64) -> Vec<(reqwest::Method, String, Op
         ("POST", p) if p.ends_with("/fork") => {
             vec![(p.to_owned(), Some(json!({"name": "copy"})))]
         }
+        ("POST", p) if p.ends_with("/branches") => {
+            vec![(p.to_owned(), Some(json!({"name": "a-branch"})))]
+        }
         ("POST", p) if p.ends_with("/versions") => {
             vec![(p.to_owned(), Some(json!({"label": "named"})))]
         }

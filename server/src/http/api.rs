@@ -21,7 +21,7 @@ use super::docs::{
     __path_restore_doc,
 };
 use super::tokens::{__path_issue_token, __path_revoke};
-use super::{access, admin, content, docs, history, tokens};
+use super::{access, admin, branches, content, docs, history, tokens};
 use crate::app::AppState;
 use crate::auth::Permission;
 use crate::problem::{ApiError, Problem};
@@ -32,6 +32,8 @@ use crate::storage::api::{
 pub fn routes(app: &AppState) -> Router<AppState> {
     // Content writes go through the document's room: on the owner's node (see `owner.rs`).
     let on_owner = || axum::middleware::from_fn_with_state(app.clone(), super::owner::on_owner);
+    let on_parent_owner =
+        || axum::middleware::from_fn_with_state(app.clone(), super::owner::on_parent_owner);
     Router::new()
         .route("/docs", post(docs::create_doc).get(docs::list_docs))
         .route(
@@ -69,6 +71,26 @@ pub fn routes(app: &AppState) -> Router<AppState> {
         )
         .route("/docs/{name}/diff", get(history::get_diff))
         .route("/docs/{name}/fork", post(history::fork))
+        .route(
+            "/docs/{name}/branches",
+            post(branches::create_branch).get(branches::list_branches),
+        )
+        .route("/docs/{name}/branch", get(branches::get_branch))
+        .route("/docs/{name}/changes", get(branches::list_changes))
+        .route(
+            "/docs/{name}/changes/{id}/reject",
+            post(branches::reject_change),
+        )
+        // A merge writes the parent: on the parent's owner.
+        .route(
+            "/docs/{name}/merge",
+            post(branches::merge).route_layer(on_parent_owner()),
+        )
+        .route(
+            "/docs/{name}/update-from-parent",
+            post(branches::update_from_parent).route_layer(on_owner()),
+        )
+        .route("/docs/{name}/close", post(branches::close_branch))
         .route("/docs/{name}/access", get(access::list_access))
         .route(
             "/docs/{name}/access/{user}",
@@ -102,7 +124,9 @@ pub fn routes(app: &AppState) -> Router<AppState> {
         get_me, issue_token, revoke, admin_outbox, super::admin::overview, super::admin::docs,
         super::admin::cluster, super::admin::retry_dead, history::get_history, history::list_versions,
         history::create_version, history::delete_version, history::version_json,
-        history::get_diff, history::restore_version, history::fork
+        history::get_diff, history::restore_version, history::fork, branches::create_branch,
+        branches::list_branches, branches::get_branch, branches::list_changes, branches::merge,
+        branches::reject_change, branches::update_from_parent, branches::close_branch
     ),
     components(schemas(
         DocMeta, DocPatch, UserProfile, UserPatch, Role, Permission, Problem, docs::CreateDoc, docs::DocPage,
@@ -113,7 +137,11 @@ pub fn routes(app: &AppState) -> Router<AppState> {
         crate::storage::api::LeaseRow, history::HistoryPage, crate::history::Session,
         crate::history::AuthorShare, crate::storage::history::Version,
         crate::storage::history::VersionKind, history::CreateVersion, history::DiffView,
-        crate::history::TextDiff, crate::history::Run, history::Restored, history::Fork
+        crate::history::TextDiff, crate::history::Run, history::Restored, history::Fork,
+        branches::Branch, branches::CreateBranch, branches::BranchFrom, branches::BranchList,
+        branches::ChangeList, branches::MergeRequest, branches::Merged, branches::Pulled,
+        crate::branches::Change, crate::branches::RootSummary, crate::branches::TextView,
+        crate::branches::ViewRun
     )),
     modifiers(&BearerAuth, &HeaderValues),
     security(("bearer" = []))

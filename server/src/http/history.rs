@@ -144,7 +144,7 @@ pub async fn create_version(
 
 /// Records `state` (the document at `seq`, Yjs v2) as a version, within the document's
 /// version budget (`max_version_bytes`: 507 when full).
-async fn record(
+pub(super) async fn record(
     app: &AppState,
     doc: &DocMeta,
     seq: i64,
@@ -179,7 +179,7 @@ async fn record(
 }
 
 /// 507: the document's version budget is full.
-fn budget_full(budget: u64) -> ApiError {
+pub(super) fn budget_full(budget: u64) -> ApiError {
     ApiError::new(
         StatusCode::INSUFFICIENT_STORAGE,
         "version-budget-full",
@@ -418,7 +418,7 @@ fn restore_locks() -> &'static RestoreLocks {
     LOCKS.get_or_init(Default::default)
 }
 
-fn restore_lock(doc: i64) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+pub(super) fn restore_lock(doc: i64) -> std::sync::Arc<tokio::sync::Mutex<()>> {
     let mut locks = restore_locks()
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -426,7 +426,7 @@ fn restore_lock(doc: i64) -> std::sync::Arc<tokio::sync::Mutex<()>> {
 }
 
 /// Drops the document's lock once no restore holds or waits for it.
-fn forget_restore_lock(doc: i64) {
+pub(super) fn forget_restore_lock(doc: i64) {
     let mut locks = restore_locks()
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -4,6 +4,7 @@
 mod access;
 mod admin;
 pub mod api;
+mod branches;
 mod content;
 mod docs;
 mod extract;

@@ -104,13 +104,30 @@ async fn owner_elsewhere(
 
 /// A layer for the routes of `/docs/{name}/...` that must run on the document's owner.
 pub async fn on_owner(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    if req.extensions().get::<ForwardedBy>().is_some() {
-        return next.run(req).await;
+    let name = path_name(&req);
+    forward_to_owner_of(app, name, req, next).await
+}
+
+/// A layer for the routes of `/docs/{branch}/...` that write the branch's parent (a merge):
+/// they run on the parent's owner.
+pub async fn on_parent_owner(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let mut name = None;
+    if let Some(branch) = path_name(&req) {
+        let parent = async {
+            let doc = app.api.get_doc_by_name(&branch).await.ok()??;
+            let row = app.api.branch(doc.id).await.ok()??;
+            Some(row.parent)
+        };
+        // Not a branch: the handler answers (on this node).
+        name = parent.await;
     }
-    // `/docs/{name}/...` as the nested router sees it, the name percent-decoded as the
-    // handler's `Path` decodes it.
-    let name = req
-        .uri()
+    forward_to_owner_of(app, name, req, next).await
+}
+
+/// The `{name}` of `/docs/{name}/...` as the nested router sees it, percent-decoded as the
+/// handler's `Path` decodes it.
+fn path_name(req: &Request) -> Option<String> {
+    req.uri()
         .path()
         .strip_prefix("/docs/")
         .and_then(|rest| rest.split('/').next())
@@ -119,7 +136,19 @@ pub async fn on_owner(State(app): State<AppState>, req: Request, next: Next) -> 
                 .decode_utf8()
                 .ok()
                 .map(|n| n.into_owned())
-        });
+        })
+}
+
+/// Serves the request here, or forwards it to the node owning document `name`.
+async fn forward_to_owner_of(
+    app: AppState,
+    name: Option<String>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if req.extensions().get::<ForwardedBy>().is_some() {
+        return next.run(req).await;
+    }
     let principal = req.extensions().get::<Principal>().cloned();
     let owner = match name {
         Some(name) => owner_elsewhere(&app, principal.as_ref(), &name).await,

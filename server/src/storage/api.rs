@@ -231,7 +231,9 @@ pub struct DocQuery {
 }
 
 #[async_trait]
-pub trait ApiStore: super::history::HistoryStore + Send + Sync + 'static {
+pub trait ApiStore:
+    super::history::HistoryStore + super::branches::BranchStore + Send + Sync + 'static
+{
     /// Keeps log rows for `retention` after a snapshot covers them (zero: snapshots delete
     /// them); shared with the document store of the same database.
     fn set_history_retention(&self, retention: std::time::Duration);

@@ -596,7 +596,9 @@ backend_impl!(
                        SELECT d.id, (SELECT MAX(v.seq) FROM doc_versions v \
                          WHERE v.doc_id = d.id AND v.created_at < $2 AND v.seq <= d.snapshot_seq) \
                          AS base \
-                       FROM documents d WHERE d.id > $1) b \
+                       FROM documents d WHERE d.id > $1 \
+                         AND NOT EXISTS (SELECT 1 FROM branches r \
+                           WHERE r.doc_id = d.id AND r.state <> 'closed')) b \
                      WHERE b.base IS NOT NULL AND ( \
                        EXISTS (SELECT 1 FROM doc_updates u WHERE u.doc_id = b.id AND u.seq <= b.base) \
                        OR EXISTS (SELECT 1 FROM doc_versions o WHERE o.doc_id = b.id \

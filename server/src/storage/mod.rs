@@ -17,6 +17,7 @@
 //! - `load` reads the snapshot and the log after it from one consistent read snapshot.
 
 pub mod api;
+pub mod branches;
 mod dialect;
 pub mod history;
 pub mod postgres;

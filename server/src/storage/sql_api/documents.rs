@@ -18,6 +18,19 @@ backend_impl!(
             owner: Option<&str>,
             first: Option<LogEntry>,
         ) -> Result<Option<DocMeta>, StorageError> {
+            self.create_doc_as(name, title, owner, first, None).await
+        }
+
+        /// [`SqlApi::create_doc_with`], the new document made a branch of `branch`'s parent
+        /// at its base position in the same transaction, with the parent's access entries.
+        pub(in crate::storage) async fn create_doc_as(
+            &self,
+            name: &str,
+            title: &str,
+            owner: Option<&str>,
+            first: Option<LogEntry>,
+            branch: Option<(DocId, i64)>,
+        ) -> Result<Option<DocMeta>, StorageError> {
             let now = now_ms();
             let mut tx = self.pool.begin().await?;
             let row = sqlx::query(&format!(
@@ -41,6 +54,28 @@ backend_impl!(
                 )
                 .bind(doc.id)
                 .bind(owner)
+                .execute(&mut *tx)
+                .await?;
+            }
+            if let Some((parent, base_seq)) = branch {
+                sqlx::query(
+                    "INSERT INTO branches (doc_id, parent_id, base_seq, author, created_at) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(doc.id)
+                .bind(parent)
+                .bind(base_seq)
+                .bind(owner)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "INSERT INTO document_access (doc_id, user_id, role) \
+                     SELECT $1, user_id, role FROM document_access WHERE doc_id = $2 \
+                     ON CONFLICT (doc_id, user_id) DO NOTHING",
+                )
+                .bind(doc.id)
+                .bind(parent)
                 .execute(&mut *tx)
                 .await?;
             }

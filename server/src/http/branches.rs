@@ -1,0 +1,698 @@
+//! Branches over HTTP (docs/branches.md): create one from a document, list them, review a
+//! branch's changes, merge all or some of them into the parent through the parent's room,
+//! reject one, bring the parent's changes into the branch, close it.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use yrs::updates::decoder::Decode;
+use yrs::{ReadTxn, Transact, Update};
+
+use super::extract::{ApiBytes, ApiJson, ApiPath};
+use super::history::{budget_full, forget_restore_lock, record, restore_lock};
+use super::reads::{
+    check_position, content, current, heavy, latest, not_retained, stored_invalid, version_meta,
+};
+use super::shared::{applied, ask_room, doc_for, doc_path, field_limits, live, ApiResult};
+use crate::app::AppState;
+use crate::auth::{Permission, Principal};
+use crate::branches::{self, Change, Review, TextView};
+use crate::gate::{At, Form};
+use crate::problem::responses::*;
+use crate::problem::ApiError;
+use crate::room::{ApplyCmd, DocName, RoomCmd};
+use crate::storage::api::DocMeta;
+use crate::storage::branches::{BranchRow, Decision, DecisionRow};
+use crate::storage::history::{Version, VersionKind};
+
+/// A branch as the API shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Branch {
+    pub name: String,
+    pub parent: String,
+    /// `open`, `merged` (every change was merged or rejected) or `closed`.
+    pub state: String,
+    /// Who created it.
+    pub author: Option<String>,
+    /// The parent's log position the branch started from.
+    pub base_seq: i64,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+    /// Updates made on the branch since its base (the parent's changes brought in not counted).
+    pub ahead: i64,
+    /// The parent's updates since the branch's base or its last update from the parent.
+    pub behind: i64,
+}
+
+async fn branch_view(app: &AppState, row: BranchRow) -> ApiResult<Branch> {
+    let (synced, pulls) = app.api.synced(row.doc_id).await?;
+    let last = app.api.last_seq(row.doc_id).await?;
+    let parent_last = app.api.last_seq(row.parent_id).await?;
+    Ok(Branch {
+        ahead: (last - 1 - pulls).max(0),
+        behind: (parent_last - synced).max(0),
+        name: row.name,
+        parent: row.parent,
+        state: row.state,
+        author: row.author,
+        base_seq: row.base_seq,
+        created_at: row.created_at,
+    })
+}
+
+fn not_a_branch() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not-a-branch",
+        "the document is not a branch",
+    )
+}
+
+/// The branch row of a document the caller may read.
+async fn branch_of(app: &AppState, doc: &DocMeta) -> ApiResult<BranchRow> {
+    app.api.branch(doc.id).await?.ok_or_else(not_a_branch)
+}
+
+fn open(row: &BranchRow) -> ApiResult<()> {
+    if row.state == "closed" {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "branch-closed",
+            "the branch is closed",
+        ));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateBranch {
+    /// The branch's name: a document name (its WebSocket name too).
+    pub name: String,
+    #[serde(default)]
+    pub title: String,
+    /// Where on the parent it starts; omitted: the parent's content now.
+    pub from: Option<BranchFrom>,
+}
+
+/// A version or a log position of the parent.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BranchFrom {
+    pub version: Option<i64>,
+    pub position: Option<i64>,
+}
+
+/// Creates a branch: a new document holding this one's content (now, or at a version or log
+/// position), linked to it for review and merge. Needs read on this document and write on the
+/// new name; the branch gets this document's access entries and the caller as its owner.
+#[utoipa::path(post, path = "/api/v1/docs/{name}/branches", request_body = CreateBranch,
+    params(("name" = String, Path, description = "The parent's name, percent-encoded"),
+        ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 201, body = Branch), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, TooLarge, NotJson, Unprocessable, Busy, Unavailable))]
+pub async fn create_branch(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(body): ApiJson<CreateBranch>,
+) -> ApiResult<Response> {
+    let parent = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    let new_name = DocName::parse(&body.name)
+        .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
+    if body.title.len() > field_limits::TITLE {
+        return Err(ApiError::bad_request(
+            "field-too-long",
+            format!("title is longer than {} bytes", field_limits::TITLE),
+        ));
+    }
+    if principal.permission_on(new_name.as_str(), None) < Some(Permission::Write) {
+        return Err(ApiError::forbidden(
+            "write permission on the branch's name is required",
+        ));
+    }
+    let (base_seq, update) = match body.from {
+        None
+        | Some(BranchFrom {
+            version: None,
+            position: None,
+        }) => latest(&app, &parent, Form::UpdateV1).await?,
+        Some(BranchFrom {
+            version: Some(id),
+            position: None,
+        }) => {
+            let v = version_meta(&app, &parent, id).await?;
+            (
+                v.seq,
+                content(&app, &parent, At::Version(id), Form::UpdateV1).await?,
+            )
+        }
+        Some(BranchFrom {
+            version: None,
+            position: Some(seq),
+        }) => {
+            check_position(&app, &parent, seq).await?;
+            (
+                seq,
+                content(&app, &parent, At::Position(seq), Form::UpdateV1).await?,
+            )
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "invalid-branch",
+                "from names a version or a position, not both",
+            ))
+        }
+    };
+    if update.len() as u64 > app.registry.config.max_doc_size {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "document-too-large",
+            "the branch would exceed max_doc_size",
+        ));
+    }
+    let admission = app.gate.admit(parent.id).await?;
+    let data = update.clone();
+    let changes = heavy(admission, move || {
+        let doc = yrs::Doc::new();
+        let decoded = Update::decode_v1(&data).map_err(|e| stored_invalid(e.to_string()))?;
+        let mut txn = doc.transact_mut();
+        txn.apply_update(decoded)
+            .map_err(|e| stored_invalid(e.to_string()))?;
+        Ok(crate::room::Changes::of(&txn))
+    })
+    .await?;
+    let first = crate::storage::LogEntry {
+        data: update,
+        author: Some(principal.user.as_str().into()),
+        inserted: changes.inserted,
+        deleted: changes.deleted,
+        clients: changes.clients,
+    };
+    let created = app
+        .api
+        .create_branch(
+            new_name.as_str(),
+            &body.title,
+            &principal.user,
+            parent.id,
+            base_seq,
+            first,
+        )
+        .await?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "document-exists",
+                "a document with this name exists",
+            )
+        })?;
+    let row = branch_of(&app, &created).await?;
+    let view = branch_view(&app, row).await?;
+    let mut resp = (StatusCode::CREATED, Json(&view)).into_response();
+    if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/docs/{}", doc_path(&created.name))) {
+        resp.headers_mut().insert(header::LOCATION, loc);
+    }
+    Ok(resp)
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BranchList {
+    pub branches: Vec<Branch>,
+}
+
+/// The document's branches (at most 1,000, oldest first) with their state and how far each
+/// is ahead of and behind it.
+#[utoipa::path(get, path = "/api/v1/docs/{name}/branches",
+    params(("name" = String, Path, description = "The parent's name, percent-encoded")),
+    responses((status = 200, body = BranchList), BadRequest, Unauthorized, Forbidden, NotFound, Gone))]
+pub async fn list_branches(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+) -> ApiResult<Json<BranchList>> {
+    let parent = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    let mut branches = Vec::new();
+    for row in app.api.branches_of(parent.id).await? {
+        branches.push(branch_view(&app, row).await?);
+    }
+    Ok(Json(BranchList { branches }))
+}
+
+/// The document's branch record, if it is a branch (404 `not-a-branch` otherwise).
+#[utoipa::path(get, path = "/api/v1/docs/{name}/branch",
+    params(("name" = String, Path, description = "The document's name, percent-encoded")),
+    responses((status = 200, body = Branch), BadRequest, Unauthorized, Forbidden, NotFound))]
+pub async fn get_branch(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+) -> ApiResult<Json<Branch>> {
+    let doc = doc_for(&app, &principal, &name, Permission::Read).await?;
+    let row = branch_of(&app, &doc).await?;
+    Ok(Json(branch_view(&app, row).await?))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ChangeList {
+    pub branch: Branch,
+    /// The branch's changes since its base, oldest first.
+    pub changes: Vec<Change>,
+    /// The branch's texts against the parent's, every run marked by its change.
+    pub view: Vec<TextView>,
+}
+
+/// The branch's log read and grouped into changes, under an admission of the gate.
+async fn review_of(
+    app: &AppState,
+    branch: &DocMeta,
+    admission: crate::gate::Admission,
+) -> ApiResult<(Review, Vec<crate::storage::branches::BranchLogRow>)> {
+    let log = app.api.branch_log(branch.id).await?;
+    let Some(rows) = log.rows else {
+        return Err(not_retained("the branch's log"));
+    };
+    let gap = app.config.room.history.version_idle.as_millis() as i64;
+    heavy(admission, move || {
+        let review =
+            branches::review(&rows, &log.decisions, &log.pulls, gap).map_err(stored_invalid)?;
+        Ok((review, rows))
+    })
+    .await
+}
+
+/// The branch's changes since its base, for review: each an author's editing session, with
+/// its diff against the parent and the changes it depends on; and the branch's texts with
+/// every run marked by its change (the suggestion view).
+#[utoipa::path(get, path = "/api/v1/docs/{name}/changes",
+    params(("name" = String, Path, description = "The branch's name, percent-encoded")),
+    responses((status = 200, body = ChangeList), BadRequest, Unauthorized, Forbidden, NotFound, Gone, Busy, Unavailable))]
+pub async fn list_changes(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+) -> ApiResult<Json<ChangeList>> {
+    let doc = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    // The gate first: a branch's review is whole-document work.
+    let admission = app.gate.admit(doc.id).await?;
+    let row = branch_of(&app, &doc).await?;
+    let (review, _) = review_of(&app, &doc, admission).await?;
+    Ok(Json(ChangeList {
+        branch: branch_view(&app, row).await?,
+        changes: review.changes,
+        view: review.view,
+    }))
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MergeRequest {
+    /// The changes to merge (their ids); omitted: every open change.
+    pub changes: Option<Vec<i64>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Merged {
+    /// The changes this request merged.
+    pub merged: Vec<i64>,
+    /// The changes asked for that an earlier merge had merged.
+    pub already_merged: Vec<i64>,
+    /// The parent's log position after the merge (`null` if nothing was applied).
+    pub parent_seq: Option<i64>,
+    /// The parent's versions recorded before and after the merge.
+    pub version_before: Option<Version>,
+    pub version_after: Option<Version>,
+}
+
+/// The body of a POST whose JSON body may be left out.
+fn optional_json<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> ApiResult<T> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request("invalid-body", e.to_string()))
+}
+
+fn conflict(kind: &'static str, detail: String, ids: &BTreeSet<i64>) -> ApiError {
+    let mut e = ApiError::new(StatusCode::CONFLICT, kind, detail);
+    e.current = Some(serde_json::json!({ "missing": ids }));
+    e
+}
+
+/// Applies `update` to `doc` through its room as `author`'s change; the log position.
+async fn apply_as(
+    app: &AppState,
+    doc: &DocMeta,
+    author: Option<Arc<str>>,
+    update: Vec<u8>,
+) -> ApiResult<i64> {
+    let raw = Bytes::from(update);
+    let result = ask_room(app, &doc.name, |reply| {
+        RoomCmd::Apply(Box::new(ApplyCmd {
+            raw: raw.clone(),
+            update: Update::decode_v1(&raw).unwrap_or_else(|_| Update::new()),
+            reply,
+            author: author.clone(),
+            budget: None,
+        }))
+    })
+    .await?;
+    applied(result, stored_invalid)
+}
+
+/// Merges the chosen changes (all open ones if none are named) into the parent, through the
+/// parent's room: each applied as its author's change, committed and broadcast to the
+/// parent's clients, with a version of the parent recorded before and after. A change needs
+/// the changes it depends on merged with it or before: 409 `missing-dependencies` lists them,
+/// and nothing is applied. Changes merged before are not applied again.
+#[utoipa::path(post, path = "/api/v1/docs/{name}/merge", request_body(content = MergeRequest, description = "optional"),
+    params(("name" = String, Path, description = "The branch's name, percent-encoded"),
+        ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, body = Merged), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, TooLarge, Unprocessable, Busy, Unavailable, BudgetFull))]
+pub async fn merge(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+    ApiBytes(body): ApiBytes,
+) -> ApiResult<Json<Merged>> {
+    let request: MergeRequest = optional_json(&body)?;
+    let branch = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    let admission = app.gate.admit(branch.id).await?;
+    let row = branch_of(&app, &branch).await?;
+    open(&row)?;
+    let parent = live(doc_for(&app, &principal, &row.parent, Permission::Write).await?)?;
+    // One merge or restore of a parent at a time (they all run on its owner).
+    let lock = restore_lock(parent.id);
+    let _one_at_a_time = lock.lock().await;
+    let result = merge_locked(
+        &app,
+        &principal,
+        (&row, &branch, &parent),
+        request,
+        admission,
+    )
+    .await;
+    drop(_one_at_a_time);
+    drop(lock);
+    forget_restore_lock(parent.id);
+    result.map(Json)
+}
+
+async fn merge_locked(
+    app: &AppState,
+    principal: &Principal,
+    (row, branch, parent): (&BranchRow, &DocMeta, &DocMeta),
+    request: MergeRequest,
+    admission: crate::gate::Admission,
+) -> ApiResult<Merged> {
+    let (review, rows) = review_of(app, branch, admission).await?;
+    let asked: BTreeSet<i64> = match request.changes {
+        Some(ids) => ids.into_iter().collect(),
+        None => review
+            .changes
+            .iter()
+            .filter(|c| c.state == "open")
+            .map(|c| c.id)
+            .collect(),
+    };
+    let mut already = Vec::new();
+    let mut selected = BTreeSet::new();
+    for id in &asked {
+        match review.change(*id).map(|c| c.state) {
+            None => {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "no-such-change",
+                    format!("the branch has no change {id}"),
+                ))
+            }
+            Some("merged") => already.push(*id),
+            Some("rejected") => {
+                return Err(conflict(
+                    "change-rejected",
+                    format!("change {id} was rejected"),
+                    &[*id].into(),
+                ))
+            }
+            Some(_) => {
+                selected.insert(*id);
+            }
+        }
+    }
+    let missing = review.missing(&selected);
+    let rejected: BTreeSet<i64> = missing
+        .iter()
+        .filter(|id| review.change(**id).is_some_and(|c| c.state == "rejected"))
+        .copied()
+        .collect();
+    if !rejected.is_empty() {
+        return Err(conflict(
+            "change-rejected",
+            format!("the changes depend on rejected changes {rejected:?}"),
+            &rejected,
+        ));
+    }
+    if !missing.is_empty() {
+        return Err(conflict(
+            "missing-dependencies",
+            format!("the changes depend on changes not chosen: {missing:?}; merge them too"),
+            &missing,
+        ));
+    }
+    if selected.is_empty() {
+        return Ok(Merged {
+            merged: Vec::new(),
+            already_merged: already,
+            parent_seq: None,
+            version_before: None,
+            version_after: None,
+        });
+    }
+    let plan = review
+        .merge_plan(&rows, &selected)
+        .map_err(stored_invalid)?;
+    // The versions before and after: refused before anything changes if they would not fit
+    // the parent's version budget.
+    let (seq_before, state_before) = latest(app, parent, Form::StateV2).await?;
+    let budget = app.config.max_version_bytes;
+    if app.api.kept_version_bytes(parent.id).await? + 2 * state_before.len() as u64 > budget {
+        app.metrics.versions_refused.inc();
+        return Err(budget_full(budget));
+    }
+    let label = |what: &str| Some(format!("{what} merging branch {}", row.name));
+    let before = record(
+        app,
+        parent,
+        seq_before,
+        state_before,
+        (VersionKind::Named, label("before")),
+        principal,
+        budget,
+    )
+    .await?;
+    let mut parent_seq = None;
+    for (author, update) in plan {
+        parent_seq = Some(apply_as(app, parent, author.map(Arc::from), update).await?);
+    }
+    // The merge is applied: recorded as decided whatever comes next (a retry finds them
+    // merged and applies nothing again).
+    let now = crate::storage::now_ms();
+    for id in &selected {
+        let last_seq = review.change(*id).map_or(*id, |c| c.last_seq);
+        app.api
+            .decide(
+                branch.id,
+                DecisionRow {
+                    change_id: *id,
+                    last_seq,
+                    decision: Decision::Merged,
+                    decided_by: Some(principal.user.clone()),
+                    parent_seq,
+                    created_at: now,
+                },
+            )
+            .await?;
+    }
+    let (seq_after, state_after) = latest(app, parent, Form::StateV2).await?;
+    let after = record(
+        app,
+        parent,
+        seq_after,
+        state_after,
+        (VersionKind::Named, label("after")),
+        principal,
+        u64::MAX,
+    )
+    .await?;
+    let still_open = review
+        .changes
+        .iter()
+        .any(|c| c.state == "open" && !selected.contains(&c.id));
+    if !still_open && row.state == "open" {
+        let _ = app
+            .api
+            .set_branch_state(row.doc_id, row.version, "merged")
+            .await?;
+    }
+    Ok(Merged {
+        merged: selected.into_iter().collect(),
+        already_merged: already,
+        parent_seq,
+        version_before: Some(before),
+        version_after: Some(after),
+    })
+}
+
+/// Rejects a change: it is never merged (nor any change that depends on it). Needs write on
+/// the parent.
+#[utoipa::path(post, path = "/api/v1/docs/{name}/changes/{id}/reject",
+    params(("name" = String, Path, description = "The branch's name, percent-encoded"), ("id" = i64, Path),
+        ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, body = Change), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, Unprocessable, Busy, Unavailable))]
+pub async fn reject_change(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath((name, id)): ApiPath<(String, i64)>,
+) -> ApiResult<Json<Change>> {
+    let branch = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    let admission = app.gate.admit(branch.id).await?;
+    let (review, _) = review_of(&app, &branch, admission).await?;
+    let row = branch_of(&app, &branch).await?;
+    open(&row)?;
+    live(doc_for(&app, &principal, &row.parent, Permission::Write).await?)?;
+    let Some(change) = review.change(id) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no-such-change",
+            format!("the branch has no change {id}"),
+        ));
+    };
+    let stored = app
+        .api
+        .decide(
+            branch.id,
+            DecisionRow {
+                change_id: id,
+                last_seq: change.last_seq,
+                decision: Decision::Rejected,
+                decided_by: Some(principal.user.clone()),
+                parent_seq: None,
+                created_at: crate::storage::now_ms(),
+            },
+        )
+        .await?;
+    if stored.decision == Decision::Merged {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "change-merged",
+            format!("change {id} is merged already"),
+        ));
+    }
+    let mut change = change.clone();
+    change.state = "rejected";
+    change.last_seq = stored.last_seq;
+    Ok(Json(change))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Pulled {
+    /// The branch's log position holding the parent's changes (`null`: nothing was new).
+    pub seq: Option<i64>,
+    /// The parent's log position the branch is now up to date with.
+    pub parent_seq: i64,
+}
+
+/// Brings the parent's changes since the branch's base (or its last update) into the branch,
+/// as one update through the branch's room. Its own changes stay as they are.
+#[utoipa::path(post, path = "/api/v1/docs/{name}/update-from-parent",
+    params(("name" = String, Path, description = "The branch's name, percent-encoded"),
+        ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, body = Pulled), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, TooLarge, Unprocessable, Busy, Unavailable))]
+pub async fn update_from_parent(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+) -> ApiResult<Json<Pulled>> {
+    let branch = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
+    let admission = app.gate.admit(branch.id).await?;
+    let row = branch_of(&app, &branch).await?;
+    open(&row)?;
+    let parent = live(doc_for(&app, &principal, &row.parent, Permission::Read).await?)?;
+    let (parent_seq, parent_state) = latest(&app, &parent, Form::UpdateV1).await?;
+    let mine = current(&app, &branch, Form::UpdateV1).await?;
+    let update = heavy(admission, move || {
+        let doc = yrs::Doc::new();
+        let apply = |data: &[u8]| -> ApiResult<crate::room::Changes> {
+            let decoded = Update::decode_v1(data).map_err(|e| stored_invalid(e.to_string()))?;
+            let mut txn = doc.transact_mut();
+            txn.apply_update(decoded)
+                .map_err(|e| stored_invalid(e.to_string()))?;
+            Ok(crate::room::Changes::of(&txn))
+        };
+        apply(&mine)?;
+        let sv = doc.transact().state_vector();
+        let diff = yrs::diff_updates_v1(
+            &parent_state,
+            &yrs::updates::encoder::Encode::encode_v1(&sv),
+        )
+        .map_err(|e| stored_invalid(e.to_string()))?;
+        let changed = apply(&diff)?;
+        Ok((changed.inserted > 0 || changed.deleted > 0).then_some(diff))
+    })
+    .await?;
+    let seq = match update {
+        Some(update) => {
+            let seq = apply_as(&app, &branch, Some(principal.user.as_str().into()), update).await?;
+            app.api
+                .record_pull(branch.id, seq, parent_seq, &principal.user)
+                .await?;
+            Some(seq)
+        }
+        None => None,
+    };
+    Ok(Json(Pulled { seq, parent_seq }))
+}
+
+/// Ends the branch: nothing more is merged from it; its content and history stay. Needs write
+/// on the parent, or to be the branch's author with write on it.
+#[utoipa::path(post, path = "/api/v1/docs/{name}/close",
+    params(("name" = String, Path, description = "The branch's name, percent-encoded"),
+        ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 200, body = Branch), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, Unprocessable))]
+pub async fn close_branch(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiPath(name): ApiPath<String>,
+) -> ApiResult<Json<Branch>> {
+    let branch = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    for _ in 0..3 {
+        let row = branch_of(&app, &branch).await?;
+        let author = row.author.as_deref() == Some(principal.user.as_str())
+            && doc_for(&app, &principal, &name, Permission::Write)
+                .await
+                .is_ok();
+        if !author {
+            doc_for(&app, &principal, &row.parent, Permission::Write).await?;
+        }
+        if row.state == "closed" {
+            return Ok(Json(branch_view(&app, row).await?));
+        }
+        if let Some(closed) = app
+            .api
+            .set_branch_state(row.doc_id, row.version, "closed")
+            .await?
+        {
+            return Ok(Json(branch_view(&app, closed).await?));
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "branch-busy",
+        "the branch changed while closing it; retry",
+    ))
+}
