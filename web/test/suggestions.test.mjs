@@ -118,8 +118,9 @@ async function mint (user, parent) {
     headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' },
     body: JSON.stringify({ user, doc: `${parent}*`, permission: 'write', ttl_secs: 3600 })
   })
-  assert.equal(res.status, 201, await res.text())
-  return (await res.json()).token
+  const body = await res.text()
+  assert.equal(res.status, 201, body)
+  return JSON.parse(body).token
 }
 
 /** The REST API as the administrator (a client that is none of the tabs). */
