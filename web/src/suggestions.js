@@ -69,7 +69,9 @@ function excerpt (change, limit = 60) {
     if (budget <= 0) break
     if (run.kind === 'kept') continue
     const el = document.createElement(run.kind === 'inserted' ? 'ins' : 'del')
-    const shown = run.text.replace(/\r?\n/g, '↵')
+    // Line breaks and a run of nothing but spaces stay visible.
+    let shown = run.text.replace(/\r?\n/g, '↵')
+    if (/^ +$/.test(shown)) shown = shown.replace(/ /g, '␣')
     el.textContent = shown.length > budget ? shown.slice(0, budget) + '…' : shown
     budget -= shown.length
     box.append(el, document.createTextNode(' '))
