@@ -335,23 +335,29 @@ test('two authors suggest on a branch; the reviewer accepts one, rejects the oth
   // Alice inserts a word; then Bob deletes one (elsewhere: the two changes are independent).
   await caretAt(alice, 'The'.length)
   await alice.keyboard.type(' very', { delay: 20 })
-  const afterAlice = 'The very quick brown fox jumps over the lazy dog.'
-  await waitText([alice, bob], afterAlice)
+  await waitText([alice, bob], 'The very quick brown fox jumps over the lazy dog.')
   await waitSaved(alice)
   await select(bob, 'lazy ')
   await bob.keyboard.press('Backspace')
-  const branchText = 'The very quick brown fox jumps over the dog.'
-  await waitText([alice, bob], branchText)
+  await waitText([alice, bob], 'The very quick brown fox jumps over the dog.')
   await waitSaved(bob)
 
   // The reviewer opens the branch: both changes marked in their authors' colours.
   const rita = await newPage(t)
   await openEditor(rita, branch, 'rita', await mint('rita', parent))
-  await waitText([rita], branchText)
+  await waitText([rita], 'The very quick brown fox jumps over the dog.')
   await rita.waitForSelector('#suggestions', { state: 'visible', timeout: WAIT })
   const marks = await waitMarks(rita, (m) =>
     marked(m, 'ins', 'alice') === ' very' && marked(m, 'del', 'bob') === 'lazy ',
   'alice\'s insertion and bob\'s deletion')
+  // Live: Alice goes on typing on the branch; the reviewer's view follows.
+  await caretAt(alice, 'The very quick'.length)
+  await alice.keyboard.type(' nimble', { delay: 20 })
+  const afterAlice = 'The very quick nimble brown fox jumps over the lazy dog.'
+  const branchText = 'The very quick nimble brown fox jumps over the dog.'
+  await waitText([alice, bob, rita], branchText)
+  await waitMarks(rita, (m) => marked(m, 'ins', 'alice') === ' very nimble' && marked(m, 'del', 'bob') === 'lazy ',
+    'alice\'s second insertion, made while the reviewer looks')
   const ins = marks.ins.find((e) => e.author === 'alice')
   const del = marks.del.find((e) => e.author === 'bob')
   assert.ok(marks.ins.every((e) => e.author === 'alice'), JSON.stringify(marks))
@@ -375,7 +381,7 @@ test('two authors suggest on a branch; the reviewer accepts one, rejects the oth
   assert.ok(bobChange.text.includes('lazy'), bobChange.text)
   assert.equal(await rita.isEnabled('#accept-all'), true)
   // The authors' tabs show the same marks.
-  await waitMarks(alice, (m) => marked(m, 'ins', 'alice') === ' very' && marked(m, 'del', 'bob') === 'lazy ', 'the marks in alice\'s tab')
+  await waitMarks(alice, (m) => marked(m, 'ins', 'alice') === ' very nimble' && marked(m, 'del', 'bob') === 'lazy ', 'the marks in alice\'s tab')
   await shot(rita, 'review')
   await shot(alice, 'author-alice')
 
