@@ -45,6 +45,8 @@ pub struct Change {
     pub deleted: i64,
     /// The changes this one needs merged with it (or before it).
     pub depends_on: Vec<i64>,
+    /// Who merged or rejected it.
+    pub decided_by: Option<String>,
     /// Per text root, the change against the parent: kept context, inserted and deleted runs.
     pub texts: Vec<TextDiff>,
     /// The other roots (maps, arrays, XML) it touches, summarized.
@@ -316,6 +318,7 @@ fn group(
                     inserted: 0,
                     deleted: 0,
                     depends_on: Vec::new(),
+                    decided_by: decided.get(&row.seq).and_then(|d| d.decided_by.clone()),
                     texts: Vec::new(),
                     other_roots: Vec::new(),
                 });
@@ -331,6 +334,23 @@ fn group(
         c.deleted += row.deleted;
     }
     changes
+}
+
+/// How many of the branch's changes are open (neither merged nor rejected), from its rows'
+/// positions, authors and times alone.
+pub fn open_changes(
+    rows: &[BranchLogRow],
+    decisions: &[DecisionRow],
+    pulls: &[i64],
+    gap_ms: i64,
+) -> i64 {
+    let pulls: HashSet<i64> = pulls.iter().copied().collect();
+    let decided: HashMap<i64, DecisionRow> =
+        decisions.iter().map(|d| (d.change_id, d.clone())).collect();
+    group(rows, &pulls, &decided, gap_ms)
+        .iter()
+        .filter(|c| c.state == "open")
+        .count() as i64
 }
 
 /// A document that keeps deleted content, so a snapshot diff can show it.
@@ -645,7 +665,11 @@ fn change_diff(view: &TextView, id: i64) -> TextDiff {
 impl Review {
     /// The change with this id.
     pub fn change(&self, id: i64) -> Option<&Change> {
-        self.changes.iter().find(|c| c.id == id)
+        // Ids are the changes' first positions, in order.
+        self.changes
+            .binary_search_by_key(&id, |c| c.id)
+            .ok()
+            .and_then(|i| self.changes.get(i))
     }
 
     /// Every change `selected` needs, directly or not, that is neither among them nor merged.

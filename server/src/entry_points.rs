@@ -142,13 +142,13 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     http("POST /api/v1/docs/{name}/fork", Read, PerDocument, "heavy-work gate; write permission on the new name", API),
     // Branches (docs/branches.md).
     http("POST /api/v1/docs/{name}/branches", Read, PerDocument, "heavy-work gate; write permission on the new name; max_doc_size", API),
-    http("GET /api/v1/docs/{name}/branches", Read, Constant, "at most 1,000 branch rows, three indexed reads each", API),
-    http("GET /api/v1/docs/{name}/branch", Read, Constant, "one row and three indexed reads", API),
+    http("GET /api/v1/docs/{name}/branches", Read, PerDocument, "heavy-work gate; at most 200 branches, each one's log positions read without their updates", API),
+    http("GET /api/v1/docs/{name}/branch", Read, PerDocument, "heavy-work gate; the branch's log positions read without their updates", API),
     http("GET /api/v1/docs/{name}/changes", Read, PerDocument, "heavy-work gate (the branch's log is read and grouped under an admission)", API),
     http("POST /api/v1/docs/{name}/changes/{id}/reject", Write, PerDocument, "heavy-work gate; write permission on the parent; one decision row per change", API),
-    http("POST /api/v1/docs/{name}/merge", Write, PerDocument, "heavy-work gate; write permission on the parent; one merge or restore per parent at a time; max_version_bytes (507, before anything changes); the parent's room queues", API),
+    http("POST /api/v1/docs/{name}/merge", Write, PerDocument, "heavy-work gate; at most 10,000 changes named; write permission on the parent; one merge or restore per parent at a time; max_version_bytes (507, before anything changes); the parent's room queues", API),
     http("POST /api/v1/docs/{name}/update-from-parent", Write, PerDocument, "heavy-work gate; max_doc_size; the branch's room queues", API),
-    http("POST /api/v1/docs/{name}/close", Write, Constant, "one row (optimistic version check); write on the parent, or the branch's author", API),
+    http("POST /api/v1/docs/{name}/close", Write, PerDocument, "heavy-work gate; one row (optimistic version check); write on the parent, or the branch's author", API),
     // Access, people, tokens.
     http("GET /api/v1/docs/{name}/access", Read, Constant, "the document's role rows", API),
     http("PUT /api/v1/docs/{name}/access/{user}", DocAdmin, Constant, "one row; field lengths", API),

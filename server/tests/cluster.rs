@@ -773,3 +773,60 @@ async fn a_restore_retried_after_a_forward_timeout_runs_once() {
         node.stop().await;
     }
 }
+
+/// A merge asked of a node that does not own the parent is forwarded to the parent's owner
+/// and applied through its room: the parent's live client there gets it, and a fresh client
+/// of either node reads it.
+#[tokio::test]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
+async fn a_merge_asked_of_another_node_runs_on_the_parents_owner() {
+    require_postgres();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nats = Nats::start().await;
+    let nodes = forwarding_pair(dir.path(), &nats, false, Duration::from_secs(10)).await;
+    owned_with_version(&nodes[0], "par", "base").await;
+    let mut live = Client::connect(
+        &format!("{}?token={}", nodes[0].url("par"), writer_token("par*")),
+        3,
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(nodes[1].http("/api/v1/docs/par/branches"))
+        .bearer_auth(writer_token("par*"))
+        .json(&serde_json::json!({"name": "par-b"}))
+        .send()
+        .await
+        .expect("branch");
+    assert_eq!(resp.status(), 201, "{:?}", resp.text().await);
+    // Node B serves the branch (its client writes there first).
+    let mut editor = Client::connect(
+        &format!("{}?token={}", nodes[1].url("par-b"), writer_token("par*")),
+        4,
+    )
+    .await;
+    editor.insert(4, " suggested").await;
+    editor.durable_ack(1).await;
+    editor.close().await;
+    let forwarded = nodes[1].metric("quire_forwarded_requests_total").await;
+    let resp = http
+        .post(nodes[1].http("/api/v1/docs/par-b/merge"))
+        .bearer_auth(writer_token("par*"))
+        .send()
+        .await
+        .expect("merge");
+    assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
+    assert!(nodes[1].metric("quire_forwarded_requests_total").await > forwarded);
+    assert!(
+        live.pump_until(Duration::from_secs(5), |c| c.text() == "base suggested")
+            .await,
+        "the parent's client on its owner got the merge: {}",
+        live.text()
+    );
+    assert_eq!(fresh(&nodes[1], "par").await, "base suggested");
+    assert_eq!(fresh(&nodes[0], "par").await, "base suggested");
+    live.close().await;
+    for node in nodes {
+        node.stop().await;
+    }
+}

@@ -45,18 +45,24 @@ pub struct Branch {
     pub base_seq: i64,
     /// Milliseconds since the Unix epoch.
     pub created_at: i64,
-    /// Updates made on the branch since its base (the parent's changes brought in not counted).
+    /// The branch's open changes (neither merged nor rejected).
     pub ahead: i64,
     /// The parent's updates since the branch's base or its last update from the parent.
     pub behind: i64,
 }
 
+/// The branch as the API shows it: its open changes counted from its log's positions,
+/// authors and times (no update is read).
 async fn branch_view(app: &AppState, row: BranchRow) -> ApiResult<Branch> {
-    let (synced, pulls) = app.api.synced(row.doc_id).await?;
-    let last = app.api.last_seq(row.doc_id).await?;
+    let (synced, _) = app.api.synced(row.doc_id).await?;
     let parent_last = app.api.last_seq(row.parent_id).await?;
+    let log = app.api.branch_log(row.doc_id, false).await?;
+    let gap = app.config.room.history.version_idle.as_millis() as i64;
+    let ahead = log.rows.as_deref().map_or(0, |rows| {
+        branches::open_changes(rows, &log.decisions, &log.pulls, gap)
+    });
     Ok(Branch {
-        ahead: (last - 1 - pulls).max(0),
+        ahead,
         behind: (parent_last - synced).max(0),
         name: row.name,
         parent: row.parent,
@@ -227,7 +233,7 @@ pub struct BranchList {
     pub branches: Vec<Branch>,
 }
 
-/// The document's branches (at most 1,000, oldest first) with their state and how far each
+/// The document's branches (at most 200, oldest first) with their state and how far each
 /// is ahead of and behind it.
 #[utoipa::path(get, path = "/api/v1/docs/{name}/branches",
     params(("name" = String, Path, description = "The parent's name, percent-encoded")),
@@ -238,6 +244,8 @@ pub async fn list_branches(
     ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<BranchList>> {
     let parent = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    // Counting each branch's open changes reads its log's positions: under an admission.
+    let _admission = app.gate.admit(parent.id).await?;
     let mut branches = Vec::new();
     for row in app.api.branches_of(parent.id).await? {
         branches.push(branch_view(&app, row).await?);
@@ -255,6 +263,7 @@ pub async fn get_branch(
     ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<Branch>> {
     let doc = doc_for(&app, &principal, &name, Permission::Read).await?;
+    let _admission = app.gate.admit(doc.id).await?;
     let row = branch_of(&app, &doc).await?;
     Ok(Json(branch_view(&app, row).await?))
 }
@@ -274,7 +283,7 @@ async fn review_of(
     branch: &DocMeta,
     admission: crate::gate::Admission,
 ) -> ApiResult<(Review, Vec<crate::storage::branches::BranchLogRow>)> {
-    let log = app.api.branch_log(branch.id).await?;
+    let log = app.api.branch_log(branch.id, true).await?;
     let Some(rows) = log.rows else {
         return Err(not_retained("the branch's log"));
     };
@@ -309,6 +318,9 @@ pub async fn list_changes(
         view: review.view,
     }))
 }
+
+/// Most changes one merge request names.
+const MAX_MERGE_CHANGES: usize = 10_000;
 
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -381,6 +393,16 @@ pub async fn merge(
     ApiBytes(body): ApiBytes,
 ) -> ApiResult<Json<Merged>> {
     let request: MergeRequest = optional_json(&body)?;
+    if request
+        .changes
+        .as_ref()
+        .is_some_and(|c| c.len() > MAX_MERGE_CHANGES)
+    {
+        return Err(ApiError::bad_request(
+            "too-many-changes",
+            format!("a merge names at most {MAX_MERGE_CHANGES} changes"),
+        ));
+    }
     let branch = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
     let admission = app.gate.admit(branch.id).await?;
     let row = branch_of(&app, &branch).await?;
@@ -465,6 +487,7 @@ async fn merge_locked(
         ));
     }
     if selected.is_empty() {
+        settle(app, row, &review, &BTreeSet::new()).await?;
         return Ok(Merged {
             merged: Vec::new(),
             already_merged: already,
@@ -548,6 +571,26 @@ async fn merge_locked(
     })
 }
 
+/// Marks an open branch `merged` once every change is merged or rejected (`decided`: the
+/// ones just decided). A branch changed meanwhile keeps its state (optimistic check).
+async fn settle(
+    app: &AppState,
+    row: &BranchRow,
+    review: &Review,
+    decided: &BTreeSet<i64>,
+) -> ApiResult<()> {
+    let still_open = review
+        .changes
+        .iter()
+        .any(|c| c.state == "open" && !decided.contains(&c.id));
+    if !still_open && row.state == "open" {
+        app.api
+            .set_branch_state(row.doc_id, row.version, "merged")
+            .await?;
+    }
+    Ok(())
+}
+
 /// Rejects a change: it is never merged (nor any change that depends on it). Needs write on
 /// the parent.
 #[utoipa::path(post, path = "/api/v1/docs/{name}/changes/{id}/reject",
@@ -593,6 +636,7 @@ pub async fn reject_change(
             format!("change {id} is merged already"),
         ));
     }
+    settle(&app, &row, &review, &[id].into()).await?;
     let mut change = change.clone();
     change.state = "rejected";
     change.last_seq = stored.last_seq;
@@ -670,6 +714,7 @@ pub async fn close_branch(
     ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<Branch>> {
     let branch = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    let _admission = app.gate.admit(branch.id).await?;
     for _ in 0..3 {
         let row = branch_of(&app, &branch).await?;
         let author = row.author.as_deref() == Some(principal.user.as_str())

@@ -91,7 +91,7 @@ pub trait BranchStore: Send + Sync {
     ) -> Result<Option<DocMeta>, StorageError>;
     /// The branch whose document is `doc`, if it is one.
     async fn branch(&self, doc: DocId) -> Result<Option<BranchRow>, StorageError>;
-    /// The branches of `parent`, oldest first (deleted documents left out).
+    /// The first 200 branches of `parent`, oldest first (deleted documents left out).
     async fn branches_of(&self, parent: DocId) -> Result<Vec<BranchRow>, StorageError>;
     /// Sets the branch's state if its version is still `expected`; the row after, or `None`
     /// when the version moved (optimistic check).
@@ -101,8 +101,9 @@ pub trait BranchStore: Send + Sync {
         expected: i64,
         state: &str,
     ) -> Result<Option<BranchRow>, StorageError>;
-    /// The branch's rows, decisions and pulls, read in one snapshot.
-    async fn branch_log(&self, doc: DocId) -> Result<BranchLog, StorageError>;
+    /// The branch's rows, decisions and pulls, read in one snapshot; the rows without their
+    /// data unless `with_data` (enough to group them into changes).
+    async fn branch_log(&self, doc: DocId, with_data: bool) -> Result<BranchLog, StorageError>;
     /// Records a change's fate unless one is recorded; the recorded one.
     async fn decide(&self, doc: DocId, row: DecisionRow) -> Result<DecisionRow, StorageError>;
     /// Records that branch position `branch_seq` holds the parent's changes up to `parent_seq`.
@@ -158,7 +159,7 @@ backend_impl!(
         async fn branches_of(&self, parent: DocId) -> Result<Vec<BranchRow>, StorageError> {
             let rows = sqlx::query(&format!(
                 "SELECT {BRANCH_COLUMNS} FROM {BRANCH_FROM} \
-                 WHERE b.parent_id = $1 AND d.deleted_at IS NULL ORDER BY b.doc_id LIMIT 1000"
+                 WHERE b.parent_id = $1 AND d.deleted_at IS NULL ORDER BY b.doc_id LIMIT 200"
             ))
             .bind(parent)
             .fetch_all(&self.pool)
@@ -187,12 +188,13 @@ backend_impl!(
             self.branch(doc).await
         }
 
-        async fn branch_log(&self, doc: DocId) -> Result<BranchLog, StorageError> {
+        async fn branch_log(&self, doc: DocId, with_data: bool) -> Result<BranchLog, StorageError> {
             let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
-            let rows = sqlx::query(
-                "SELECT seq, data, author, created_at, inserted, deleted FROM doc_updates \
-                 WHERE doc_id = $1 ORDER BY seq",
-            )
+            let data = if with_data { "data" } else { "NULL AS data" };
+            let rows = sqlx::query(&format!(
+                "SELECT seq, {data}, author, created_at, inserted, deleted FROM doc_updates \
+                 WHERE doc_id = $1 ORDER BY seq"
+            ))
             .bind(doc)
             .fetch_all(&mut *tx)
             .await?;
@@ -201,7 +203,7 @@ backend_impl!(
                 .map(|r| {
                     Ok(BranchLogRow {
                         seq: r.try_get("seq")?,
-                        data: r.try_get("data")?,
+                        data: r.try_get::<Option<Vec<u8>>, _>("data")?.unwrap_or_default(),
                         author: r.try_get("author")?,
                         created_at: r.try_get("created_at")?,
                         inserted: r.try_get("inserted")?,
