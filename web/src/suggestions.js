@@ -199,7 +199,7 @@ export function suggestionsPanel (name, client, text, view) {
       if (c.state !== 'open') {
         const s = document.createElement('span')
         s.className = 'state'
-        s.textContent = c.state
+        s.textContent = c.decided_by ? `${c.state} by ${c.decided_by}` : c.state
         head.append(s)
       }
       const when = document.createElement('span')

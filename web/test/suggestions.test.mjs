@@ -392,7 +392,12 @@ test('two authors suggest on a branch; the reviewer accepts one, rejects the oth
   await rita.click(`#change-list li.change[data-change-id="${aliceChange.id}"] button.accept`)
   await waitList(rita, (l) => l.find((c) => c.id === aliceChange.id)?.state === 'merged', 'alice\'s change merged')
   await rita.click(`#change-list li.change[data-change-id="${bobChange.id}"] button.reject`)
-  await waitList(rita, (l) => l.find((c) => c.id === bobChange.id)?.state === 'rejected', 'bob\'s change rejected')
+  const after = await waitList(rita, (l) => l.find((c) => c.id === bobChange.id)?.state === 'rejected', 'bob\'s change rejected')
+  // Each decision names who took it, and leaves no buttons.
+  for (const c of after) {
+    assert.ok(c.text.includes(`${c.state} by rita`), c.text)
+    assert.deepEqual(c.buttons, [])
+  }
   // Merged: unmarked. Rejected: greyed, no longer in Bob's colour.
   const decided = await waitMarks(rita, (m) => m.ins.length === 0 &&
     m.del.length === 1 && marked(m, 'del', 'bob', 'rejected') === 'lazy ', 'the decided changes')
