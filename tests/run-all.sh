@@ -40,6 +40,8 @@ echo "--- the editor compiled into the binary, served from another directory"
 node --test web/test/embedded.test.mjs
 echo "--- end to end in Chromium (screenshots in target/screenshots/)"
 node --test web/test/e2e.mjs
+echo "--- the suggestion view (branches) in Chromium (screenshots in target/screenshots/suggestions-*.png)"
+node --test web/test/suggestions.test.mjs
 echo "--- the admin dashboard in Chromium, under a load (screenshots in target/screenshots/admin-*.png)"
 node --test web/test/admin.test.mjs
 

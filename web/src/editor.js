@@ -8,6 +8,8 @@ import { history, historyKeymap } from '@codemirror/commands'
 import { quireCollab } from './cm-binding.js'
 import { editorBasics } from './setup.js'
 import { historyPanel } from './history-panel.js'
+import { suggestionDecorations } from './cm-suggestions.js'
+import { suggestionsPanel } from './suggestions.js'
 import {
   params, docName, token, tokenUrl, fetchToken, serverUrl, pageUrl, loadUser, bindNameField, renderPeers, renderStatus, isOffline, showPicker
 } from './common.js'
@@ -105,7 +107,9 @@ async function openEditor (name) {
         history(),
         keymap.of(historyKeymap),
         editorBasics(`Document ${name}`),
-        quireCollab(text, client, { onStats: (s) => { stats = s } })
+        quireCollab(text, client, { onStats: (s) => { stats = s } }),
+        // Tracked changes when the document is a branch (src/suggestions.js).
+        suggestionDecorations()
       ]
     }),
     parent: document.getElementById('editor')
@@ -149,12 +153,14 @@ async function openEditor (name) {
   })
 
   const historyView = historyPanel(name, client)
+  const suggestionsView = suggestionsPanel(name, client, text, view)
 
   window.quire = {
     client,
     text,
     view,
     history: historyView,
+    suggestions: suggestionsView,
     get stats () { return stats }
   }
   view.focus()
