@@ -6,6 +6,7 @@ mod admin;
 pub mod api;
 mod content;
 mod docs;
+mod edits;
 mod extract;
 mod history;
 mod idempotency;
