@@ -68,4 +68,24 @@ pub struct TestHooks {
     /// A restore waits here (at most half a second) between reading the current content and
     /// applying its change, so a test can make two restores meet there.
     pub restore_hold: Option<Arc<tokio::sync::Barrier>>,
+    /// The first JSON edit stops here between computing its update and applying it.
+    pub edit_hold: Option<Arc<EditHold>>,
+}
+
+/// Where a JSON edit waits once, so that a test can change the document between the edit's
+/// computation and its application: the edit notifies `reached`, then waits for `resume` (at
+/// most five seconds).
+#[doc(hidden)]
+#[derive(Default)]
+pub struct EditHold {
+    pub reached: tokio::sync::Notify,
+    pub resume: tokio::sync::Notify,
+    claimed: std::sync::atomic::AtomicBool,
+}
+
+impl EditHold {
+    /// True the first time only: the edit that waits.
+    pub fn claim(&self) -> bool {
+        !self.claimed.swap(true, std::sync::atomic::Ordering::SeqCst)
+    }
 }

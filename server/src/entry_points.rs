@@ -130,6 +130,7 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     http("GET /api/v1/docs/{name}/update", Read, PerDocument, GATE, API),
     http("POST /api/v1/docs/{name}/update", Write, PerUpdate, "2 MiB body, max_doc_size, the room's queues", API),
     http("GET /api/v1/docs/{name}/json", Read, PerDocument, GATE, API),
+    http("POST /api/v1/docs/{name}/edits", Write, PerDocument, "heavy-work gate (the scratch copy of the document); 2 MiB body, MAX_EDIT_OPS (1000 operations), MAX_EDIT_INSERT_BYTES (4 MiB inserted); max_doc_size, the room's queues; at most 5 computations while the document moves (then 503)", API),
     http("POST /api/v1/docs/{name}/stateless", Write, Constant, "max_stateless_bytes", API),
     // History.
     http("GET /api/v1/docs/{name}/history", Read, Constant, "page of at most 100 sessions (indexed reads)", API),

@@ -86,6 +86,8 @@ pub fn root_kinds(doc: &Doc) -> Vec<(String, RootKind)> {
                 Out::YXmlFragment(_) | Out::YXmlElement(_) | Out::YXmlText(_) => RootKind::Xml,
                 _ => match root.as_prelim(&txn) {
                     In::Text(_) => RootKind::Text,
+                    // A fragment of XML elements (y-prosemirror's) reads as a list too.
+                    In::Array(_) if holds_xml(&root, &txn) => RootKind::Xml,
                     In::Array(_) => RootKind::Array,
                     In::Map(_) => RootKind::Map,
                     _ => RootKind::Xml,
@@ -96,6 +98,18 @@ pub fn root_kinds(doc: &Doc) -> Vec<(String, RootKind)> {
         .collect();
     roots.sort_by(|a, b| a.0.cmp(&b.0));
     roots
+}
+
+/// Whether an untyped root's first element is an XML node: an XML fragment's, not an array's.
+fn holds_xml(root: &Out, txn: &impl ReadTxn) -> bool {
+    use yrs::Array;
+    let Out::UndefinedRef(branch) = root else {
+        return false;
+    };
+    matches!(
+        yrs::ArrayRef::from(*branch).get(txn, 0),
+        Some(Out::YXmlElement(_) | Out::YXmlText(_) | Out::YXmlFragment(_))
+    )
 }
 
 /// Log rows grouped into editing sessions: a session ends where no edit came for `gap_ms`.

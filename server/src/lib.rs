@@ -14,6 +14,8 @@
 //! - [`auth`]: tokens, permissions, revocations.
 //! - [`history`]: content at a position or version, diffs and their authors (no I/O).
 //! - [`branches`]: a branch's log as changes, their dependencies, diffs and merges (no I/O).
+//! - [`edits`]: JSON edit operations, parsed and applied to a scratch copy of a document,
+//!   giving the Yjs update (no I/O).
 //! - [`webhooks`]: the outbox's delivery.
 //! - [`room`]: one task per loaded document, the only writer of its `Doc` and log; the
 //!   [`room::Registry`] that starts rooms on demand.
@@ -44,6 +46,7 @@ pub mod bus;
 pub mod changes;
 pub mod close;
 pub mod config;
+pub mod edits;
 pub mod entry_points;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]

@@ -172,6 +172,12 @@ fn heavy_requests(route: &str, version: i64) -> Vec<(reqwest::Method, String, Op
         ("POST", p) if p.ends_with("/branches") => {
             vec![(p.to_owned(), Some(json!({"name": "a-branch"})))]
         }
+        ("POST", p) if p.ends_with("/edits") => {
+            vec![(
+                p.to_owned(),
+                Some(json!({"ops": [{"text": "text", "insert": "x"}]})),
+            )]
+        }
         ("POST", p) if p.ends_with("/versions") => {
             vec![(p.to_owned(), Some(json!({"label": "named"})))]
         }

@@ -20,8 +20,9 @@ use super::docs::{
     __path_create_doc, __path_delete_doc, __path_get_doc, __path_list_docs, __path_patch_doc,
     __path_restore_doc,
 };
+use super::edits::__path_post_edits;
 use super::tokens::{__path_issue_token, __path_revoke};
-use super::{access, admin, branches, content, docs, history, tokens};
+use super::{access, admin, branches, content, docs, edits, history, tokens};
 use crate::app::AppState;
 use crate::auth::Permission;
 use crate::problem::{ApiError, Problem};
@@ -48,6 +49,10 @@ pub fn routes(app: &AppState) -> Router<AppState> {
             get(content::get_update).merge(post(content::post_update).route_layer(on_owner())),
         )
         .route("/docs/{name}/json", get(content::get_json))
+        .route(
+            "/docs/{name}/edits",
+            post(edits::post_edits).route_layer(on_owner()),
+        )
         .route(
             "/docs/{name}/stateless",
             post(content::post_stateless).route_layer(on_owner()),
@@ -120,7 +125,7 @@ pub fn routes(app: &AppState) -> Router<AppState> {
     // clients generated from it know them.
     paths(
         create_doc, list_docs, get_doc, patch_doc, delete_doc, restore_doc, get_update,
-        post_update, post_stateless, get_json, list_access, put_access, delete_access, get_user, patch_user,
+        post_update, post_stateless, get_json, post_edits, list_access, put_access, delete_access, get_user, patch_user,
         get_me, issue_token, revoke, admin_outbox, super::admin::overview, super::admin::docs,
         super::admin::cluster, super::admin::retry_dead, history::get_history, history::list_versions,
         history::create_version, history::delete_version, history::version_json,
@@ -130,7 +135,8 @@ pub fn routes(app: &AppState) -> Router<AppState> {
     ),
     components(schemas(
         DocMeta, DocPatch, UserProfile, UserPatch, Role, Permission, Problem, docs::CreateDoc, docs::DocPage,
-        content::UpdateApplied, content::StatelessMessage, content::StatelessSent, access::AccessEntry, access::SetRole, tokens::IssueToken, tokens::IssuedToken, tokens::RevokeRequest, Revocation,
+        content::UpdateApplied, content::StatelessMessage, content::StatelessSent,
+        edits::EditRequest, edits::Condition, edits::EditsApplied, crate::edits::Change, access::AccessEntry, access::SetRole, tokens::IssueToken, tokens::IssuedToken, tokens::RevokeRequest, Revocation,
         admin::OutboxView, OutboxEvent, DeadEvent, admin::Overview, admin::AdminDocs,
         admin::AdminDoc, admin::ClusterView, crate::storage::api::DocStats,
         crate::storage::api::ClusterRows, crate::storage::api::NodeRow,

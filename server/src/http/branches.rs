@@ -371,6 +371,7 @@ async fn apply_as(
             reply,
             author: author.clone(),
             budget: None,
+            expect_seq: None,
         }))
     })
     .await?;

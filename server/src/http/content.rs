@@ -115,6 +115,7 @@ pub(super) async fn post_update(
             reply,
             author: Some(principal.user.as_str().into()),
             budget: None,
+            expect_seq: None,
         }))
     })
     .await?;

@@ -455,6 +455,7 @@ async fn apply(
             reply,
             author: Some(author.clone()),
             budget: None,
+            expect_seq: None,
         }))
     })
     .await?;

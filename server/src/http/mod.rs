@@ -7,6 +7,7 @@ pub mod api;
 mod branches;
 mod content;
 mod docs;
+mod edits;
 mod extract;
 mod history;
 mod idempotency;

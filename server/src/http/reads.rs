@@ -118,6 +118,15 @@ pub(super) async fn content_with(
 /// this node serves it (loading it on a single node; a stalled room's copy answers at once),
 /// else from storage at its last position.
 pub(super) async fn current(app: &AppState, doc: &DocMeta, form: Form) -> ApiResult<Bytes> {
+    Ok(current_at(app, doc, form).await?.1)
+}
+
+/// [`current`] and the log position it is the content at.
+pub(super) async fn current_at(
+    app: &AppState,
+    doc: &DocMeta,
+    form: Form,
+) -> ApiResult<(i64, Bytes)> {
     let name = DocName::parse(&doc.name)
         .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
     // The room where this node serves the document (loading it on a single node); a cached
@@ -142,7 +151,7 @@ pub(super) async fn current(app: &AppState, doc: &DocMeta, form: Form) -> ApiRes
                     form,
                 };
                 if let Some(hit) = app.gate.peek(&key) {
-                    return Ok(hit);
+                    return Ok((seq, hit));
                 }
             }
         }
@@ -151,9 +160,10 @@ pub(super) async fn current(app: &AppState, doc: &DocMeta, form: Form) -> ApiRes
             let source = tokio::time::timeout(super::shared::ROOM_TIMEOUT, answer).await;
             if let Ok(Ok(Some(source))) = source {
                 // The room's copy, replayed off the room.
+                let seq = source.seq();
                 let key = Key {
                     doc: doc.id,
-                    at: At::Position(source.seq()),
+                    at: At::Position(seq),
                     form,
                 };
                 return app
@@ -166,13 +176,14 @@ pub(super) async fn current(app: &AppState, doc: &DocMeta, form: Form) -> ApiRes
                         })
                         .await
                     })
-                    .await;
+                    .await
+                    .map(|content| (seq, content));
             }
         }
     }
     // Served by another node (or none), or the room keeps no usable copy: storage answers.
     app.metrics.stored_reads.inc();
-    Ok(latest(app, doc, form).await?.1)
+    latest(app, doc, form).await
 }
 
 pub(super) fn room_unavailable() -> ApiError {

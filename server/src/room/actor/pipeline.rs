@@ -170,7 +170,7 @@ impl Room {
             .get(&peer)
             .and_then(|p| p.auth.user.clone());
         if self
-            .enqueue(Origin::Peer(peer), raw, update, author)
+            .enqueue(Origin::Peer(peer), raw, update, author, None)
             .is_err()
         {
             self.close_peer(
@@ -204,19 +204,22 @@ impl Room {
     }
 
     /// An update sent over HTTP: refused while storage is stalled or when the document would
-    /// grow too large, else queued; the reply comes once it is committed.
+    /// grow too large, else queued; the reply comes once it is committed. With `expect_seq`, it
+    /// is applied only if the `Doc` is exactly at that log position when its turn comes (else
+    /// answered [`ApplyError::Moved`]).
     pub(super) fn apply_from_http(
         &mut self,
         raw: Bytes,
         update: Update,
         reply: oneshot::Sender<Result<i64, ApplyError>>,
         author: Option<Arc<str>>,
+        expect_seq: Option<i64>,
     ) {
         if self.pipeline.stalled.is_on() {
             let _ = reply.send(Err(ApplyError::Unavailable));
             return;
         }
-        match self.enqueue(Origin::Http(reply), raw, update, author) {
+        match self.enqueue(Origin::Http(reply), raw, update, author, expect_seq) {
             Ok(()) => self.maybe_start_commit(),
             Err(Origin::Http(reply)) => {
                 let _ = reply.send(Err(ApplyError::TooLarge));
@@ -258,6 +261,7 @@ impl Room {
         raw: Bytes,
         update: Update,
         author: Option<Arc<str>>,
+        expect_seq: Option<i64>,
     ) -> Result<(), Origin> {
         let limit = self.registry.config.max_doc_size;
         if self.stored_bytes
@@ -277,6 +281,7 @@ impl Room {
             raw,
             update: Some(update),
             author,
+            expect_seq,
         });
         Ok(())
     }
@@ -352,6 +357,19 @@ impl Room {
             };
             upto_idx = q.idx;
             self.pipeline.queued_bytes -= q.raw.len() as u64;
+            if let Some(at) = q.expect_seq {
+                // Computed from the committed state at `at`: the `Doc` holds more than that
+                // (updates applied before it in this batch, or in the append in flight), or
+                // another state. Not applied; its sender computes it again.
+                let uncommitted = !batch.is_empty()
+                    || matches!(self.pipeline.inflight, Some(Inflight::Append { .. }));
+                if at != self.last_seq || uncommitted {
+                    if let Origin::Http(reply) = q.origin {
+                        let _ = reply.send(Err(ApplyError::Moved));
+                    }
+                    continue;
+                }
+            }
             let update = match q.update {
                 Some(u) => Ok(u),
                 None => Update::decode_v1(&q.raw).map_err(|e| e.to_string()),
@@ -443,6 +461,9 @@ impl Room {
                 raw: a.raw,
                 update: None,
                 author: a.author,
+                // Applied once already, onto the state it expected, which the updates
+                // before it rebuild.
+                expect_seq: None,
             });
         }
     }
