@@ -597,3 +597,75 @@ async fn a_precondition_broken_by_a_racing_edit_refuses_the_edit() {
     ann.close().await;
     server.stop().await;
 }
+
+/// The example agent (examples/agent-edits.sh, bash and curl) proposes its edits on a branch:
+/// the document is untouched, the branch holds them as one open change by the agent, and
+/// merging it brings them to the document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_agent_proposes_its_edits_on_a_branch_for_review() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let http = reqwest::Client::new();
+    let api = |path: &str| server.http(&format!("/api/v1{path}"));
+    let resp = http
+        .post(api("/docs"))
+        .json(&json!({"name": "plan"}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let resp = http
+        .post(api("/docs/plan/edits"))
+        .json(&json!({"ops": [{"text": "content", "insert": "The plan is old words here."}]}))
+        .send()
+        .await
+        .expect("edit");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agent-edits.sh");
+    let base = server.http("");
+    let out = tokio::process::Command::new("bash")
+        .arg(&script)
+        .arg("plan")
+        .env("QUIRE_URL", base.trim_end_matches('/'))
+        .env("AGENT_BRANCH", "plan-agent")
+        .output()
+        .await
+        .expect("run the example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = |path: &'static str| {
+        let http = http.clone();
+        let url = api(path);
+        async move {
+            http.get(url)
+                .send()
+                .await
+                .expect("get")
+                .json::<Value>()
+                .await
+                .expect("json")
+        }
+    };
+    assert_eq!(
+        json("/docs/plan/json").await["content"],
+        "The plan is old words here."
+    );
+    let changes = json("/docs/plan-agent/changes").await;
+    let list = changes["changes"].as_array().expect("changes");
+    assert_eq!(list.len(), 1, "{changes}");
+    assert_eq!(list[0]["state"], "open");
+    let branch_text = json("/docs/plan-agent/json").await["content"].clone();
+    assert_ne!(branch_text, "The plan is old words here.");
+    let resp = http
+        .post(api("/docs/plan-agent/merge"))
+        .send()
+        .await
+        .expect("merge");
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(json("/docs/plan/json").await["content"], branch_text);
+}
