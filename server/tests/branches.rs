@@ -361,6 +361,30 @@ async fn a_reader_cannot_merge_nor_can_a_branch_writer_into_a_parent_it_cannot_w
     let b = ids_by(&changes, "bob")[0];
     let body = Some(json!({"changes": [b]}));
     let reader = token("rex", "spec*", Permission::Read);
+    // The branch's record tells each caller whether it may decide the changes.
+    let (_, seen) = call(
+        &http,
+        &server,
+        reqwest::Method::GET,
+        "/docs/spec-review/branch",
+        &reader,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(seen["can_review"], false, "{seen}");
+    let writer = token("wes", "spec*", Permission::Write);
+    let (_, seen) = call(
+        &http,
+        &server,
+        reqwest::Method::GET,
+        "/docs/spec-review/branch",
+        &writer,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(seen["can_review"], true, "{seen}");
     let (status, _) = post(
         &http,
         &server,

@@ -174,11 +174,14 @@ export function suggestionsPanel (name, client, text, view) {
     const open = data.changes.filter((c) => c.state === 'open')
     // Only a closed branch refuses decisions (a merged one can still take new suggestions).
     const branchOpen = branch.state !== 'closed'
+    // Readers of the parent see the suggestions without the buttons to decide them.
+    const canReview = branch.can_review !== false
     summary.textContent = `${open.length} open change${open.length === 1 ? '' : 's'}` +
       (branch.behind ? ` · the parent has ${branch.behind} newer update${branch.behind === 1 ? '' : 's'}` : '') +
       (branch.state === 'open' ? '' : ` · branch ${branch.state}`)
     toggle.textContent = open.length ? `Suggestions (${open.length})` : 'Suggestions'
-    acceptAll.disabled = !branchOpen || open.length === 0
+    acceptAll.disabled = !branchOpen || !canReview || open.length === 0
+    acceptAll.hidden = !canReview
     panel.dataset.branchState = branch.state
 
     const items = [...data.changes].sort((a, b) => (a.first_at - b.first_at) || (a.id - b.id))
@@ -212,7 +215,7 @@ export function suggestionsPanel (name, client, text, view) {
         dep.textContent = `needs ${c.depends_on.map(changeLabel).join(', ')}`
         li.append(dep)
       }
-      if (c.state === 'open' && branchOpen) {
+      if (c.state === 'open' && branchOpen && canReview) {
         const actions = document.createElement('div')
         actions.className = 'change-actions'
         const accept = document.createElement('button')

@@ -49,11 +49,15 @@ pub struct Branch {
     pub ahead: i64,
     /// The parent's updates since the branch's base or its last update from the parent.
     pub behind: i64,
+    /// Whether the caller may merge and reject the branch's changes (write on the parent).
+    pub can_review: bool,
 }
 
 /// The branch as the API shows it: its open changes counted from its log's positions,
 /// authors and times (no update is read).
-async fn branch_view(app: &AppState, row: BranchRow) -> ApiResult<Branch> {
+async fn branch_view(app: &AppState, row: BranchRow, caller: &Principal) -> ApiResult<Branch> {
+    let role = app.api.get_role(row.parent_id, &caller.user).await?;
+    let can_review = caller.permission_on(&row.parent, role) >= Some(Permission::Write);
     let (synced, _) = app.api.synced(row.doc_id).await?;
     let parent_last = app.api.last_seq(row.parent_id).await?;
     let log = app.api.branch_log(row.doc_id, false).await?;
@@ -63,6 +67,7 @@ async fn branch_view(app: &AppState, row: BranchRow) -> ApiResult<Branch> {
     });
     Ok(Branch {
         ahead,
+        can_review,
         behind: (parent_last - synced).max(0),
         name: row.name,
         parent: row.parent,
@@ -220,7 +225,7 @@ pub async fn create_branch(
             )
         })?;
     let row = branch_of(&app, &created).await?;
-    let view = branch_view(&app, row).await?;
+    let view = branch_view(&app, row, &principal).await?;
     let mut resp = (StatusCode::CREATED, Json(&view)).into_response();
     if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/docs/{}", doc_path(&created.name))) {
         resp.headers_mut().insert(header::LOCATION, loc);
@@ -248,7 +253,7 @@ pub async fn list_branches(
     let _admission = app.gate.admit(parent.id).await?;
     let mut branches = Vec::new();
     for row in app.api.branches_of(parent.id).await? {
-        branches.push(branch_view(&app, row).await?);
+        branches.push(branch_view(&app, row, &principal).await?);
     }
     Ok(Json(BranchList { branches }))
 }
@@ -265,7 +270,7 @@ pub async fn get_branch(
     let doc = doc_for(&app, &principal, &name, Permission::Read).await?;
     let _admission = app.gate.admit(doc.id).await?;
     let row = branch_of(&app, &doc).await?;
-    Ok(Json(branch_view(&app, row).await?))
+    Ok(Json(branch_view(&app, row, &principal).await?))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -313,7 +318,7 @@ pub async fn list_changes(
     let row = branch_of(&app, &doc).await?;
     let (review, _) = review_of(&app, &doc, admission).await?;
     Ok(Json(ChangeList {
-        branch: branch_view(&app, row).await?,
+        branch: branch_view(&app, row, &principal).await?,
         changes: review.changes,
         view: review.view,
     }))
@@ -727,14 +732,14 @@ pub async fn close_branch(
             doc_for(&app, &principal, &row.parent, Permission::Write).await?;
         }
         if row.state == "closed" {
-            return Ok(Json(branch_view(&app, row).await?));
+            return Ok(Json(branch_view(&app, row, &principal).await?));
         }
         if let Some(closed) = app
             .api
             .set_branch_state(row.doc_id, row.version, "closed")
             .await?
         {
-            return Ok(Json(branch_view(&app, closed).await?));
+            return Ok(Json(branch_view(&app, closed, &principal).await?));
         }
     }
     Err(ApiError::new(
