@@ -1088,11 +1088,27 @@ fn doctor_checks_the_database_migrations_and_bus() {
 /// (`curl -f`), and the copy has the content the example's update carried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_curl_examples_in_the_api_docs_work() {
+    let printed = run_api_example("### The content routes from `curl`").await;
+    assert!(printed.contains("\"seq\""), "{printed}");
+    assert!(printed.contains("Plan, v2"), "{printed}");
+}
+
+/// The branch example of docs/api.md: the parent ends with the branch's edit merged.
+#[tokio::test]
+async fn the_branch_example_in_the_api_docs_works() {
+    let printed = run_api_example("### Branches from `curl`").await;
+    assert!(
+        printed.contains(r#"{"content":"Hello there"}"#),
+        "{printed}"
+    );
+    assert!(printed.contains(r#""state":"closed""#), "{printed}");
+}
+
+/// Runs the first `sh` block after `heading` in docs/api.md against a server, with a token
+/// for `team/*` in `$TOKEN`; what it printed.
+async fn run_api_example(heading: &str) -> String {
     let doc = include_str!("../../docs/api.md");
-    let section = doc
-        .split("### The content routes from `curl`")
-        .nth(1)
-        .expect("the section");
+    let section = doc.split(heading).nth(1).expect("the section");
     let script = section
         .split("```sh\n")
         .nth(1)
@@ -1126,11 +1142,8 @@ async fn the_curl_examples_in_the_api_docs_work() {
         String::from_utf8_lossy(&out.stderr),
         String::from_utf8_lossy(&out.stdout)
     );
-    let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(printed.contains("\"seq\""), "{printed}");
-    assert!(printed.contains("Plan, v2"), "{printed}");
-    assert!(dir.path().join("plan.bin").exists());
     drop(server);
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Every configuration error `quire serve` can meet before it serves: it exits with an error
