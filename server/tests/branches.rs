@@ -477,6 +477,39 @@ async fn the_parents_changes_come_into_the_branch_and_are_not_changes_of_it() {
         "{changes}"
     );
     assert_eq!(changes["branch"]["behind"], 0);
+    // The change list revalidates: 304 while nothing changed, a new answer once the branch
+    // moves.
+    let changes_of = |tag: Option<String>| {
+        let http = http.clone();
+        let url = api(&server, "/docs/spec-review/changes");
+        async move {
+            let mut req = http.get(url).bearer_auth(ADMIN);
+            if let Some(tag) = tag {
+                req = req.header("if-none-match", tag);
+            }
+            let resp = req.send().await.expect("changes");
+            let tag = resp
+                .headers()
+                .get("etag")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            (resp.status(), tag)
+        }
+    };
+    let (status, tag) = changes_of(None).await;
+    assert_eq!(status, StatusCode::OK);
+    let tag = tag.expect("an ETag");
+    assert_eq!(
+        changes_of(Some(tag.clone())).await.0,
+        StatusCode::NOT_MODIFIED
+    );
+    let mut carl = Client::connect(&ws(&server, "spec-review", "carl", Permission::Write), 7).await;
+    edit(&mut carl, |t, txn| t.insert(txn, 0, "# ")).await;
+    carl.close().await;
+    let (status, newer) = changes_of(Some(tag.clone())).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_ne!(newer, Some(tag));
+
     // Nothing new: nothing applied.
     let (status, again) = post(
         &http,
@@ -493,7 +526,7 @@ async fn the_parents_changes_come_into_the_branch_and_are_not_changes_of_it() {
     // Merging everything now: the parent keeps its own edit and gets the branch's.
     let (status, merged) = post(&http, &server, "/docs/spec-review/merge", ADMIN, None).await;
     assert_eq!(status, StatusCode::OK, "{merged}");
-    assert_eq!(fresh_text(&server, "spec").await, ">> Hello dear the");
+    assert_eq!(fresh_text(&server, "spec").await, "# >> Hello dear the");
     // Not a branch.
     let (status, problem) = call(
         &http,

@@ -37,7 +37,10 @@ async function call (name, path, init = {}) {
   const credential = tokenUrl ? await fetchToken() : token
   if (credential) headers.authorization = `Bearer ${credential}`
   if (init.body) headers['content-type'] = 'application/json'
-  const res = await fetch(`/api/v1/docs/${encodeURIComponent(name)}${path}`, { ...init, headers, cache: 'no-store' })
+  // Reads revalidate with the ETag the server sent (`no-cache`: a 304 costs the server a few
+  // indexed reads instead of the branch's whole review); writes are never cached.
+  const cache = init.method && init.method !== 'GET' ? 'no-store' : 'no-cache'
+  const res = await fetch(`/api/v1/docs/${encodeURIComponent(name)}${path}`, { ...init, headers, cache })
   const body = await res.json().catch(() => null)
   if (!res.ok) throw new ApiProblem(res.status, body)
   return body

@@ -116,6 +116,8 @@ pub trait BranchStore: Send + Sync {
         parent_seq: i64,
         by: &str,
     ) -> Result<(), StorageError>;
+    /// How many changes of the branch are decided (merged or rejected).
+    async fn decided_count(&self, doc: DocId) -> Result<i64, StorageError>;
     /// The parent position the branch last took the parent's changes at (its base, or its
     /// last pull, written or not), and how many of its log rows hold the parent's changes.
     async fn synced(&self, doc: DocId) -> Result<(i64, i64), StorageError>;
@@ -287,6 +289,16 @@ backend_impl!(
             .execute(&self.pool)
             .await?;
             Ok(())
+        }
+
+        async fn decided_count(&self, doc: DocId) -> Result<i64, StorageError> {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT CAST(COUNT(*) AS BIGINT) FROM branch_decisions WHERE branch_id = $1",
+            )
+            .bind(doc)
+            .fetch_one(&self.pool)
+            .await?;
+            Ok(n)
         }
 
         async fn synced(&self, doc: DocId) -> Result<(i64, i64), StorageError> {
