@@ -546,6 +546,56 @@ async fn a_live_edit_racing_the_edit_ends_with_both() {
     server.stop().await;
 }
 
+/// The same race without a precondition: the edit is not held back by Ann's typing (no
+/// recomputation: it merges like a client's edit made on the state it read), and both edits
+/// are in the document, the edit's replacement where it was computed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_without_preconditions_merges_with_a_racing_edit_like_a_clients() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hold = std::sync::Arc::new(EditHold::default());
+    let hooks = TestHooks {
+        edit_hold: Some(hold.clone()),
+        ..TestHooks::default()
+    };
+    let (server, http) = start(dir.path(), hooks).await;
+    let mut ann = seed(&server).await;
+    let body = json!({"ops": [{"text": "content", "replace": "more", "with": "many more"}]});
+    let request = http
+        .post(api(&server, &format!("/docs/{DOC}/edits")))
+        .bearer_auth(writer())
+        .json(&body)
+        .send();
+    let request = tokio::spawn(request);
+    tokio::time::timeout(PATIENCE, hold.reached.notified())
+        .await
+        .expect("the edit is computed");
+    let update = {
+        let text = ann.doc.get_or_insert_text("content");
+        let mut txn = ann.doc.transact_mut();
+        text.insert(&mut txn, 0, "Ann: ");
+        txn.encode_update_v1()
+    };
+    ann.send_update(&update).await;
+    ann.durable_ack(2).await;
+    hold.resume.notify_one();
+    let resp = request.await.expect("task").expect("send");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let answer: Value = resp.json().await.expect("json");
+    let reader = fresh(&server).await;
+    assert_eq!(
+        text_of(&reader.doc, "content"),
+        "Ann: old words and many more old words"
+    );
+    assert_ne!(
+        answer["state_vector"],
+        b64(&reader.state_vector().encode_v1()),
+        "applied as computed, not computed again"
+    );
+    reader.close().await;
+    ann.close().await;
+    server.stop().await;
+}
+
 /// The same race, but Ann's edit breaks the precondition: the edit computed again finds it
 /// no longer holds and is refused (409); blind, it would have been applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

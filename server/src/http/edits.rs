@@ -69,7 +69,8 @@ pub struct Condition {
 pub struct EditsApplied {
     /// The log position the document has reached with the edit committed.
     pub seq: i64,
-    /// The document's state vector right after the edit (base64 Yjs v1): pass it as
+    /// The state vector (base64 Yjs v1) of the state the edit was computed on with the edit
+    /// applied; with a precondition, the document's right after the edit: pass it as
     /// `state_vector` to make the next edit only onto this state.
     pub state_vector: String,
     /// What each operation changed, in order.
@@ -93,6 +94,7 @@ pub(super) async fn post_edits(
     let doc = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
     let request = Arc::new(edits::parse(&body).map_err(edit_error)?);
     let author: Arc<str> = principal.user.as_str().into();
+    let guarded = !request.if_contains.is_empty() || request.state_vector.is_some();
     let mut hold = app.hooks.edit_hold.clone().filter(|h| h.claim());
     for attempt in 0..TRIES {
         if attempt > 0 {
@@ -120,7 +122,11 @@ pub(super) async fn post_edits(
                 reply,
                 author: Some(author.clone()),
                 budget: None,
-                expect_seq: Some(at),
+                // Preconditions hold only on the state they were checked on: such an edit
+                // applies onto exactly that state, or is computed again. Without them it
+                // merges like any client's edit made on that state (its positions are
+                // anchored to the items around them), so live typing never holds it back.
+                expect_seq: guarded.then_some(at),
             }))
         })
         .await?;
