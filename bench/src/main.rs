@@ -17,10 +17,16 @@
 //!   token per author, a pause longer than the server's `--version-idle` between them), then
 //!   times the history routes: listing the sessions, the content at random positions, the
 //!   diff of two versions far apart.
+//! - `branches` (Quire only): replays the editing trace into a branch as sessions by a few
+//!   authors, then times listing the branch's changes, merging one author's changes (with
+//!   what they depend on) and merging the rest while typists type into the parent, whose
+//!   delivery latency is compared with the same typists' just before; checks the parent's
+//!   text after each round.
 //!
 //! The generator is cheap by design: clients never apply what they receive; they decode only
 //! the update's block ids to find which send it was.
 
+mod branches;
 mod heavy;
 mod large;
 mod sessions;
@@ -65,6 +71,9 @@ enum Scenario {
     Storm(large::StormArgs),
     /// Whole-document reads of a large document in loops beside typists (Quire only).
     Heavy(heavy::HeavyArgs),
+    /// The editing trace as sessions of a few authors on a branch; then its change list and
+    /// its merges, timed, with typists on the parent (Quire only).
+    Branches(branches::BranchesArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -216,6 +225,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Coldload(args) => coldload(args).await?,
         Scenario::Storm(args) => large::storm(args).await?,
         Scenario::Heavy(args) => heavy::heavy(args).await?,
+        Scenario::Branches(args) => branches::branches(args).await?,
     }
     Ok(())
 }
