@@ -116,8 +116,9 @@ rm -rf "$dir"
 python3 bench/report.py "$RESULTS" docs/bench-latency.svg
 
 # The full run only: each server limited to one core (bench/cores.sh), nodes under the same
-# quota (bench/nodes.sh; PostgreSQL and NATS), and the version history's figures (Quire only,
-# bench/history.sh). The two cgroup runs need root; they say so and skip otherwise.
+# quota (bench/nodes.sh; PostgreSQL and NATS), the version history's figures and the branches'
+# (Quire only, bench/history.sh, bench/branches.sh). The two cgroup runs need root; they say so
+# and skip otherwise.
 if [ "$MODE" = full ]; then
   bench/cores.sh
   # CPU per update at the light and medium loads in three rounds (medians; one run varies).
@@ -129,4 +130,5 @@ if [ "$MODE" = full ]; then
   NODES="1 3" HOWS=by-document bench/nodes.sh 0.25
   python3 bench/report.py "$RESULTS" docs/bench-latency.svg
   bench/history.sh
+  bench/branches.sh
 fi

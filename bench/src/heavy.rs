@@ -50,7 +50,7 @@ pub struct HeavyArgs {
 }
 
 /// `ws://host:port` as `http://host:port`.
-fn http_base(url: &str) -> String {
+pub(crate) fn http_base(url: &str) -> String {
     let first = url.split(',').next().unwrap_or(url);
     first
         .replacen("ws://", "http://", 1)

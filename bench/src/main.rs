@@ -17,12 +17,19 @@
 //!   token per author, a pause longer than the server's `--version-idle` between them), then
 //!   times the history routes: listing the sessions, the content at random positions, the
 //!   diff of two versions far apart.
+//! - `branches` (Quire only): replays the editing trace into a branch as sessions by a few
+//!   authors, then times listing the branch's changes, merging one author's changes (with
+//!   what they depend on) and merging the rest while typists type into the parent, whose
+//!   delivery latency is compared with the same typists' just before; checks the parent's
+//!   text after each round.
 //!
 //! The generator is cheap by design: clients never apply what they receive; they decode only
 //! the update's block ids to find which send it was.
 
+mod branches;
 mod heavy;
 mod large;
+mod sessions;
 mod wire;
 
 use std::collections::HashMap;
@@ -64,6 +71,9 @@ enum Scenario {
     Storm(large::StormArgs),
     /// Whole-document reads of a large document in loops beside typists (Quire only).
     Heavy(heavy::HeavyArgs),
+    /// The editing trace as sessions of a few authors on a branch; then its change list and
+    /// its merges, timed, with typists on the parent (Quire only).
+    Branches(branches::BranchesArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -215,6 +225,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Coldload(args) => coldload(args).await?,
         Scenario::Storm(args) => large::storm(args).await?,
         Scenario::Heavy(args) => heavy::heavy(args).await?,
+        Scenario::Branches(args) => branches::branches(args).await?,
     }
     Ok(())
 }
@@ -972,75 +983,21 @@ async fn history(args: HistoryArgs) -> anyhow::Result<()> {
         .to_owned();
     let http = reqwest::Client::new();
     let api = |path: &str| format!("{http_base}/api/v1/docs/{doc_name}{path}");
-    let doc = Doc::with_client_id(424_242);
-    let per_session = trace.edits.len().div_ceil(args.sessions.max(1));
     let started = Instant::now();
-    let mut ingest = Duration::ZERO;
-    for (i, chunk) in trace.edits.chunks(per_session).enumerate() {
-        let token: serde_json::Value = http
-            .post(format!("{http_base}/api/v1/tokens"))
-            .bearer_auth(&args.admin_key)
-            .json(&serde_json::json!({"user": format!("author-{i}"), "doc": doc_name, "permission": "write"}))
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        let token = token["token"].as_str().context("no token issued")?;
-        // A fresh client id per session, as a new editor tab would have.
-        let author_doc = Doc::with_client_id(1000 + i as u64);
-        author_doc.transact_mut().apply_update(
-            <yrs::Update as yrs::updates::decoder::Decode>::decode_v1(
-                &doc.transact()
-                    .encode_state_as_update_v1(&StateVector::default()),
-            )?,
-        )?;
-        let author_text = author_doc.get_or_insert_text("text");
-        let frames: Vec<WsMessage> = chunk
-            .iter()
-            .map(|(pos, del, ins)| {
-                let mut txn = author_doc.transact_mut();
-                if *del > 0 {
-                    author_text.remove_range(&mut txn, *pos, *del);
-                }
-                if !ins.is_empty() {
-                    author_text.insert(&mut txn, *pos, ins);
-                }
-                WsMessage::Binary(protocol::encode_update(&txn.encode_update_v1()))
-            })
-            .collect();
-        let mut ws = wire::connect(&c.url, &format!("{doc_name}?token={token}"), c.flavor).await?;
-        wire::wait_synced(&mut ws, c.flavor, &doc_name, &[0, 0]).await?;
-        let sent = Instant::now();
-        let mut msgs = futures_util::stream::iter(frames.into_iter().map(Ok));
-        ws.send_all(&mut msgs).await?;
-        ws.send(WsMessage::Binary(protocol::encode_durable_ack(
-            i as u64 + 1,
-        )))
-        .await?;
-        loop {
-            match tokio::time::timeout(Duration::from_secs(60), ws.next()).await {
-                Ok(Some(Ok(WsMessage::Binary(data)))) => {
-                    if protocol::read_durable_ack(&data) == Some(i as u64 + 1) {
-                        break;
-                    }
-                }
-                Ok(Some(Ok(_))) => {}
-                other => anyhow::bail!("session {i}: no durable acknowledgement ({other:?})"),
-            }
-        }
-        ingest += sent.elapsed();
-        let _ = ws.close(None).await;
-        // The server's document now holds the session: the next author starts from it.
-        doc.transact_mut().apply_update(
-            <yrs::Update as yrs::updates::decoder::Decode>::decode_v1(
-                &author_doc
-                    .transact()
-                    .encode_state_as_update_v1(&StateVector::default()),
-            )?,
-        )?;
-        tokio::time::sleep(args.pause).await;
-    }
+    let ingest = sessions::replay(
+        &sessions::Replay {
+            common: c,
+            http: &http,
+            http_base: &http_base,
+            admin_key: &args.admin_key,
+            doc: &doc_name,
+            pause: args.pause,
+        },
+        &trace.edits,
+        args.sessions,
+        |i| format!("author-{i}"),
+    )
+    .await?;
     let replay = started.elapsed();
     let versions: Vec<serde_json::Value> = http
         .get(api("/versions"))
