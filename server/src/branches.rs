@@ -20,10 +20,15 @@ use yrs::updates::decoder::Decode;
 use yrs::{Doc, Options, Out, ReadTxn, Text, Transact, Update};
 
 use crate::history::{root_kinds, RootKind, Run, TextDiff};
-use parse::{err, parse_v1, Parsed};
+use parse::{err, parse_v1};
 
 mod parse;
 use crate::storage::branches::{BranchLogRow, Decision, DecisionRow};
+
+/// Most branch rows merged into one update a merge applies to the parent.
+const MERGE_CHUNK_ROWS: usize = 1000;
+/// Most bytes of branch rows merged into one such update.
+const MERGE_CHUNK_BYTES: usize = 1 << 20;
 
 /// Kept text shown around a change in its diff, in characters on each side.
 const CONTEXT_CHARS: usize = 40;
@@ -92,8 +97,8 @@ pub type AuthoredUpdate = (Option<String>, Vec<u8>);
 pub struct Review {
     pub changes: Vec<Change>,
     pub view: Vec<TextView>,
-    /// For each change, every change it needs, directly or through others.
-    needs: HashMap<i64, BTreeSet<i64>>,
+    /// For each change (by index), the changes it needs directly.
+    direct: Vec<BTreeSet<usize>>,
     /// For each change, its rows.
     rows_of: HashMap<i64, Vec<i64>>,
 }
@@ -258,19 +263,48 @@ pub fn review(
         map
     };
 
-    // Who inserted which items, who deleted which, and which root each item lives in.
+    // One pass over the rows in order: each row's items can only refer to, follow or delete
+    // items of earlier rows, so who inserted them is known when the row is read. Nothing of a
+    // row is kept but the ranges it fills.
     let mut owners = Ranges::default();
     let mut deleters = Ranges::default();
     let mut roots = Ranges::default();
     let mut root_names: Vec<String> = Vec::new();
-    let mut parsed: Vec<(i64, Option<usize>, Parsed)> = Vec::with_capacity(rows.len());
+    let mut direct: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); changes.len()];
+    let mut summaries: Vec<BTreeMap<usize, (i64, i64)>> = vec![BTreeMap::new(); changes.len()];
+    let mut rows_of: HashMap<i64, Vec<i64>> = HashMap::new();
     for row in rows {
         let p = parse_v1(&row.data)?;
         let change = change_of_row.get(&row.seq).copied();
+        if let Some(i) = change {
+            rows_of.entry(changes[i].id).or_default().push(row.seq);
+            let mut need = |owner: Option<(usize, u32)>| {
+                if let Some((o, _)) = owner.filter(|(o, _)| *o != i) {
+                    direct[i].insert(o);
+                }
+            };
+            for b in &p.blocks {
+                for &(c, k) in &b.refs {
+                    need(owners.get(c, k));
+                }
+                if b.start > 0 {
+                    need(owners.get(b.client, b.start - 1));
+                }
+            }
+            for &(client, start, end) in &p.deletes {
+                for (o, _) in owners.overlaps(client, start, end) {
+                    need(Some((o, 0)));
+                }
+                for (root, n) in roots.overlaps(client, start, end) {
+                    summaries[i].entry(root).or_default().1 += i64::from(n);
+                }
+                deleters.fill(client, start, end, i);
+            }
+        }
         for b in &p.blocks {
             let root = match &b.root {
                 Some(name) => Some(match root_names.iter().position(|n| n == name) {
-                    Some(i) => i,
+                    Some(r) => r,
                     None => {
                         root_names.push(name.clone());
                         root_names.len() - 1
@@ -286,79 +320,44 @@ pub fn review(
             }
             if let Some(i) = change {
                 owners.fill(b.client, b.start, b.start + b.len, i);
-            }
-        }
-        if let Some(i) = change {
-            for &(client, start, end) in &p.deletes {
-                deleters.fill(client, start, end, i);
-            }
-        }
-        parsed.push((row.seq, change, p));
-    }
-
-    // What each change needs directly.
-    let mut direct: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); changes.len()];
-    for (_, change, p) in &parsed {
-        let Some(i) = *change else { continue };
-        let mut need = |owner: Option<(usize, u32)>| {
-            if let Some((o, _)) = owner.filter(|(o, _)| *o != i) {
-                direct[i].insert(o);
-            }
-        };
-        for b in &p.blocks {
-            for &(c, k) in &b.refs {
-                need(owners.get(c, k));
-            }
-            if b.start > 0 {
-                need(owners.get(b.client, b.start - 1));
-            }
-        }
-        for &(client, start, end) in &p.deletes {
-            for (o, _) in owners.overlaps(client, start, end) {
-                need(Some((o, 0)));
+                if let Some(root) = root {
+                    summaries[i].entry(root).or_default().0 += i64::from(b.len);
+                }
             }
         }
     }
-    let mut needs: HashMap<i64, BTreeSet<i64>> = HashMap::new();
-    for i in 0..changes.len() {
-        let mut seen: BTreeSet<usize> = BTreeSet::new();
-        let mut stack: Vec<usize> = direct[i].iter().copied().collect();
-        while let Some(j) = stack.pop() {
-            if j != i && seen.insert(j) {
-                stack.extend(direct[j].iter().copied());
-            }
-        }
-        needs.insert(changes[i].id, seen.iter().map(|&j| changes[j].id).collect());
-        changes[i].depends_on = direct[i].iter().map(|&j| changes[j].id).collect();
+    for (i, d) in direct.iter().enumerate() {
+        changes[i].depends_on = d.iter().map(|&j| changes[j].id).collect();
     }
 
     // The parent's content (the base and the parent's changes brought in), then the changes.
+    // Each side merged into one update first: one integration instead of one transaction
+    // per row (the editing trace's 260,000 rows apply several times faster so).
     let doc = history_doc();
     let parents = |r: &&BranchLogRow| r.seq == 1 || pulls.contains(&r.seq);
-    for row in rows.iter().filter(parents) {
-        apply(&doc, &row.data)?;
-    }
+    let merged =
+        |side: Vec<&[u8]>| -> Result<Vec<u8>, String> { yrs::merge_updates_v1(&side).map_err(err) };
+    apply(
+        &doc,
+        &merged(
+            rows.iter()
+                .filter(parents)
+                .map(|r| r.data.as_slice())
+                .collect(),
+        )?,
+    )?;
     let lo = doc.transact().snapshot();
-    for row in rows.iter().filter(|r| !parents(r)) {
-        apply(&doc, &row.data)?;
+    let ours: Vec<&[u8]> = rows
+        .iter()
+        .filter(|r| !parents(r))
+        .map(|r| r.data.as_slice())
+        .collect();
+    if !ours.is_empty() {
+        apply(&doc, &merged(ours)?)?;
     }
     let hi = doc.transact().snapshot();
     // The other roots each change touches.
     let kinds: HashMap<String, RootKind> = root_kinds(&doc).into_iter().collect();
-    let mut summaries: Vec<BTreeMap<usize, (i64, i64)>> = vec![BTreeMap::new(); changes.len()];
-    for (_, change, p) in &parsed {
-        let Some(i) = *change else { continue };
-        for b in &p.blocks {
-            for (root, n) in roots.overlaps(b.client, b.start, b.start + b.len) {
-                summaries[i].entry(root).or_default().0 += i64::from(n);
-            }
-        }
-        for &(client, start, end) in &p.deletes {
-            for (root, n) in roots.overlaps(client, start, end) {
-                summaries[i].entry(root).or_default().1 += i64::from(n);
-            }
-        }
-    }
     for (i, summary) in summaries.into_iter().enumerate() {
         changes[i].other_roots = summary
             .into_iter()
@@ -452,19 +451,10 @@ pub fn review(
             .filter_map(|texts| texts.remove(&c.id))
             .collect();
     }
-    let rows_of = {
-        let mut map: HashMap<i64, Vec<i64>> = HashMap::new();
-        for (seq, change, _) in &parsed {
-            if let Some(i) = change {
-                map.entry(changes[*i].id).or_default().push(*seq);
-            }
-        }
-        map
-    };
     Ok(Review {
         changes,
         view,
-        needs,
+        direct,
         rows_of,
     })
 }
@@ -633,19 +623,31 @@ impl Review {
             .and_then(|i| self.changes.get(i))
     }
 
-    /// Every change `selected` needs, directly or not, that is neither among them nor merged.
+    /// Every change `selected` needs, directly or not, that is neither among them nor merged
+    /// (a walk from the selected changes: the transitive needs are never stored).
     pub fn missing(&self, selected: &BTreeSet<i64>) -> BTreeSet<i64> {
-        selected
-            .iter()
-            .flat_map(|id| self.needs.get(id).into_iter().flatten())
-            .filter(|n| !selected.contains(n))
-            .filter(|n| self.change(**n).is_none_or(|c| c.state != "merged"))
-            .copied()
-            .collect()
+        let index = |id: &i64| self.changes.binary_search_by_key(id, |c| c.id).ok();
+        let mut seen: BTreeSet<usize> = selected.iter().filter_map(index).collect();
+        let mut stack: Vec<usize> = seen.iter().copied().collect();
+        let mut missing = BTreeSet::new();
+        while let Some(i) = stack.pop() {
+            for &j in self.direct.get(i).into_iter().flatten() {
+                if seen.insert(j) {
+                    let c = &self.changes[j];
+                    if !selected.contains(&c.id) && c.state != "merged" {
+                        missing.insert(c.id);
+                    }
+                    stack.push(j);
+                }
+            }
+        }
+        missing
     }
 
     /// The updates merging `selected` applies to the parent, in the branch's order: one per
-    /// run of consecutive rows by one author, with that author.
+    /// run of consecutive rows by one author (at most `MERGE_CHUNK_ROWS` rows and
+    /// `MERGE_CHUNK_BYTES` each: merging many updates into one costs more than linear time, and
+    /// the parent's typists wait behind each), with that author.
     pub fn merge_plan(
         &self,
         rows: &[BranchLogRow],
@@ -664,7 +666,14 @@ impl Review {
                 return Err(format!("branch row {seq} is missing"));
             };
             match plan.last_mut() {
-                Some((author, parts)) if *author == row.author => parts.push(&row.data),
+                Some((author, parts))
+                    if *author == row.author
+                        && parts.len() < MERGE_CHUNK_ROWS
+                        && parts.iter().map(|p| p.len()).sum::<usize>() + row.data.len()
+                            <= MERGE_CHUNK_BYTES =>
+                {
+                    parts.push(&row.data)
+                }
                 _ => plan.push((row.author.clone(), vec![&row.data])),
             }
         }
