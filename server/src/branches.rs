@@ -331,29 +331,14 @@ pub fn review(
     }
 
     // The parent's content (the base and the parent's changes brought in), then the changes.
-    // Each side merged into one update first: one integration instead of one transaction
-    // per row (the editing trace's 260,000 rows apply several times faster so).
     let doc = history_doc();
     let parents = |r: &&BranchLogRow| r.seq == 1 || pulls.contains(&r.seq);
-    let merged =
-        |side: Vec<&[u8]>| -> Result<Vec<u8>, String> { yrs::merge_updates_v1(&side).map_err(err) };
-    apply(
-        &doc,
-        &merged(
-            rows.iter()
-                .filter(parents)
-                .map(|r| r.data.as_slice())
-                .collect(),
-        )?,
-    )?;
+    for row in rows.iter().filter(parents) {
+        apply(&doc, &row.data)?;
+    }
     let lo = doc.transact().snapshot();
-    let ours: Vec<&[u8]> = rows
-        .iter()
-        .filter(|r| !parents(r))
-        .map(|r| r.data.as_slice())
-        .collect();
-    if !ours.is_empty() {
-        apply(&doc, &merged(ours)?)?;
+    for row in rows.iter().filter(|r| !parents(r)) {
+        apply(&doc, &row.data)?;
     }
     let hi = doc.transact().snapshot();
     // The other roots each change touches.
