@@ -4,7 +4,7 @@
 // bob (Hocuspocus), each with a token of their own, so two authors, edit the branch: alice
 // rewrites a word and adds a sentence, bob writes inside alice's sentence (his change needs
 // hers). Merging bob's changes alone is refused with alice's ids; then, while pat and hugo
-// keep typing on the parent, alice's changes (ids from GET /changes by author) are merged.
+// keep typing on the parent and bob keeps typing on the branch, alice's changes (ids from GET /changes by author) are merged.
 // Every client converges, and a fresh client of the parent reads exactly alice's changes plus
 // pat's and hugo's typing, nothing of bob's.
 // Usage: node branches.mjs --url ws://HOST:PORT --http http://HOST:PORT --tokens JSON
@@ -120,7 +120,20 @@ const typist = (c, mark) => (async () => {
     await sleep(3 + rng.int(10))
   }
 })()
-const typists = [typist(pat, 'p'), typist(hugo, 'h')]
+// bob keeps typing on the branch meanwhile: his changes are not chosen, so none of it may
+// reach the parent, and all of it stays on the branch.
+const branchTyped = []
+const branchTypist = (async () => {
+  let n = 0
+  while (typing) {
+    const t = bob.doc.getText('text')
+    const token = `«b${n++}»`
+    t.insert(t.length, token)
+    branchTyped.push(token)
+    await sleep(5 + rng.int(10))
+  }
+})()
+const typists = [typist(pat, 'p'), typist(hugo, 'h'), branchTypist]
 await sleep(100)
 const chosen = a.merge === 'both' ? [...aliceIds, ...bobIds] : aliceIds
 const typedBefore = typed.length
@@ -148,11 +161,14 @@ if (found.length !== typed.length || !typed.every((t) => found.includes(t))) pro
 if (!typed.some((t) => t.startsWith('«p')) || !typed.some((t) => t.startsWith('«h'))) problems.push('both parent clients typed')
 if ((await committed(parentName)) !== final) problems.push('the committed parent differs from the clients')
 if (text(alice) !== text(bob) || !text(bob).includes('BOB-INSIDE')) problems.push('the branch lost its content')
+if (final.includes('«b')) problems.push('bob\'s typing on the branch during the merge reached the parent')
+const branchNow = await committed(branchName)
+if (!branchTyped.length || !branchTyped.every((t) => branchNow.includes(t))) problems.push(`bob typed ${branchTyped.length} tokens on the branch during the merge; the branch does not hold them all`)
 // The merge is the authors' in the parent's history, the reviewer the merger.
 const history = await ok('GET', parentName, '/history?limit=100')
 const authors = new Set(history.items.flatMap((s) => s.authors.map((x) => x.author)))
 if (!authors.has('alice') || authors.has('bob')) problems.push(`the parent's history names ${[...authors]}`)
 for (const p of problems) console.log(`not ok - ${p}`)
-console.log(JSON.stringify({ ok: problems.length === 0, problems, typed: typed.length, merged: merged.merged, missing, final }))
+console.log(JSON.stringify({ ok: problems.length === 0, problems, typed: typed.length, branchTyped: branchTyped.length, merged: merged.merged, missing, final }))
 destroy([pat, hugo, alice, bob, fresh])
 process.exit(problems.length === 0 ? 0 : 1)
