@@ -16,7 +16,7 @@ use yrs::updates::decoder::Decode;
 use yrs::{ReadTxn, Transact, Update};
 
 use super::extract::{ApiBytes, ApiJson, ApiPath};
-use super::history::{budget_full, forget_restore_lock, record, restore_lock};
+use super::history::{budget_full, first_row, forget_restore_lock, record, restore_lock};
 use super::reads::{
     check_position, content, current, heavy, latest, not_retained, stored_invalid, version_meta,
 };
@@ -181,31 +181,7 @@ pub async fn create_branch(
             ))
         }
     };
-    if update.len() as u64 > app.registry.config.max_doc_size {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "document-too-large",
-            "the branch would exceed max_doc_size",
-        ));
-    }
-    let admission = app.gate.admit(parent.id).await?;
-    let data = update.clone();
-    let changes = heavy(admission, move || {
-        let doc = yrs::Doc::new();
-        let decoded = Update::decode_v1(&data).map_err(|e| stored_invalid(e.to_string()))?;
-        let mut txn = doc.transact_mut();
-        txn.apply_update(decoded)
-            .map_err(|e| stored_invalid(e.to_string()))?;
-        Ok(crate::room::Changes::of(&txn))
-    })
-    .await?;
-    let first = crate::storage::LogEntry {
-        data: update,
-        author: Some(principal.user.as_str().into()),
-        inserted: changes.inserted,
-        deleted: changes.deleted,
-        clients: changes.clients,
-    };
+    let first = first_row(&app, &parent, update, &principal, "the branch").await?;
     let created = app
         .api
         .create_branch(

@@ -462,6 +462,43 @@ async fn apply(
     applied(result, stored_invalid)
 }
 
+/// The first log row of a new document holding `update` (a fork's or a branch's content,
+/// read from `source`): refused over `max_doc_size`; what it inserts and deletes, and its
+/// client ids, counted off the runtime under an admission; attributed to the caller.
+pub(super) async fn first_row(
+    app: &AppState,
+    source: &DocMeta,
+    update: Bytes,
+    principal: &Principal,
+    what: &str,
+) -> ApiResult<crate::storage::LogEntry> {
+    if update.len() as u64 > app.registry.config.max_doc_size {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "document-too-large",
+            format!("{what} would exceed max_doc_size"),
+        ));
+    }
+    let admission = app.gate.admit(source.id).await?;
+    let data = update.clone();
+    let changes = heavy(admission, move || {
+        let doc = yrs::Doc::new();
+        let decoded = Update::decode_v1(&data).map_err(|e| stored_invalid(e.to_string()))?;
+        let mut txn = doc.transact_mut();
+        txn.apply_update(decoded)
+            .map_err(|e| stored_invalid(e.to_string()))?;
+        Ok(crate::room::Changes::of(&txn))
+    })
+    .await?;
+    Ok(crate::storage::LogEntry {
+        data: update,
+        author: Some(principal.user.as_str().into()),
+        inserted: changes.inserted,
+        deleted: changes.deleted,
+        clients: changes.clients,
+    })
+}
+
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Fork {
@@ -524,34 +561,9 @@ pub async fn fork(
             ))
         }
     };
-    if update.len() as u64 > app.registry.config.max_doc_size {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "document-too-large",
-            "the fork would exceed max_doc_size",
-        ));
-    }
-    // What the content's row records for the history (counted off the runtime).
-    let admission = app.gate.admit(source.id).await?;
-    let data = update.clone();
-    let changes = heavy(admission, move || {
-        let doc = yrs::Doc::new();
-        let decoded = Update::decode_v1(&data).map_err(|e| stored_invalid(e.to_string()))?;
-        let mut txn = doc.transact_mut();
-        txn.apply_update(decoded)
-            .map_err(|e| stored_invalid(e.to_string()))?;
-        Ok(crate::room::Changes::of(&txn))
-    })
-    .await?;
     // The document and its content in one transaction: a fork exists whole or not at all,
     // so a failed one leaves no empty document behind and its retry can take the name.
-    let first = crate::storage::LogEntry {
-        data: update,
-        author: Some(principal.user.as_str().into()),
-        inserted: changes.inserted,
-        deleted: changes.deleted,
-        clients: changes.clients,
-    };
+    let first = first_row(&app, &source, update, &principal, "the fork").await?;
     let created = app
         .api
         .create_doc_with(
