@@ -421,6 +421,136 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
     assert_eq!(status, StatusCode::NO_CONTENT);
     check("DELETE", "/api/v1/docs/{name}/versions/{id}");
 
+    // JSON edits, branches and merges (docs/branches.md): an edit through B runs in the
+    // owner's room; a branch made on C, edited through B (which then serves it); its records
+    // and changes the same on every node; update-from-parent through A goes to the branch's
+    // node, a merge through C to the parent's (A), whose client gets it; reject and close
+    // anywhere.
+    let (status, edited) = call(
+        &http,
+        b,
+        "POST",
+        &format!("/docs/{id}/edits"),
+        Some(json!({"ops": [{"text": "text", "insert": " again"}]})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{edited}");
+    assert!(
+        writer
+            .pump_until(PATIENCE, |c| c.text() == "hello world again")
+            .await,
+        "the owner's client sees the edit: {:?}",
+        writer.text()
+    );
+    check("POST", "/api/v1/docs/{name}/edits");
+    let (status, branch) = call(
+        &http,
+        c,
+        "POST",
+        &format!("/docs/{id}/branches"),
+        Some(json!({"name": "svc-b"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{branch}");
+    check("POST", "/api/v1/docs/{name}/branches");
+    let edit_branch = |ops: Value| {
+        let http = http.clone();
+        async move {
+            let (status, body) = call(
+                &http,
+                b,
+                "POST",
+                "/docs/svc-b/edits",
+                Some(json!({"ops": ops})),
+                None,
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+    };
+    edit_branch(json!([{"text": "text", "replace": "again", "with": "once more"}])).await;
+    for (path, route) in [
+        (
+            format!("/docs/{id}/branches"),
+            "/api/v1/docs/{name}/branches",
+        ),
+        (
+            "/docs/svc-b/branch".to_owned(),
+            "/api/v1/docs/{name}/branch",
+        ),
+        (
+            "/docs/svc-b/changes".to_owned(),
+            "/api/v1/docs/{name}/changes",
+        ),
+    ] {
+        let on_a = call(&http, a, "GET", &path, None, None).await;
+        let on_c = call(&http, c, "GET", &path, None, None).await;
+        assert_eq!(on_a.0, StatusCode::OK, "{path}: {}", on_a.1);
+        assert_eq!(on_a, on_c, "{path}");
+        check("GET", route);
+    }
+    let (status, pulled) = call(
+        &http,
+        a,
+        "POST",
+        "/docs/svc-b/update-from-parent",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{pulled}");
+    check("POST", "/api/v1/docs/{name}/update-from-parent");
+    let forwarded = c.metric("quire_forwarded_requests_total").await;
+    let (status, merged) = call(&http, c, "POST", "/docs/svc-b/merge", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{merged}");
+    assert_eq!(
+        merged["merged"].as_array().map(Vec::len),
+        Some(1),
+        "{merged}"
+    );
+    assert_eq!(
+        c.metric("quire_forwarded_requests_total").await,
+        forwarded + 1.0,
+        "the merge ran on the parent's owner"
+    );
+    assert!(
+        writer
+            .pump_until(PATIENCE, |c| c.text() == "hello world once more")
+            .await,
+        "the parent's client sees the merge: {:?}",
+        writer.text()
+    );
+    check("POST", "/api/v1/docs/{name}/merge");
+    edit_branch(json!([{"text": "text", "insert": "?"}])).await;
+    let (_, changes) = call(&http, a, "GET", "/docs/svc-b/changes", None, None).await;
+    let open = changes["changes"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["state"] == "open"))
+        .and_then(|c| c["id"].as_i64())
+        .expect("an open change");
+    let (status, rejected) = call(
+        &http,
+        c,
+        "POST",
+        &format!("/docs/svc-b/changes/{open}/reject"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, rejected["state"].clone()),
+        (StatusCode::OK, json!("rejected"))
+    );
+    check("POST", "/api/v1/docs/{name}/changes/{id}/reject");
+    let (status, closed) = call(&http, b, "POST", "/docs/svc-b/close", None, None).await;
+    assert_eq!(
+        (status, closed["state"].clone()),
+        (StatusCode::OK, json!("closed"))
+    );
+    check("POST", "/api/v1/docs/{name}/close");
+
     // Users, tokens, the outbox view: the same answer on every node.
     for (method, path, body) in [
         ("GET", "/users/ann", None),
