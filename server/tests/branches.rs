@@ -450,7 +450,14 @@ async fn a_reader_cannot_merge_nor_can_a_branch_writer_into_a_parent_it_cannot_w
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_parents_changes_come_into_the_branch_and_are_not_changes_of_it() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path()).await;
+    // One heavy-work slot per node and per document: a route that held an admission while
+    // taking another would wait for itself (and answer 503 after heavy_wait).
+    let mut cfg = secured(dir.path());
+    cfg.room.history.version_idle = GAP;
+    cfg.gate.per_node = 1;
+    cfg.gate.per_doc = 1;
+    cfg.gate.wait = Duration::from_secs(2);
+    let server = TestServer::start(cfg).await;
     let http = reqwest::Client::new();
     let (mut owner, _) = scenario(&server, &http).await;
     edit(&mut owner, |t, txn| t.insert(txn, 0, ">> ")).await;

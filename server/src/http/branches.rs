@@ -629,10 +629,11 @@ pub async fn reject_change(
 ) -> ApiResult<Json<Change>> {
     let branch = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
     let admission = app.gate.admit(branch.id).await?;
-    let (review, _) = review_of(&app, &branch, admission).await?;
     let row = branch_of(&app, &branch).await?;
     open(&row)?;
+    // Who may decide is checked before the review is computed: a reader pays nothing.
     live(doc_for(&app, &principal, &row.parent, Permission::Write).await?)?;
+    let (review, _) = review_of(&app, &branch, admission).await?;
     let Some(change) = review.change(id) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -688,12 +689,16 @@ pub async fn update_from_parent(
     ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Json<Pulled>> {
     let branch = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
-    let admission = app.gate.admit(branch.id).await?;
+    // The gate first (whole-document work follows), but not held while the two contents are
+    // read: each read takes its own admission, and one held here besides would need a
+    // second slot of the node and of the branch (with `heavy_per_doc = 1`, never granted).
+    drop(app.gate.admit(branch.id).await?);
     let row = branch_of(&app, &branch).await?;
     open(&row)?;
     let parent = live(doc_for(&app, &principal, &row.parent, Permission::Read).await?)?;
     let (parent_seq, parent_state) = latest(&app, &parent, Form::UpdateV1).await?;
     let mine = current(&app, &branch, Form::UpdateV1).await?;
+    let admission = app.gate.admit(branch.id).await?;
     let update = heavy(admission, move || {
         let doc = yrs::Doc::new();
         let apply = |data: &[u8]| -> ApiResult<crate::room::Changes> {
