@@ -16,18 +16,20 @@ use yrs::updates::decoder::Decode;
 use yrs::{ReadTxn, Transact, Update};
 
 use super::extract::{ApiBytes, ApiJson, ApiPath};
-use super::history::{budget_full, first_row, forget_restore_lock, record, restore_lock};
+use super::history::{
+    budget_full, first_row, forget_restore_lock, new_doc_name, record, restore_lock,
+};
 use super::reads::{
     check_position, content, current, heavy, latest, not_retained, stored_invalid, version_meta,
 };
-use super::shared::{applied, ask_room, doc_for, doc_path, field_limits, live, ApiResult};
+use super::shared::{applied, ask_room, doc_for, doc_path, live, ApiResult};
 use crate::app::AppState;
 use crate::auth::{Permission, Principal};
 use crate::branches::{self, Change, Review, TextView};
 use crate::gate::{At, Form};
 use crate::problem::responses::*;
 use crate::problem::ApiError;
-use crate::room::{ApplyCmd, DocName, RoomCmd};
+use crate::room::{ApplyCmd, RoomCmd};
 use crate::storage::api::DocMeta;
 use crate::storage::branches::{BranchRow, Decision, DecisionRow};
 use crate::storage::history::{Version, VersionKind};
@@ -135,19 +137,7 @@ pub async fn create_branch(
     ApiJson(body): ApiJson<CreateBranch>,
 ) -> ApiResult<Response> {
     let parent = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
-    let new_name = DocName::parse(&body.name)
-        .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
-    if body.title.len() > field_limits::TITLE {
-        return Err(ApiError::bad_request(
-            "field-too-long",
-            format!("title is longer than {} bytes", field_limits::TITLE),
-        ));
-    }
-    if principal.permission_on(new_name.as_str(), None) < Some(Permission::Write) {
-        return Err(ApiError::forbidden(
-            "write permission on the branch's name is required",
-        ));
-    }
+    let new_name = new_doc_name(&principal, &body.name, &body.title)?;
     let (base_seq, update) = match body.from {
         None
         | Some(BranchFrom {

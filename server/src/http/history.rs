@@ -462,6 +462,25 @@ async fn apply(
     applied(result, stored_invalid)
 }
 
+/// The name (and title) of a document a fork or a branch creates, checked: a valid name,
+/// a title within its limit, and write permission on the name.
+pub(super) fn new_doc_name(principal: &Principal, name: &str, title: &str) -> ApiResult<DocName> {
+    let new_name = DocName::parse(name)
+        .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
+    if title.len() > field_limits::TITLE {
+        return Err(ApiError::bad_request(
+            "field-too-long",
+            format!("title is longer than {} bytes", field_limits::TITLE),
+        ));
+    }
+    if principal.permission_on(new_name.as_str(), None) < Some(Permission::Write) {
+        return Err(ApiError::forbidden(
+            "write permission on the new name is required",
+        ));
+    }
+    Ok(new_name)
+}
+
 /// The first log row of a new document holding `update` (a fork's or a branch's content,
 /// read from `source`): refused over `max_doc_size`; what it inserts and deletes, and its
 /// client ids, counted off the runtime under an admission; attributed to the caller.
@@ -526,19 +545,7 @@ pub async fn fork(
     ApiJson(body): ApiJson<Fork>,
 ) -> ApiResult<Response> {
     let source = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
-    let new_name = DocName::parse(&body.name)
-        .map_err(|e| ApiError::bad_request("invalid-document-name", e.to_string()))?;
-    if body.title.len() > field_limits::TITLE {
-        return Err(ApiError::bad_request(
-            "field-too-long",
-            format!("title is longer than {} bytes", field_limits::TITLE),
-        ));
-    }
-    if principal.permission_on(new_name.as_str(), None) < Some(Permission::Write) {
-        return Err(ApiError::forbidden(
-            "write permission on the new name is required",
-        ));
-    }
+    let new_name = new_doc_name(&principal, &body.name, &body.title)?;
     // Without the deleted content the history document keeps (`Form::UpdateV1`).
     let update = match (body.version, &body.at, body.at_position) {
         (Some(id), None, None) => {
