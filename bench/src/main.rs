@@ -23,12 +23,16 @@
 //!   delivery latency is compared with the same typists' just before; checks the parent's
 //!   text after each round.
 //!
+//! - `presence`: N clients in one document, each moving its cursor (an awareness change) once
+//!   a second; a sample of them times every other client's change; server CPU per change.
+//!
 //! The generator is cheap by design: clients never apply what they receive; they decode only
 //! the update's block ids to find which send it was.
 
 mod branches;
 mod heavy;
 mod large;
+mod presence;
 mod sessions;
 mod wire;
 
@@ -74,6 +78,9 @@ enum Scenario {
     /// The editing trace as sessions of a few authors on a branch; then its change list and
     /// its merges, timed, with typists on the parent (Quire only).
     Branches(branches::BranchesArgs),
+    /// Clients in one document each moving its cursor (an awareness change) at a fixed rate;
+    /// delivery latency of presence and server CPU per change.
+    Presence(presence::PresenceArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -226,6 +233,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Storm(args) => large::storm(args).await?,
         Scenario::Heavy(args) => heavy::heavy(args).await?,
         Scenario::Branches(args) => branches::branches(args).await?,
+        Scenario::Presence(args) => presence::presence(args).await?,
     }
     Ok(())
 }

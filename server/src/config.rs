@@ -273,6 +273,10 @@ pub struct Settings {
     /// Drop awareness states not refreshed for this long [default: 30s]
     #[arg(long, env = "QUIRE_AWARENESS_TIMEOUT")]
     pub awareness_timeout: Option<HumanDuration>,
+    /// Relay presence changes once per this long, every change of the tick in one frame per
+    /// connection; 0 relays each change at once [default: 50ms]
+    #[arg(long, env = "QUIRE_AWARENESS_TICK")]
+    pub awareness_tick: Option<HumanDuration>,
     /// Unload a room this long after its last connection closes [default: 30s]
     #[arg(long, env = "QUIRE_ROOM_UNLOAD_DELAY")]
     pub room_unload_delay: Option<HumanDuration>,
@@ -465,6 +469,8 @@ pub struct RoomConfig {
     pub max_connections: usize,
     pub commit_batch: usize,
     pub awareness_timeout: Duration,
+    /// How long presence changes are held to go out together (0: at once).
+    pub awareness_tick: Duration,
     pub unload_delay: Duration,
     pub load_retry_delay: Duration,
     /// Deadline of each storage call a room makes (load, append, snapshot, lease).
@@ -610,6 +616,7 @@ impl Settings {
             idle_timeout,
             slow_close_timeout,
             awareness_timeout,
+            awareness_tick,
             room_unload_delay,
             load_retry_delay,
             snapshot_updates,
@@ -700,6 +707,8 @@ impl Settings {
                 max_connections: self.max_connections_per_doc.unwrap_or(1000).max(1),
                 commit_batch: self.commit_batch.unwrap_or(1024).max(1),
                 awareness_timeout: d(self.awareness_timeout, Duration::from_secs(30)),
+                awareness_tick: d(self.awareness_tick, Duration::from_millis(50))
+                    .min(Duration::from_secs(5)),
                 unload_delay: d(self.room_unload_delay, Duration::from_secs(30)),
                 load_retry_delay: d(self.load_retry_delay, Duration::from_secs(2)),
                 storage_timeout: d(self.storage_timeout, Duration::from_secs(10))

@@ -66,6 +66,7 @@ pub struct Metrics {
     pub heavy_cache_bytes: IntGauge,
     pub versions_refused: IntCounter,
     pub awareness_refused: IntCounter,
+    pub awareness_relays: IntCounter,
     pub forward_refused: IntCounter,
     pub stateless_refused: IntCounter,
 }
@@ -327,6 +328,11 @@ impl Metrics {
                 "awareness_refused_total",
                 "Awareness entries dropped because they spoke for a client id another user's \
                  live connection holds",
+            ),
+            awareness_relays: counter(
+                "awareness_relays_total",
+                "Awareness frames a room sent to its peers at the end of a tick, each carrying \
+                 every presence change of the tick (awareness_tick)",
             ),
             versions_refused: counter(
                 "versions_refused_total",

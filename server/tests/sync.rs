@@ -6,6 +6,7 @@ use bytes::Bytes;
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::time::Duration;
 
 #[tokio::test]
 async fn many_clients_converge_and_a_late_joiner_gets_everything() {
@@ -283,6 +284,63 @@ async fn awareness_is_relayed_and_removed_when_its_connection_closes() {
         c.pump_until(PATIENCE, |c| !c.awareness.contains_key(&1))
             .await
     );
+    server.stop().await;
+}
+
+/// Presence is coalesced: every change of one `awareness_tick` reaches each peer in one frame,
+/// the sender's own change included (with the clock it has, which y-protocols ignores); the
+/// newest clock per client wins and a state removed within the tick arrives as removed.
+#[tokio::test]
+async fn presence_changes_of_one_tick_reach_each_peer_in_one_frame() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    // Long enough that the five sends below land in one tick on a loaded machine.
+    cfg.room.awareness_tick = Duration::from_secs(2);
+    let server = TestServer::start(cfg).await;
+    let url = server.url("coalesced");
+    let mut a = Client::connect(&url, 1).await;
+    let mut b = Client::connect(&url, 2).await;
+    let mut c = Client::connect(&url, 3).await;
+    let mut observer = Client::connect(&url, 4).await;
+    assert_eq!(
+        observer.awareness_frames, 0,
+        "nobody was present at the join"
+    );
+    a.send_raw(presence_at(1, 1, r#"{"cursor":1}"#)).await;
+    a.send_raw(presence_at(1, 2, r#"{"cursor":2}"#)).await;
+    b.send_raw(presence_at(2, 1, r#"{"cursor":9}"#)).await;
+    b.send_raw(presence_at(2, 1, "null")).await;
+    c.send_raw(presence_at(3, 1, r#"{"cursor":3}"#)).await;
+    assert!(
+        observer
+            .pump_until(PATIENCE, |o| o.awareness.len() >= 2)
+            .await
+    );
+    // Whatever else is queued behind it has had time to arrive.
+    observer
+        .pump_until(Duration::from_millis(300), |_| false)
+        .await;
+    assert_eq!(observer.awareness_frames, 1, "one frame for the whole tick");
+    assert!(
+        observer.awareness[&1].contains(r#""cursor":2"#),
+        "{:?}",
+        observer.awareness
+    );
+    assert!(observer.awareness[&3].contains(r#""cursor":3"#));
+    assert!(
+        !observer.awareness.contains_key(&2),
+        "removed within the tick"
+    );
+    // The senders get the same frame, their own state in it.
+    for client in [&mut a, &mut c] {
+        assert!(
+            client
+                .pump_until(PATIENCE, |c| c.awareness.len() >= 2)
+                .await
+        );
+        assert_eq!(client.awareness_frames, 1);
+    }
+    assert_eq!(server.metric("quire_awareness_relays_total").await, 1.0);
     server.stop().await;
 }
 

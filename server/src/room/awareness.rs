@@ -79,6 +79,8 @@ pub struct AwarenessTable {
     /// The encoded full state ([`Self::full_state_frame`]) until the table changes; the inner
     /// `None` when there is no live state.
     frame: Option<Option<bytes::Bytes>>,
+    /// Changes applied but not yet relayed ([`Self::hold`]): the newest entry per client id.
+    held: HashMap<ClientID, AwarenessUpdateEntry>,
 }
 
 impl AwarenessTable {
@@ -227,6 +229,23 @@ impl AwarenessTable {
 
     pub fn is_empty(&self) -> bool {
         self.states.is_empty()
+    }
+
+    /// Keeps `change` (what [`Self::apply`], [`Self::remove_peer`] or [`Self::expire`]
+    /// returned) to relay later with every other change held meanwhile. Each entry of a change
+    /// is newer than the table held before it (that is why it was returned), so the newest
+    /// entry per client id replaces the one held: a client applying only it ends where one
+    /// applying every change in turn would (newest clock wins; a removal is a `null` entry
+    /// with its clock, kept like any other).
+    pub fn hold(&mut self, change: AwarenessUpdate) {
+        self.held.extend(change.clients);
+    }
+
+    /// The changes held since the last call, as one update; `None` if there are none.
+    pub fn take_held(&mut self) -> Option<AwarenessUpdate> {
+        (!self.held.is_empty()).then(|| AwarenessUpdate {
+            clients: std::mem::take(&mut self.held),
+        })
     }
 }
 
@@ -390,6 +409,50 @@ mod tests {
         // Closing the old connection no longer removes the state it handed on.
         assert!(t.remove_peer(10, now).is_none());
         assert!(t.remove_peer(12, now).is_some());
+    }
+
+    #[test]
+    fn held_changes_relay_the_newest_entry_per_client() {
+        let now = Instant::now();
+        let mut t = AwarenessTable::default();
+        let relay = |t: &mut AwarenessTable, u: AwarenessUpdate, peer| {
+            let applied = t.apply(&u, &anyone(peer), now);
+            t.hold(applied.relay.expect("a change"));
+        };
+        relay(&mut t, update(&[(1, 1, r#"{"at":1}"#), (2, 1, "{}")]), 10);
+        relay(&mut t, update(&[(1, 2, r#"{"at":2}"#)]), 10);
+        relay(&mut t, update(&[(3, 1, "{}")]), 11);
+        relay(&mut t, update(&[(3, 1, "null")]), 11);
+        // Older than what was held: not a change, so nothing is held for it.
+        assert!(t
+            .apply(&update(&[(1, 1, r#"{"at":0}"#)]), &anyone(10), now)
+            .relay
+            .is_none());
+        let held = t.take_held().expect("held changes");
+        let entries: std::collections::BTreeMap<u64, (u32, String)> = held
+            .clients
+            .iter()
+            .map(|(id, e)| (id.get(), (e.clock, e.json.to_string())))
+            .collect();
+        assert_eq!(
+            entries,
+            [
+                (1, (2, r#"{"at":2}"#.to_owned())),
+                (2, (1, "{}".to_owned())),
+                (3, (1, "null".to_owned())),
+            ]
+            .into_iter()
+            .collect()
+        );
+        assert!(t.take_held().is_none(), "taken once");
+        // A closed peer's removal supersedes its state held before it.
+        relay(&mut t, update(&[(4, 1, "{}")]), 12);
+        let removal = t.remove_peer(12, now).expect("peer 12's state");
+        t.hold(removal);
+        let held = t.take_held().expect("the removal");
+        assert_eq!(held.clients.len(), 1);
+        let entry = &held.clients[&ClientID::new(4)];
+        assert_eq!((entry.clock, &*entry.json), (2, "null"));
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub struct Client {
     pub synced: bool,
     pub acks_received: Vec<Bytes>,
     pub awareness: HashMap<u64, String>,
+    /// Awareness messages received (a frame may carry several clients' states).
+    pub awareness_frames: usize,
     pub updates_received: usize,
     pub closed: Option<CloseFrame>,
     /// The reason of the last Auth permission-denied message.
@@ -98,6 +100,7 @@ impl Client {
             synced: false,
             acks_received: Vec::new(),
             awareness: HashMap::new(),
+            awareness_frames: 0,
             updates_received: 0,
             closed: None,
             permission_denied: None,
@@ -210,6 +213,7 @@ impl Client {
                             self.apply(&u);
                         }
                         Message::Awareness { update, .. } => {
+                            self.awareness_frames += 1;
                             for (id, e) in update.clients {
                                 if &*e.json == "null" {
                                     self.awareness.remove(&id.get());

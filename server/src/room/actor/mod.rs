@@ -37,7 +37,6 @@ use super::answers::SharedAnswers;
 use super::committed::CommittedCopy;
 use super::queue::QueueTx;
 use super::{ApplyCmd, ApplyError, DocName, PeerAuth, PeerId, Registry, RoomCmd};
-use crate::protocol;
 use crate::storage::{Epoch, SnapshotOutcome, StorageError};
 use lifecycle::{committed_copy_limit, load, wait_renewal, Lease, Loaded};
 use peers::Peers;
@@ -388,6 +387,7 @@ impl Room {
             .first()
             .map_or_else(Instant::now, |e| e.0);
         let version_due = self.version_due_at();
+        let awareness_due = self.peers.awareness_due;
         tokio::select! {
             res = wait_inflight(&mut self.pipeline.inflight), if self.pipeline.inflight.is_some() => {
                 let reason = self.on_op_done(res).await.err()?;
@@ -423,8 +423,12 @@ impl Room {
             _ = timers.sweep.tick(), if !self.peers.awareness.is_empty() => {
                 let timeout = self.registry.config.awareness_timeout;
                 if let Some(gone) = self.peers.awareness.expire(Instant::now(), timeout) {
-                    self.broadcast(&protocol::encode_awareness(&gone), None);
+                    self.relay_awareness(gone, None);
                 }
+                None
+            }
+            _ = sleep_until(awareness_due.unwrap_or_else(Instant::now)), if awareness_due.is_some() => {
+                self.flush_awareness();
                 None
             }
             _ = sleep_until(next_expiry), if !self.peers.expiries.is_empty() => {

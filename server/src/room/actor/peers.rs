@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use bytes::Bytes;
 use tokio::time::{Duration, Instant};
 use tracing::{debug, warn};
+use yrs::sync::AwarenessUpdate;
 
 use super::{Peer, Room};
 use crate::close;
@@ -33,6 +34,9 @@ pub(super) struct Peers {
     /// before it is closed (4403) at once.
     role_changes: HashMap<String, i64>,
     pub(super) awareness: AwarenessTable,
+    /// When the awareness changes held since the last relay go out (`awareness_tick`);
+    /// `None` when none is held.
+    pub(super) awareness_due: Option<Instant>,
 }
 
 impl Room {
@@ -143,8 +147,7 @@ impl Room {
                     // Hocuspocus echoes awareness to its sender too: a provider that hears
                     // nothing for 30 s reconnects, and its 15-second awareness renewal coming
                     // back is what it hears on a quiet document.
-                    let frame = protocol::encode_awareness(&relay);
-                    self.broadcast(&frame, (!echo).then_some(peer));
+                    self.relay_awareness(relay, (!echo).then_some(peer));
                 }
             }
             PeerMsg::QueryAwareness => {
@@ -181,6 +184,34 @@ impl Room {
         p.expires = expires;
         p.auth = auth;
         true
+    }
+
+    /// Relays an awareness change to the peers. With `awareness_tick` zero it goes out at once
+    /// to every peer but `except`; otherwise it is held, and when the tick that began with the
+    /// first change held ends ([`Room::flush_awareness`]), every change held goes out as one
+    /// frame, encoded once, to every peer: each peer gets at most one awareness frame per tick
+    /// whatever the number of clients changing, instead of one per change. The sender gets
+    /// its own change back in that frame, with the clock it already has, which y-protocols
+    /// ignores (and a Hocuspocus provider counts on hearing it).
+    pub(super) fn relay_awareness(&mut self, change: AwarenessUpdate, except: Option<PeerId>) {
+        let tick = self.registry.config.awareness_tick;
+        if tick.is_zero() {
+            self.broadcast(&protocol::encode_awareness(&change), except);
+            return;
+        }
+        self.peers.awareness.hold(change);
+        if self.peers.awareness_due.is_none() {
+            self.peers.awareness_due = Some(Instant::now() + tick);
+        }
+    }
+
+    /// Sends the awareness changes held this tick ([`Room::relay_awareness`]).
+    pub(super) fn flush_awareness(&mut self) {
+        self.peers.awareness_due = None;
+        if let Some(held) = self.peers.awareness.take_held() {
+            self.registry.metrics.awareness_relays.inc();
+            self.broadcast(&protocol::encode_awareness(&held), None);
+        }
     }
 
     /// Sends a stateless message to every Hocuspocus peer; returns how many.
@@ -263,7 +294,7 @@ impl Room {
         }
         self.reads.deferred_step1.remove(&peer);
         if let Some(removal) = self.peers.awareness.remove_peer(peer, Instant::now()) {
-            self.broadcast(&protocol::encode_awareness(&removal), None);
+            self.relay_awareness(removal, None);
         }
         if self.peers.by_id.is_empty() {
             self.unload_at = Some(Instant::now() + self.registry.config.unload_delay);
