@@ -20,6 +20,7 @@ pub struct Metrics {
     pub broadcast_overflows: IntCounter,
     pub snapshots: IntCounter,
     pub snapshots_encoded_apart: IntCounter,
+    pub snapshots_read_back: IntCounter,
     pub snapshot_conflicts: IntCounter,
     pub fenced_writes: IntCounter,
     pub lease_losses: IntCounter,
@@ -126,6 +127,11 @@ impl Metrics {
             snapshots_encoded_apart: counter(
                 "snapshots_encoded_apart_total",
                 "Snapshots of large documents encoded on a blocking thread while appends went on",
+            ),
+            snapshots_read_back: counter(
+                "snapshots_read_back_total",
+                "Snapshots read back from storage to encode the next one from: the room does \
+                 not hold a snapshot larger than twice snapshot_bytes in memory",
             ),
             snapshot_conflicts: counter(
                 "snapshot_conflicts_total",

@@ -577,12 +577,30 @@ async fn stored_text(db: &std::path::Path, name: &str) -> String {
 /// the room) is everything acknowledged, after snapshots that overlapped many appends.
 #[tokio::test]
 async fn snapshots_encoded_while_appends_go_on_lose_no_row() {
+    let read_back = snapshots_encoded_apart_lose_no_row(None).await;
+    assert_eq!(read_back, 0.0, "a 1 MB snapshot is held in memory");
+}
+
+/// The same with a snapshot larger than the room holds in memory (twice `snapshot_bytes`):
+/// each snapshot is encoded from the stored one, read back, and the rows after it.
+#[tokio::test]
+async fn snapshots_too_large_to_hold_are_read_back_to_encode_and_lose_no_row() {
+    let read_back = snapshots_encoded_apart_lose_no_row(Some(256 * 1024)).await;
+    assert!(read_back >= 2.0, "{read_back} snapshots read back");
+}
+
+/// Runs the scenario of the two tests above; returns how many snapshots were read back from
+/// storage to encode from.
+async fn snapshots_encoded_apart_lose_no_row(snapshot_bytes: Option<u64>) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path();
     let mut cfg = test_config(db);
     // A snapshot is due after every few commits, whatever the log's size.
     cfg.room.snapshot_updates = 4;
     cfg.room.snapshot_log_percent = 0;
+    if let Some(bytes) = snapshot_bytes {
+        cfg.room.snapshot_bytes = bytes;
+    }
     let server = TestServer::start(cfg).await;
     let url = server.url("large");
     let mut c = Client::connect(&url, 1).await;
@@ -619,7 +637,12 @@ async fn snapshots_encoded_while_appends_go_on_lose_no_row() {
         stored.len(),
         text.len()
     );
+    // A fresh client gets it all too (the room's own state, after those snapshots).
+    let fresh = Client::connect(&url, 99).await;
+    assert_eq!(fresh.text(), text);
+    let read_back = server.metric("quire_snapshots_read_back_total").await;
     server.stop().await;
+    read_back
 }
 
 /// A snapshot staged in parts is read back whole once written; a staged snapshot missing a

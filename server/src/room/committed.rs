@@ -13,7 +13,12 @@
 //! back into one buffer (a row must not pin the frame buffer it arrived in). Snapshots keep
 //! the rows few (`snapshot_updates`, `snapshot_bytes`); if snapshots cannot be written and
 //! the rows pass their bound, the copy is given up until the next snapshot or reload, and
-//! reads during a stall then wait for the commit as they would without it. The `Doc` to read
+//! reads during a stall then wait for the commit as they would without it. A snapshot larger
+//! than the same bound (twice `snapshot_bytes`) is not held either: a large document would
+//! otherwise sit in memory twice, as its `Doc` and as its encoded snapshot. Such a copy holds
+//! only the rows after the snapshot; a snapshot encoded off the room reads the stored snapshot
+//! back from storage ([`SnapshotSource::needs_stored_snapshot`]), HTTP reads of the current
+//! content are answered from storage, and reads during a stall wait for the commit. The `Doc` to read
 //! from is replayed only while the room is stalled, once per stall, and the whole-document
 //! answer most joining clients ask for is encoded once per stall too.
 
@@ -67,11 +72,36 @@ fn split_rows<'a>(
 pub struct SnapshotSource {
     snapshot: Option<Bytes>,
     snapshot_seq: i64,
+    /// The snapshot at `snapshot_seq` is in storage only ([`CommittedCopy`] did not hold it).
+    snapshot_stored: bool,
     data: Bytes,
     rows: Vec<(i64, usize)>,
 }
 
 impl SnapshotSource {
+    /// Whether the snapshot this state starts from must be read back from storage first
+    /// ([`SnapshotSource::fill_snapshot`]): the copy did not hold it, it was too large.
+    pub fn needs_stored_snapshot(&self) -> bool {
+        self.snapshot_stored
+    }
+
+    /// Supplies the stored snapshot the copy did not hold: `stored`, as loaded, must be the
+    /// snapshot at this source's snapshot position (else an error: it moved meanwhile).
+    pub fn fill_snapshot(&mut self, stored: &mut crate::storage::StoredDoc) -> Result<(), String> {
+        if !self.snapshot_stored {
+            return Ok(());
+        }
+        if stored.snapshot_seq != self.snapshot_seq || stored.snapshot.is_none() {
+            return Err(format!(
+                "the stored snapshot is at position {}, the copy's at {}",
+                stored.snapshot_seq, self.snapshot_seq
+            ));
+        }
+        self.snapshot = stored.snapshot.take().map(Bytes::from);
+        self.snapshot_stored = false;
+        Ok(())
+    }
+
     /// The log position this state is at.
     pub fn seq(&self) -> i64 {
         self.rows.last().map_or(self.snapshot_seq, |(seq, _)| *seq)
@@ -80,6 +110,9 @@ impl SnapshotSource {
     /// Replays the state into a fresh `Doc` (a blocking computation: call it off the
     /// runtime's threads).
     pub fn replay(&self) -> Result<Doc, String> {
+        if self.snapshot_stored {
+            return Err("the snapshot to replay from was not read back from storage".into());
+        }
         replay(self.snapshot.as_deref(), split_rows(&self.data, &self.rows))
     }
 
@@ -106,9 +139,12 @@ struct View {
 }
 
 pub(super) struct CommittedCopy {
-    /// Yjs v2 encoded state covering the log up to `snapshot_seq`.
+    /// Yjs v2 encoded state covering the log up to `snapshot_seq` (`None` also when it is
+    /// in storage only: `snapshot_stored`).
     snapshot: Option<Bytes>,
     snapshot_seq: i64,
+    /// The snapshot at `snapshot_seq` was larger than `limit`: not held, in storage only.
+    snapshot_stored: bool,
     /// Committed log rows after `snapshot_seq` (Yjs v1 updates), back to back.
     data: Vec<u8>,
     /// Each row's sequence number and where it ends in `data`, ascending.
@@ -127,9 +163,12 @@ impl CommittedCopy {
     /// Takes the snapshot and rows out of what the room loaded; rows past `limit` bytes give
     /// the copy up.
     pub(super) fn take(stored: &mut StoredDoc, limit: usize) -> CommittedCopy {
+        let snapshot = stored.snapshot.take().map(Bytes::from);
+        let snapshot_stored = snapshot.as_ref().is_some_and(|s| s.len() > limit);
         let mut copy = CommittedCopy {
-            snapshot: stored.snapshot.take().map(Bytes::from),
+            snapshot: snapshot.filter(|_| !snapshot_stored),
             snapshot_seq: stored.snapshot_seq,
+            snapshot_stored,
             data: Vec::new(),
             rows: Vec::new(),
             limit,
@@ -183,7 +222,8 @@ impl CommittedCopy {
     pub(super) fn snapshotted(&mut self, snapshot: Bytes, upto_seq: i64, last_seq: i64) {
         self.view = None;
         self.unreplayable = false;
-        self.snapshot = Some(snapshot);
+        self.snapshot_stored = snapshot.len() > self.limit;
+        self.snapshot = (!self.snapshot_stored).then_some(snapshot);
         self.snapshot_seq = upto_seq;
         if self.given_up {
             // Usable again only if no row after `upto_seq` was dropped while given up.
@@ -204,13 +244,21 @@ impl CommittedCopy {
         }
     }
 
-    /// What a snapshot encoded away from the room replays: the snapshot and the rows after
-    /// it, up to the room's last committed row (`None` if the copy was given up). Costs a copy
-    /// of the rows, which snapshots keep few.
+    /// What an HTTP read of the current content replays: the snapshot and the rows after it,
+    /// up to the room's last committed row (`None` if the copy was given up or does not hold
+    /// its snapshot). Costs a copy of the rows, which snapshots keep few.
     pub(super) fn source(&self) -> Option<SnapshotSource> {
+        self.snapshot_source().filter(|s| !s.snapshot_stored)
+    }
+
+    /// What a snapshot encoded away from the room replays: [`CommittedCopy::source`], or,
+    /// when the copy does not hold its snapshot, the rows with the snapshot to be read back
+    /// from storage ([`SnapshotSource::fill_snapshot`]). `None` if the copy was given up.
+    pub(super) fn snapshot_source(&self) -> Option<SnapshotSource> {
         (!self.given_up).then(|| SnapshotSource {
             snapshot: self.snapshot.clone(),
             snapshot_seq: self.snapshot_seq,
+            snapshot_stored: self.snapshot_stored,
             data: Bytes::copy_from_slice(&self.data),
             rows: self.rows.clone(),
         })
@@ -229,7 +277,7 @@ impl CommittedCopy {
     }
 
     fn view(&mut self) -> Option<&mut View> {
-        if self.view.is_none() && !self.given_up && !self.unreplayable {
+        if self.view.is_none() && !self.given_up && !self.unreplayable && !self.snapshot_stored {
             match replay(self.snapshot.as_deref(), split_rows(&self.data, &self.rows)) {
                 Ok(doc) => self.view = Some(View { doc, whole: None }),
                 Err(e) => {
@@ -339,6 +387,9 @@ mod tests {
         assert!(copy.doc().is_none(), "given up");
         assert_eq!(copy.bytes(), 0);
         assert!(copy.source().is_none(), "nothing to encode a snapshot from");
+        // (Room for the snapshots below: a snapshot past the bound is not held either, see
+        // the next test.)
+        copy.limit = 1 << 20;
         // A snapshot encoded before row 2 (off the room) does not make the copy whole: row 2
         // was dropped while given up.
         copy.snapshotted(source.snapshot(), 1, 2);
@@ -363,5 +414,53 @@ mod tests {
             doc.transact().state_vector(),
             source.0.transact().state_vector()
         );
+    }
+
+    #[test]
+    fn a_snapshot_past_the_bound_is_left_in_storage_and_read_back_to_encode() {
+        let source = Source(Doc::with_client_id(1));
+        let a = source.edit(0, &"a".repeat(200));
+        let big = source.snapshot();
+        let limit = big.len() - 1;
+        let mut stored = StoredDoc {
+            snapshot: Some(big.to_vec()),
+            snapshot_seq: 1,
+            ..StoredDoc::default()
+        };
+        let mut copy = CommittedCopy::take(&mut stored, limit);
+        assert_eq!(copy.bytes(), 0, "the snapshot is not held");
+        let b = source.edit(0, "b");
+        copy.committed(2, [b.as_slice()]);
+        assert_eq!(copy.seq(), Some(2));
+        assert!(copy.doc().is_none(), "no stall reads without the snapshot");
+        assert!(copy.source().is_none(), "HTTP reads go to storage");
+        let mut apart = copy.snapshot_source().expect("rows to encode from");
+        assert!(apart.needs_stored_snapshot());
+        assert!(apart.replay().is_err());
+        // A stored snapshot at another position is refused.
+        let mut moved = StoredDoc {
+            snapshot: Some(big.to_vec()),
+            snapshot_seq: 2,
+            ..StoredDoc::default()
+        };
+        assert!(apart.fill_snapshot(&mut moved).is_err());
+        let mut loaded = StoredDoc {
+            snapshot: Some(big.to_vec()),
+            snapshot_seq: 1,
+            ..StoredDoc::default()
+        };
+        apart
+            .fill_snapshot(&mut loaded)
+            .expect("the snapshot it starts from");
+        let encoded = apart.encode().expect("encodes");
+        let doc = replay(Some(&encoded), []).expect("replays");
+        assert_eq!(text_of(&doc), format!("b{}", "a".repeat(200)));
+        drop(a);
+        // A small snapshot written later is held again.
+        let small_limit = Source(Doc::with_client_id(2));
+        let small = small_limit.snapshot();
+        copy.snapshotted(small.clone(), 2, 2);
+        assert!(copy.source().is_some());
+        assert_eq!(copy.bytes(), small.len());
     }
 }

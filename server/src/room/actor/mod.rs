@@ -388,6 +388,7 @@ impl Room {
             .map_or_else(Instant::now, |e| e.0);
         let version_due = self.version_due_at();
         let awareness_due = self.peers.awareness_due;
+        let answers_due = self.answers.release_due();
         tokio::select! {
             res = wait_inflight(&mut self.pipeline.inflight), if self.pipeline.inflight.is_some() => {
                 let reason = self.on_op_done(res).await.err()?;
@@ -429,6 +430,10 @@ impl Room {
             }
             _ = sleep_until(awareness_due.unwrap_or_else(Instant::now)), if awareness_due.is_some() => {
                 self.flush_awareness();
+                None
+            }
+            _ = sleep_until(answers_due.unwrap_or_else(Instant::now)), if answers_due.is_some() => {
+                self.answers.release(Instant::now());
                 None
             }
             _ = sleep_until(next_expiry), if !self.peers.expiries.is_empty() => {

@@ -157,7 +157,7 @@ impl Room {
             return;
         }
         if self.stored_bytes >= ENCODE_APART_BYTES {
-            if let Some(source) = self.committed.source() {
+            if let Some(source) = self.committed.snapshot_source() {
                 self.encode_apart(source);
                 return;
             }
@@ -191,17 +191,26 @@ impl Room {
         });
     }
 
-    fn encode_apart(&mut self, source: SnapshotSource) {
+    fn encode_apart(&mut self, mut source: SnapshotSource) {
         self.registry.metrics.snapshots_encoded_apart.inc();
         let permits = self.registry.snapshot_encoders.clone();
         let store = self.registry.store.clone();
-        let doc = self.doc_id;
+        let (doc, name) = (self.doc_id, self.name.clone());
         let (limit, metrics) = (
             self.registry.config.storage_timeout,
             self.registry.metrics.clone(),
         );
         let task = tokio::spawn(async move {
             let _turn = permits.acquire_owned().await.map_err(|e| e.to_string())?;
+            if source.needs_stored_snapshot() {
+                // The copy does not hold a snapshot this large: read it back (only this room
+                // writes the document's snapshots, so the stored one is the copy's).
+                let mut stored = within(limit, &metrics, "load", store.load(name.as_str()))
+                    .await
+                    .map_err(|e| format!("reading the snapshot back: {e}"))?;
+                source.fill_snapshot(&mut stored)?;
+                metrics.snapshots_read_back.inc();
+            }
             let data = tokio::task::spawn_blocking(move || source.encode())
                 .await
                 .map_err(|e| format!("the encoding thread failed: {e}"))??;
