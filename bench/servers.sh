@@ -4,6 +4,8 @@
 
 RELEASE="${RELEASE:-${CARGO_TARGET_DIR:-target}/release}"
 BENCH="${BENCH:-$RELEASE/quire-bench}"
+# The Quire binary under test (another build, to compare in one run).
+QUIRE_BIN="${QUIRE_BIN:-$RELEASE/quire}"
 OUT="${OUT:-target/bench}"
 RESULTS="${RESULTS:-$OUT/results.jsonl}"
 mkdir -p "$OUT"
@@ -18,9 +20,9 @@ wait_port() { # port name: until something listens on 127.0.0.1:port, at most 10
 
 start_server() { # name port dir -> sets PID
   case "$1" in
-    quire) "$RELEASE/quire" serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
+    quire) "$QUIRE_BIN" serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
              --log warn ${QUIRE_ARGS:-} >"$3/log" 2>&1 & ;;
-    quire-normal) "$RELEASE/quire" serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
+    quire-normal) "$QUIRE_BIN" serve --bind "127.0.0.1:$2" --database "sqlite://$3/quire.db" \
              --log warn --sqlite-synchronous normal >"$3/log" 2>&1 & ;;
     floor) "$RELEASE/quire-floor" "127.0.0.1:$2" >"$3/log" 2>&1 & ;;
     # The floor with Quire's 128-byte read buffer: the floor for idle memory.

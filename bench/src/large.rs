@@ -146,9 +146,9 @@ pub struct StormArgs {
 }
 
 /// Bytes per update of the seeded document.
-const CHUNK: usize = 512 * 1024;
+pub const CHUNK: usize = 512 * 1024;
 /// The seed of the seeded document (the same document for every server and run).
-const SEED: u64 = 20_261_202;
+pub const SEED: u64 = 20_261_202;
 
 /// The join storm: uploads the seeded document (unless `--no-upload`), then opens `clients`
 /// sockets to it at the same moment, each sending Sync Step 1 with an empty state vector, and

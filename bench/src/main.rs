@@ -26,13 +26,21 @@
 //! - `presence`: N clients in one document, each moving its cursor (an awareness change) once
 //!   a second; a sample of them times every other client's change; server CPU per change.
 //!
+//! - `memory`: a large document's cost in server RSS once loaded, after a join storm and
+//!   after typing (a snapshot), on the storm's seeded document.
+//!
+//! - `reads` (Quire only): a large document's content now, at a version and at an older
+//!   position: the first read's time, CPU and memory, and the CPU of each read again.
+//!
 //! The generator is cheap by design: clients never apply what they receive; they decode only
 //! the update's block ids to find which send it was.
 
 mod branches;
 mod heavy;
 mod large;
+mod memory;
 mod presence;
+mod reads;
 mod sessions;
 mod wire;
 
@@ -81,6 +89,11 @@ enum Scenario {
     /// Clients in one document each moving its cursor (an awareness change) at a fixed rate;
     /// delivery latency of presence and server CPU per change.
     Presence(presence::PresenceArgs),
+    /// A large document's cost in server RSS: loaded, after a join storm, after typing.
+    Memory(memory::MemoryArgs),
+    /// A large document's content read now, at a version and at a position: first read
+    /// and repeated reads, server CPU each (Quire only).
+    Reads(reads::ReadsArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -234,6 +247,8 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Heavy(args) => heavy::heavy(args).await?,
         Scenario::Branches(args) => branches::branches(args).await?,
         Scenario::Presence(args) => presence::presence(args).await?,
+        Scenario::Memory(args) => memory::memory(args).await?,
+        Scenario::Reads(args) => reads::reads(args).await?,
     }
     Ok(())
 }

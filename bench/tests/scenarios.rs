@@ -191,6 +191,41 @@ async fn every_scenario_runs_against_quire_and_reports() {
     assert!(st["peak_rss_kib"].as_u64().is_some(), "{st}");
     all.extend(storm);
 
+    // Presence: every measurer hears every other client's change.
+    let presence = bench(
+        server.addr,
+        "presence --clients 6 --measurers 3 --duration 2s --warmup 0s --rate 5 --prefix presence",
+    )
+    .await;
+    let p = one(&presence, "presence");
+    assert_eq!(p["complete"], true, "{p}");
+    assert!(p["sent"].as_u64().unwrap_or(0) > 0, "{p}");
+    assert_eq!(p["delivered"], p["expected"], "{p}");
+    assert!(p["server_us_per_change"].as_f64().is_some(), "{p}");
+    all.extend(presence);
+
+    // A large document's memory at its three moments, and its reads.
+    let memory = bench(
+        server.addr,
+        "memory --clients 4 --doc-mb 0.3 --typing 5 --settle 0s --prefix memory",
+    )
+    .await;
+    let m = one(&memory, "memory");
+    for field in ["rss_loaded_mb", "rss_after_storm_mb", "rss_after_typing_mb"] {
+        assert!(m[field].as_f64().is_some_and(|r| r > 0.0), "{field}: {m}");
+    }
+    all.extend(memory);
+    let reads = bench(server.addr, "reads --doc-mb 0.3 --repeat 2 --prefix reads").await;
+    for kind in ["now", "version", "position"] {
+        let r = reads
+            .iter()
+            .find(|l| l["read"] == kind)
+            .unwrap_or_else(|| panic!("a {kind} read in {reads:?}"));
+        assert!(r["body_bytes"].as_u64().is_some_and(|b| b > 300_000), "{r}");
+        assert!(r["repeat_cpu_ms_per_read"].as_f64().is_some(), "{r}");
+    }
+    all.extend(reads);
+
     // Typing into a seeded document: every send is delivered (the seeded document's client
     // ids are apart from the typing clients').
     let large = bench(
@@ -287,5 +322,12 @@ async fn the_floor_relays_and_answers_a_join_storm() {
     let st = one(&storm, "storm");
     assert_eq!(st["text_ok"], true, "{st}");
     assert_eq!(st["short_syncs"], 0, "{st}");
+    let presence = bench(
+        port,
+        "presence --clients 6 --measurers 3 --duration 1s --warmup 0s --rate 5 --prefix presence",
+    )
+    .await;
+    let p = one(&presence, "presence");
+    assert_eq!(p["delivered"], p["expected"], "{p}");
     let _ = floor.kill().await;
 }

@@ -1,0 +1,159 @@
+//! `memory`: what a loaded large document costs a server in RSS, at three moments: once one
+//! client has it open (after a restart, the load from storage), after a join storm of
+//! `--clients` clients (once they have left), and after a client typed `--typing` updates
+//! into it (with a server snapshotting every 50 updates: after a snapshot). The same seeded
+//! document as the storm's (`large::seeded_updates`), so every server holds the same content.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures_util::SinkExt;
+use quire_protocol as protocol;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use yrs::{Doc, Text, Transact};
+
+use crate::{large, process_rss_kib, wire, Common};
+
+#[derive(clap::Args, Clone)]
+pub struct MemoryArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Encoded size of the document, MiB
+    #[arg(long, default_value_t = 20.0)]
+    doc_mb: f64,
+    /// Clients of the join storm
+    #[arg(long, default_value_t = 50)]
+    clients: usize,
+    /// Skip the upload: the document is already stored (after a restart)
+    #[arg(long)]
+    no_upload: bool,
+    /// Updates typed into the document after the storm
+    #[arg(long, default_value_t = 60)]
+    typing: usize,
+    /// How long the server is left alone before each reading
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    settle: Duration,
+}
+
+/// Quire's count of snapshots written (`quire_snapshots_total` on /metrics); `None` for a
+/// server without it.
+async fn snapshots_written(url: &str) -> Option<f64> {
+    let base = crate::heavy::http_base(url);
+    let body = reqwest::get(format!("{base}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("quire_snapshots_total "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn rss_mb(pid: Option<u32>) -> Option<f64> {
+    pid.and_then(process_rss_kib).map(|k| k as f64 / 1024.0)
+}
+
+pub async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
+    let c = &args.common;
+    let pid = c.server_pid;
+    let doc = format!("{}-large", c.prefix);
+    let (updates, _, encoded) = large::seeded_updates(
+        (args.doc_mb * 1048576.0) as usize,
+        large::CHUNK,
+        large::SEED,
+    );
+    let expect = encoded * 95 / 100;
+    let rss_fresh = rss_mb(pid);
+    if !args.no_upload {
+        large::upload(c, &doc, &updates, expect, Duration::from_secs(300))
+            .await
+            .context("upload")?;
+    }
+    drop(updates);
+    // One client opens it: after a restart, the server loads it from storage now.
+    let opened = Instant::now();
+    let mut first = wire::connect_with(&c.url, &doc, c.flavor, wire::BULK_READ_BUFFER).await?;
+    let state = wire::wait_synced(&mut first, c.flavor, &doc, &[0, 0]).await?;
+    let open_ms = opened.elapsed().as_secs_f64() * 1000.0;
+    anyhow::ensure!(
+        state.len() >= expect,
+        "the first client got {} bytes",
+        state.len()
+    );
+    drop(state);
+    tokio::time::sleep(args.settle).await;
+    let rss_loaded = rss_mb(pid);
+    // The join storm, the peak reset first (Linux, as root or the server's user).
+    if let Some(pid) = pid {
+        let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(args.clients));
+    let tasks: Vec<_> = (0..args.clients)
+        .map(|_| {
+            let (url, flavor, name) = (c.url.clone(), c.flavor, doc.clone());
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let mut ws =
+                    wire::connect_with(&url, &name, flavor, wire::BULK_READ_BUFFER).await?;
+                let state = wire::wait_synced(&mut ws, flavor, &name, &[0, 0]).await?;
+                anyhow::Ok((state.len(), ws))
+            })
+        })
+        .collect();
+    let mut sockets = Vec::with_capacity(args.clients);
+    for t in tasks {
+        let (len, ws) = t.await??;
+        anyhow::ensure!(len >= expect, "a storm client got {len} bytes");
+        sockets.push(ws);
+    }
+    let storm_peak = pid
+        .and_then(|pid| crate::proc_status_kib(pid, "VmHWM:"))
+        .map(|k| k as f64 / 1024.0);
+    drop(sockets);
+    tokio::time::sleep(args.settle).await;
+    let rss_after_storm = rss_mb(pid);
+    // Typing: small inserts from a client of its own (at the start of the text).
+    let typist = Doc::with_client_id(7_777_777);
+    let text = typist.get_or_insert_text("text");
+    for _ in 0..args.typing {
+        let update = {
+            let mut txn = typist.transact_mut();
+            text.insert(&mut txn, 0, "x");
+            txn.encode_update_v1()
+        };
+        let frame = wire::wrap(c.flavor, &doc, protocol::encode_update(&update));
+        first.send(WsMessage::Binary(frame)).await?;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(args.settle * 2).await;
+    let rss_after_typing = rss_mb(pid);
+    drop(first);
+    let snapshots = snapshots_written(&c.url).await;
+    let of = |rss: Option<f64>| rss.map(|r| r * 1048576.0 / encoded as f64);
+    println!(
+        "{} memory: a {:.1} MiB document: RSS fresh {:.0} MB, loaded {:.0} MB ({:.1}x its size; opened in {open_ms:.0} ms), storm of {} peak {:.0} MB, after {:.0} MB, after typing {:.0} MB (snapshots written: {snapshots:?})",
+        c.label,
+        encoded as f64 / 1048576.0,
+        rss_fresh.unwrap_or(0.0),
+        rss_loaded.unwrap_or(0.0),
+        of(rss_loaded).unwrap_or(0.0),
+        args.clients,
+        storm_peak.unwrap_or(0.0),
+        rss_after_storm.unwrap_or(0.0),
+        rss_after_typing.unwrap_or(0.0),
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "scenario": "memory", "label": c.label, "doc_bytes": encoded,
+            "uploaded": !args.no_upload, "clients": args.clients, "open_ms": open_ms,
+            "rss_fresh_mb": rss_fresh, "rss_loaded_mb": rss_loaded,
+            "storm_peak_mb": storm_peak, "rss_after_storm_mb": rss_after_storm,
+            "rss_after_typing_mb": rss_after_typing, "loaded_x_size": of(rss_loaded),
+            "snapshots_written": snapshots,
+        })
+    );
+    Ok(())
+}
