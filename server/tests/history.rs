@@ -918,3 +918,34 @@ async fn deleting_the_version_a_prune_is_making_the_base_waits_and_is_refused() 
     ann.close().await;
     server.stop().await;
 }
+
+/// A version's metadata (the list, and one version) is read from the covering index of
+/// migration 0011, never from the row: on SQLite, a column after a large `state` is reached
+/// by walking the state's overflow pages (7 ms per read of a 20 MiB document's version).
+#[tokio::test]
+async fn version_metadata_is_read_from_the_index_not_the_row_on_sqlite() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    if !database_url(dir.path()).starts_with("sqlite") {
+        return;
+    }
+    let server = TestServer::start(test_config(dir.path())).await;
+    server.stop().await;
+    let pool = open_db(dir.path()).await;
+    use quire_server::storage::history::{VERSIONS_SQL, VERSION_SQL};
+    for sql in [VERSIONS_SQL, VERSION_SQL] {
+        let explain = format!(
+            "EXPLAIN QUERY PLAN {}",
+            sql.replace("$1", "1").replace("$2", "1")
+        );
+        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(&explain)
+            .fetch_all(&pool)
+            .await
+            .expect("plan");
+        let plan: Vec<&str> = plan.iter().map(|row| row.3.as_str()).collect();
+        assert!(
+            plan.iter()
+                .any(|step| step.contains("COVERING INDEX doc_versions_meta")),
+            "{sql}: {plan:?}"
+        );
+    }
+}
