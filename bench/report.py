@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Reads quire-bench's JSON lines, prints the comparison table (each figure as a ratio to the
-best peer) and draws p99 delivery latency against offered load as an SVG.
+best peer) and draws p99 delivery latency against offered load as an SVG; with presence
+results, also server CPU per presence change against clients (bench-presence.svg beside it).
 Usage: report.py results.jsonl plot.svg"""
 import json
 import sys
@@ -227,3 +228,66 @@ for k, (s, p) in enumerate(pts.items()):
 svg.append("</svg>")
 open(sys.argv[2], "w").write("\n".join(svg) + "\n")
 print(f"\nplot written to {sys.argv[2]}")
+
+# Round three: presence at scale, a large document's memory, content reads.
+presence = [r for r in rows if r.get("scenario") == "presence"]
+if presence:
+    sizes = sorted({r["clients"] for r in presence})
+    labels = [s for s in ("floor", "quire", "y-websocket", "hocuspocus")
+              if any(r["label"] == s for r in presence)]
+    at = lambda s, n: next((r for r in presence if r["label"] == s and r["clients"] == n), {})
+    print()
+    print("| presence: µs of server CPU per change (delivery p99 ms) | " + " | ".join(labels)
+          + " | Quire vs floor |")
+    print("|---|" + "---|" * len(labels) + "---|")
+    for n in sizes:
+        cells = []
+        for s in labels:
+            r = at(s, n)
+            cpu = r.get("server_us_per_change")
+            cells.append(f"{fmt(cpu)} ({fmt(r.get('p99_ms'))})" if cpu is not None else "")
+        print(f"| {n} clients at 1/s | " + " | ".join(cells)
+              + f" | {ratio(at('quire', n).get('server_us_per_change'), at('floor', n).get('server_us_per_change'))} |")
+    import os
+    path = os.path.join(os.path.dirname(os.path.abspath(sys.argv[2])), "bench-presence.svg")
+    W, H, L, B = 640, 360, 70, 40
+    top = max(r.get("server_us_per_change") or 0 for r in presence) or 1
+    xs = (min(sizes), max(sizes)) if len(sizes) > 1 else (0, sizes[0] or 1)
+    sx = lambda x: L + (x - xs[0]) / ((xs[1] - xs[0]) or 1) * (W - L - 20)
+    sy = lambda y: H - B - y / top * (H - B - 20)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+           f'<text x="{W/2}" y="14" text-anchor="middle">server CPU per presence change (µs) against clients in one document, 1 change/s each</text>',
+           f'<line x1="{L}" y1="{H-B}" x2="{W-20}" y2="{H-B}" stroke="black"/>',
+           f'<line x1="{L}" y1="20" x2="{L}" y2="{H-B}" stroke="black"/>']
+    for n in sizes:
+        out.append(f'<text x="{sx(n):.1f}" y="{H-B+16}" text-anchor="middle">{n:,}</text>')
+    for k in range(5):
+        y = top * k / 4
+        out.append(f'<text x="{L-6}" y="{sy(y)+4:.1f}" text-anchor="end">{y:,.0f}</text>')
+    palette = {"floor": "#888888", "quire": "#1f77b4", "y-websocket": "#d62728", "hocuspocus": "#2ca02c"}
+    for k, s in enumerate(labels):
+        pts = [(n, at(s, n).get("server_us_per_change")) for n in sizes]
+        pts = [(x, y) for x, y in pts if y is not None]
+        out.append(f'<polyline fill="none" stroke="{palette[s]}" stroke-width="2" points="'
+                   + " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts) + '"/>')
+        out.append(f'<text x="{W-150}" y="{40+16*k}" fill="{palette[s]}">{s}</text>')
+    out.append("</svg>")
+    open(path, "w").write("\n".join(out) + "\n")
+    print(f"presence plot written to {path}")
+memory = [r for r in rows if r.get("scenario") == "memory"]
+if memory:
+    import statistics
+    print()
+    print("| large document RSS, MB (median of runs) | loaded | after a join storm | after typing |")
+    print("|---|---|---|---|")
+    for s in sorted({r["label"] for r in memory}):
+        got = [r for r in memory if r["label"] == s]
+        med = lambda k: statistics.median([r[k] for r in got if r.get(k) is not None] or [0])
+        print(f"| {s} | {med('rss_loaded_mb'):.0f} | {med('rss_after_storm_mb'):.0f} | {med('rss_after_typing_mb'):.0f} |")
+reads = [r for r in rows if r.get("scenario") == "reads"]
+if reads:
+    print()
+    print("| content reads (Quire) | first read ms | first read CPU ms | again: CPU ms per read |")
+    print("|---|---|---|---|")
+    for r in reads:
+        print(f"| {r['read']} | {fmt(r.get('first_ms'))} | {fmt(r.get('first_cpu_ms'))} | {fmt(r.get('repeat_cpu_ms_per_read'))} |")

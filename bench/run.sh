@@ -117,8 +117,9 @@ python3 bench/report.py "$RESULTS" docs/bench-latency.svg
 
 # The full run only: each server limited to one core (bench/cores.sh), nodes under the same
 # quota (bench/nodes.sh; PostgreSQL and NATS), the version history's figures and the branches'
-# (Quire only, bench/history.sh, bench/branches.sh). The two cgroup runs need root; they say so
-# and skip otherwise.
+# (Quire only, bench/history.sh, bench/branches.sh), presence at scale (bench/presence.sh), a
+# large document's memory (bench/memory.sh) and its content reads. The two cgroup runs need
+# root; they say so and skip otherwise.
 if [ "$MODE" = full ]; then
   bench/cores.sh
   # CPU per update at the light and medium loads in three rounds (medians; one run varies).
@@ -131,4 +132,15 @@ if [ "$MODE" = full ]; then
   python3 bench/report.py "$RESULTS" docs/bench-latency.svg
   bench/history.sh
   bench/branches.sh
+  # Round three: presence at scale, a large document's memory, its content reads; their
+  # results join the report's (its round-three table and docs/bench-presence.svg).
+  bench/presence.sh
+  cat "$OUT/presence.jsonl" >> "$RESULTS"
+  bench/memory.sh
+  cat "$OUT/memory.jsonl" >> "$RESULTS"
+  port=$((port + 1)); dir=$(mktemp -d)
+  start_server quire "$port" "$dir"
+  run quire y-websocket "$port" reads --doc-mb "$SEED_MB" --prefix reads
+  stop_server; rm -rf "$dir"
+  python3 bench/report.py "$RESULTS" docs/bench-latency.svg
 fi

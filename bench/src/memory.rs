@@ -114,8 +114,15 @@ pub async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
     drop(sockets);
     tokio::time::sleep(args.settle).await;
     let rss_after_storm = rss_mb(pid);
-    // Typing: small inserts from a client of its own (at the start of the text).
-    let typist = Doc::with_client_id(7_777_777);
+    // Typing: small inserts from a client of its own (at the start of the text), a new one
+    // each run (a restarted server already holds the last run's: its inserts would change
+    // nothing, and nothing would be logged or snapshotted).
+    let snapshots_before = snapshots_written(&c.url).await;
+    let typist_id = 7_000_000
+        + std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::from(d.subsec_micros()));
+    let typist = Doc::with_client_id(typist_id);
     let text = typist.get_or_insert_text("text");
     for _ in 0..args.typing {
         let update = {
@@ -130,10 +137,14 @@ pub async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
     tokio::time::sleep(args.settle * 2).await;
     let rss_after_typing = rss_mb(pid);
     drop(first);
-    let snapshots = snapshots_written(&c.url).await;
+    // Snapshots written while it was typed into.
+    let snapshots = snapshots_written(&c.url)
+        .await
+        .zip(snapshots_before)
+        .map(|(after, before)| after - before);
     let of = |rss: Option<f64>| rss.map(|r| r * 1048576.0 / encoded as f64);
     println!(
-        "{} memory: a {:.1} MiB document: RSS fresh {:.0} MB, loaded {:.0} MB ({:.1}x its size; opened in {open_ms:.0} ms), storm of {} peak {:.0} MB, after {:.0} MB, after typing {:.0} MB (snapshots written: {snapshots:?})",
+        "{} memory: a {:.1} MiB document: RSS fresh {:.0} MB, loaded {:.0} MB ({:.1}x its size; opened in {open_ms:.0} ms), storm of {} peak {:.0} MB, after {:.0} MB, after typing {:.0} MB (snapshots written meanwhile: {snapshots:?})",
         c.label,
         encoded as f64 / 1048576.0,
         rss_fresh.unwrap_or(0.0),

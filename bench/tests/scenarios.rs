@@ -288,6 +288,15 @@ async fn every_scenario_runs_against_quire_and_reports() {
     let table = String::from_utf8_lossy(&report.stdout);
     assert!(table.contains("editing-trace ingest"), "{table}");
     assert!(table.contains("join storm p99 ms"), "{table}");
+    assert!(
+        table.contains("presence: µs of server CPU per change"),
+        "{table}"
+    );
+    assert!(table.contains("large document RSS"), "{table}");
+    assert!(table.contains("content reads"), "{table}");
+    let presence_plot =
+        std::fs::read_to_string(dir.path().join("bench-presence.svg")).expect("presence plot");
+    assert!(presence_plot.contains("<polyline"), "{presence_plot}");
     let plot = std::fs::read_to_string(&svg).expect("plot written");
     assert!(plot.contains("<svg"), "an SVG plot");
 }
