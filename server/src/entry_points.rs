@@ -171,7 +171,7 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     msg(YWebsocket, "SyncStep1", Read, PerDocument, "the room's shared Step 2 answer (encoded once per version); one unread answer per peer", "sync_requests_per_minute (1008)"),
     msg(YWebsocket, "SyncStep2", Write, PerUpdate, SOCKET, "none beyond the queues (a read-only peer's is dropped)"),
     msg(YWebsocket, "Update", Write, PerUpdate, "max_message_size, max_doc_size, room_queue_bytes (the connection waits)", "none beyond the queues (a read-only peer's is dropped)"),
-    msg(YWebsocket, "Awareness", Read, PerUpdate, "max_message_size; only the client ids the connection may speak for", "awareness_per_second (1008)"),
+    msg(YWebsocket, "Awareness", Read, PerUpdate, "max_message_size; only the client ids the connection may speak for; relayed once per awareness_tick in one frame per peer", "awareness_per_second (1008)"),
     msg(YWebsocket, "Auth", ServerOnly, Constant, "ignored", "none"),
     msg(YWebsocket, "QueryAwareness", Read, PerUpdate, "one unread answer per peer", "sync_requests_per_minute (1008)"),
     msg(YWebsocket, "DurableAck", Read, Constant, "echoed once committed; one per message", "none beyond the queues"),
