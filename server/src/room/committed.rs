@@ -85,21 +85,19 @@ impl SnapshotSource {
         self.snapshot_stored
     }
 
-    /// Supplies the stored snapshot the copy did not hold: `stored`, as loaded, must be the
-    /// snapshot at this source's snapshot position (else an error: it moved meanwhile).
-    pub fn fill_snapshot(&mut self, stored: &mut crate::storage::StoredDoc) -> Result<(), String> {
+    /// Supplies the stored snapshot the copy did not hold: `stored`, as read back, must be
+    /// the snapshot at this source's snapshot position; `false` (nothing taken) if it is not:
+    /// another writer replaced it meanwhile (`quire compact`).
+    pub fn fill_snapshot(&mut self, stored: &mut crate::storage::StoredDoc) -> bool {
         if !self.snapshot_stored {
-            return Ok(());
+            return true;
         }
         if stored.snapshot_seq != self.snapshot_seq || stored.snapshot.is_none() {
-            return Err(format!(
-                "the stored snapshot is at position {}, the copy's at {}",
-                stored.snapshot_seq, self.snapshot_seq
-            ));
+            return false;
         }
         self.snapshot = stored.snapshot.take().map(Bytes::from);
         self.snapshot_stored = false;
-        Ok(())
+        true
     }
 
     /// The log position this state is at.
@@ -443,15 +441,16 @@ mod tests {
             snapshot_seq: 2,
             ..StoredDoc::default()
         };
-        assert!(apart.fill_snapshot(&mut moved).is_err());
+        assert!(!apart.fill_snapshot(&mut moved));
         let mut loaded = StoredDoc {
             snapshot: Some(big.to_vec()),
             snapshot_seq: 1,
             ..StoredDoc::default()
         };
-        apart
-            .fill_snapshot(&mut loaded)
-            .expect("the snapshot it starts from");
+        assert!(
+            apart.fill_snapshot(&mut loaded),
+            "the snapshot it starts from"
+        );
         let encoded = apart.encode().expect("encodes");
         let doc = replay(Some(&encoded), []).expect("replays");
         assert_eq!(text_of(&doc), format!("b{}", "a".repeat(200)));

@@ -224,6 +224,7 @@ pub enum LeaseGrant {
 #[async_trait]
 pub trait SharedStatements: Send + Sync {
     async fn load(&self, name: &str) -> Result<StoredDoc, StorageError>;
+    async fn load_snapshot(&self, doc: DocId) -> Result<StoredDoc, StorageError>;
     async fn acquire_lease(
         &self,
         doc: DocId,
@@ -263,6 +264,13 @@ pub trait DocStore: Send + Sync + 'static {
     /// Loads a document by name, creating its row if it does not exist yet.
     async fn load(&self, name: &str) -> Result<StoredDoc, StorageError> {
         self.shared().load(name).await
+    }
+
+    /// A document's snapshot alone (its version, position and bytes; no log rows), read in
+    /// one database snapshot, by id: what a room that does not hold its snapshot in memory
+    /// encodes the next one from. [`StorageError::Deleted`] if the row is gone.
+    async fn load_snapshot(&self, doc: DocId) -> Result<StoredDoc, StorageError> {
+        self.shared().load_snapshot(doc).await
     }
 
     /// Appends `entries` with sequence numbers `first_seq..`, all or nothing, with the

@@ -61,6 +61,33 @@ backend_impl!(
             }
         }
 
+        async fn load_snapshot(&self, doc: DocId) -> Result<StoredDoc, StorageError> {
+            let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
+            let row = sqlx::query(
+                "SELECT snapshot_version, snapshot_generation, snapshot_seq, deleted_at \
+                 FROM documents WHERE id = $1",
+            )
+            .bind(doc)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(row) = row else {
+                tx.commit().await?;
+                return Err(StorageError::Deleted);
+            };
+            let generation: Option<i64> = row.try_get("snapshot_generation")?;
+            let snapshot = Self::read_snapshot(&mut tx, doc, generation).await?;
+            tx.commit().await?;
+            let deleted_at: Option<i64> = row.try_get("deleted_at")?;
+            Ok(StoredDoc {
+                id: doc,
+                snapshot_version: row.try_get("snapshot_version")?,
+                deleted: deleted_at.is_some(),
+                snapshot,
+                snapshot_seq: row.try_get("snapshot_seq")?,
+                updates: Vec::new(),
+            })
+        }
+
         async fn lease_owner(&self, doc: DocId) -> Result<Option<String>, StorageError> {
             Ok(sqlx::query_scalar(&format!(
                 "SELECT owner FROM room_leases WHERE doc_id = $1 AND expires_at > {}",

@@ -42,7 +42,7 @@ pub(super) struct Encoding {
     upto_seq: i64,
     version: i64,
     covered_bytes: u64,
-    task: tokio::task::JoinHandle<Result<Prepared, String>>,
+    task: tokio::task::JoinHandle<Result<Prepared, NotEncoded>>,
 }
 
 /// A room that gives up a snapshot being prepared (it leaves, or reloads) stops its task:
@@ -67,7 +67,21 @@ pub(super) struct Encoded {
     prepared: Prepared,
 }
 
-pub(super) type EncodingResult = Result<Result<Prepared, String>, tokio::task::JoinError>;
+/// Why a snapshot encoded away from the room was not.
+pub(super) enum NotEncoded {
+    Failed(String),
+    /// The stored snapshot it was to start from had been replaced by another writer (`quire
+    /// compact`): the room's view of the document row is stale.
+    Moved,
+}
+
+impl From<String> for NotEncoded {
+    fn from(why: String) -> NotEncoded {
+        NotEncoded::Failed(why)
+    }
+}
+
+pub(super) type EncodingResult = Result<Result<Prepared, NotEncoded>, tokio::task::JoinError>;
 
 pub(super) async fn wait_encoding(encoding: &mut Option<Encoding>) -> EncodingResult {
     match encoding {
@@ -195,7 +209,7 @@ impl Room {
         self.registry.metrics.snapshots_encoded_apart.inc();
         let permits = self.registry.snapshot_encoders.clone();
         let store = self.registry.store.clone();
-        let (doc, name) = (self.doc_id, self.name.clone());
+        let (doc, version) = (self.doc_id, self.snapshots.version);
         let (limit, metrics) = (
             self.registry.config.storage_timeout,
             self.registry.metrics.clone(),
@@ -203,12 +217,15 @@ impl Room {
         let task = tokio::spawn(async move {
             let _turn = permits.acquire_owned().await.map_err(|e| e.to_string())?;
             if source.needs_stored_snapshot() {
-                // The copy does not hold a snapshot this large: read it back (only this room
-                // writes the document's snapshots, so the stored one is the copy's).
-                let mut stored = within(limit, &metrics, "load", store.load(name.as_str()))
+                // The copy does not hold a snapshot this large: read it back. It is the
+                // copy's unless another writer (`quire compact`) replaced it: then the room
+                // reloads, as its own write would have found.
+                let mut stored = within(limit, &metrics, "load", store.load_snapshot(doc))
                     .await
                     .map_err(|e| format!("reading the snapshot back: {e}"))?;
-                source.fill_snapshot(&mut stored)?;
+                if stored.snapshot_version != version || !source.fill_snapshot(&mut stored) {
+                    return Err(NotEncoded::Moved);
+                }
                 metrics.snapshots_read_back.inc();
             }
             let data = tokio::task::spawn_blocking(move || source.encode())
@@ -254,7 +271,13 @@ impl Room {
                 }
             }
             Ok(Ok(_)) => debug!("a snapshot encoded for an older version is dropped"),
-            Ok(Err(e)) => {
+            Ok(Err(NotEncoded::Moved)) => {
+                self.registry.metrics.snapshot_conflicts.inc();
+                warn!("the stored snapshot was replaced by another writer; reloading");
+                let sv = self.doc.transact().state_vector();
+                self.pipeline.reload_needed = Some(sv);
+            }
+            Ok(Err(NotEncoded::Failed(e))) => {
                 warn!(error = %e, "snapshot not encoded; trying again after the next commit");
                 self.snapshots.failed = true;
             }
