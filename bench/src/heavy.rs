@@ -49,6 +49,35 @@ pub struct HeavyArgs {
     pub backoff: Duration,
 }
 
+/// Records a named version of `doc` (retried while the server is busy, 429 or 503, as it is
+/// with a large upload's snapshot); its id and log position.
+pub(crate) async fn record_version(
+    http: &reqwest::Client,
+    base: &str,
+    doc: &str,
+) -> anyhow::Result<(i64, i64)> {
+    let version: serde_json::Value = loop {
+        let resp = http
+            .post(format!("{base}/api/v1/docs/{doc}/versions"))
+            .json(&serde_json::json!({"label": "bench"}))
+            .send()
+            .await?;
+        if resp.status().is_success() {
+            break resp.json().await?;
+        }
+        anyhow::ensure!(
+            resp.status() == 429 || resp.status() == 503,
+            "cannot record a version: {}",
+            resp.status()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    Ok((
+        version["id"].as_i64().context("version id")?,
+        version["seq"].as_i64().context("version seq")?,
+    ))
+}
+
 /// `ws://host:port` as `http://host:port`.
 pub(crate) fn http_base(url: &str) -> String {
     let first = url.split(',').next().unwrap_or(url);
@@ -75,27 +104,8 @@ pub async fn heavy(args: HeavyArgs) -> anyhow::Result<()> {
     )
     .await
     .context("upload")?;
-    // A named version of it (retried while the server is busy with the upload's snapshot).
-    let version: serde_json::Value = loop {
-        let resp = http
-            .post(format!("{base}/api/v1/docs/{big}/versions"))
-            .json(&serde_json::json!({"label": "bench"}))
-            .send()
-            .await?;
-        if resp.status().is_success() {
-            break resp.json().await?;
-        }
-        anyhow::ensure!(
-            resp.status() == 429 || resp.status() == 503,
-            "cannot record a version: {}",
-            resp.status()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let (id, seq) = (
-        version["id"].as_i64().context("version id")?,
-        version["seq"].as_i64().context("version seq")?,
-    );
+    // A named version of it.
+    let (id, seq) = record_version(&http, &base, &big).await?;
     let path = match args.read {
         Read::VersionJson => format!("/api/v1/docs/{big}/versions/{id}/json"),
         Read::Latest => format!("/api/v1/docs/{big}/json?at_position={seq}"),

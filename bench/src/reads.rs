@@ -11,7 +11,7 @@ use quire_protocol as protocol;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use yrs::{Doc, Text, Transact};
 
-use crate::heavy::http_base;
+use crate::heavy::{http_base, record_version};
 use crate::{large, wire, Common};
 
 #[derive(clap::Args, Clone)]
@@ -51,28 +51,9 @@ pub async fn reads(args: ReadsArgs) -> anyhow::Result<()> {
     .await
     .context("upload")?;
     drop(updates);
-    // A version of it (retried while the server is busy with the upload's snapshot), then a
-    // few edits after it, so "now" is a later position than the version's.
-    let version: serde_json::Value = loop {
-        let resp = http
-            .post(format!("{base}/api/v1/docs/{doc}/versions"))
-            .json(&serde_json::json!({"label": "bench"}))
-            .send()
-            .await?;
-        if resp.status().is_success() {
-            break resp.json().await?;
-        }
-        anyhow::ensure!(
-            resp.status() == 429 || resp.status() == 503,
-            "cannot record a version: {}",
-            resp.status()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let (id, seq) = (
-        version["id"].as_i64().context("version id")?,
-        version["seq"].as_i64().context("version seq")?,
-    );
+    // A version of it, then a few edits after it, so "now" is a later position than the
+    // version's.
+    let (id, seq) = record_version(&http, &base, &doc).await?;
     let mut ws = wire::connect_with(&c.url, &doc, c.flavor, wire::BULK_READ_BUFFER).await?;
     wire::wait_synced(&mut ws, c.flavor, &doc, &[0, 0]).await?;
     let typist = Doc::with_client_id(8_888_888);
