@@ -34,6 +34,11 @@ async fn real_responses_conform_to_the_openapi_document() {
             .args(["--phases", "examples,coverage,fuzzing,stateful"])
             .args(["--max-examples", "25", "--workers", "1"])
             .args(["--seed", &seed.to_string()])
+            // A health check of the generator, not of the server: with some seeds (seed
+            // 3654517536643646335 did, for ten operations) hypothesis filters out most of what
+            // it generates for an operation and stops with an error before any request is
+            // wrong. Every check above still runs on every request it sends.
+            .args(["--suppress-health-check", "filter_too_much"])
             .env("NO_COLOR", "1")
             // schemathesis keeps a cache in its working directory: not in the source tree.
             .current_dir(dir.path())

@@ -175,7 +175,13 @@ impl utoipa::Modify for BearerAuth {
 /// Every header parameter (Idempotency-Key, If-Match) is a string of 1 to 255 visible ASCII
 /// characters: what an HTTP header can carry and what the server accepts. Derived from
 /// `Option<String>` they would read as nullable strings of any characters, which no client can
-/// send (and a generator such as schemathesis then throws most of its inputs away).
+/// send (and a generator such as schemathesis then throws most of its inputs away). Likewise
+/// the document name in a path is 1 to [`MAX_DOC_NAME_BYTES`] characters, as
+/// [`DocName::parse`] takes it: an unbounded string makes a generator spend its inputs on
+/// empty and oversized names.
+///
+/// [`MAX_DOC_NAME_BYTES`]: crate::room::MAX_DOC_NAME_BYTES
+/// [`DocName::parse`]: crate::room::DocName::parse
 struct HeaderValues;
 
 impl utoipa::Modify for HeaderValues {
@@ -201,6 +207,14 @@ impl utoipa::Modify for HeaderValues {
                         .pattern(Some("^[!-~]{1,255}$"))
                         .min_length(Some(1))
                         .max_length(Some(255));
+                    parameter.schema = Some(schema.into());
+                } else if matches!(parameter.parameter_in, ParameterIn::Path)
+                    && parameter.name == "name"
+                {
+                    let schema = ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .min_length(Some(1))
+                        .max_length(Some(crate::room::MAX_DOC_NAME_BYTES));
                     parameter.schema = Some(schema.into());
                 }
             }
