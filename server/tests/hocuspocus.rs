@@ -745,3 +745,61 @@ async fn stateless_messages_need_write_permission() {
     assert_eq!(server.metric("quire_stateless_refused_total").await, 1.0);
     server.stop().await;
 }
+
+/// The documents of one socket write to it in turn: frames of two documents both arrive. Then
+/// the socket stops reading while one of its documents is flooded: the room's queue for that
+/// document overflows, the socket is closed with 1013 (it gets what was queued first), the
+/// document's other clients receive every update, and the server holds nothing of the socket
+/// after `slow_close_timeout`.
+#[tokio::test]
+async fn a_socket_that_stops_reading_is_closed_with_1013_and_others_keep_receiving() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.room.peer_queue = 8;
+    cfg.slow_close_timeout = Duration::from_millis(300);
+    let server = TestServer::start(cfg).await;
+    let mut slow = Raw::open(server.addr).await;
+    for addr in ["flood", "other", "third"] {
+        slow.send(hp::encode_auth_with_version(addr, "", "4.8.0"))
+            .await;
+        let sv = yrs::StateVector::default();
+        slow.send(hp::wrap(addr, &quire_server::protocol::encode_step1(&sv)))
+            .await;
+    }
+    // Both documents' sessions write: an update to each reaches the socket.
+    let mut third = Client::connect(&server.url("third"), 1).await;
+    let mut other = Client::connect(&server.url("other"), 2).await;
+    third.insert(0, "first ").await;
+    other.insert(0, "second ").await;
+    for addr in ["third", "other"] {
+        slow.next_for(addr, |m| {
+            matches!(
+                m,
+                hp::HpMessage::Sync(quire_server::protocol::Message::Update(_))
+            )
+        })
+        .await;
+    }
+    // Now it reads nothing while "flood" gets 400 updates of 64 KiB.
+    let mut writer = Client::connect(&server.url("flood"), 5).await;
+    let fast = Client::connect(&server.url("flood"), 3).await;
+    flood_past_a_client_that_does_not_read(&mut writer, fast).await;
+    assert!(server.metric("quire_broadcast_overflows_total").await >= 1.0);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while server.metric("quire_hocuspocus_sockets").await > 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the socket that stopped reading is still held"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // What the client reads in the end: frames, then the close (or, with the close frame
+    // stuck behind the unread bytes, a dropped connection).
+    let (code, reason) = slow.closed().await;
+    assert!(code == 1013 || code == 0, "{code} {reason}");
+    // The other document's client was not disturbed.
+    other.insert(0, "still ").await;
+    let again = Client::connect(&server.url("other"), 4).await;
+    assert_eq!(again.text(), "still second ");
+    server.stop().await;
+}

@@ -164,45 +164,6 @@ impl ClientCloseWatcher {
     }
 }
 
-/// Sends 400 updates of 64 KiB through `writer`, paced on `fast`, which must receive them
-/// all: they fill the socket buffers of a client that does not read (loopback buffers hold a
-/// few MiB), then its queue of 8. Returns the text length `fast` ends with.
-async fn flood_past_a_client_that_does_not_read(writer: &mut Client, mut fast: Client) -> usize {
-    let chunk = "y".repeat(64 * 1024);
-    let n = 400usize;
-    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen_by_reader = seen.clone();
-    let reader = tokio::spawn(async move {
-        // Progress is checked per update by the writer below; this bound is for all 400
-        // (debug builds on a busy two-core machine took over 20 s once).
-        let ok = fast
-            .pump_until(PATIENCE * 10, |c| {
-                seen_by_reader.store(c.updates_received, std::sync::atomic::Ordering::SeqCst);
-                c.updates_received == n
-            })
-            .await;
-        (ok, fast.closed.clone(), fast.text_len())
-    });
-    for i in 0..n {
-        writer.insert(0, &chunk).await;
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while seen.load(std::sync::atomic::Ordering::SeqCst) < i + 1 && !reader.is_finished() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "fast client stalled"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-    }
-    let (ok, closed, len) = reader.await.expect("reader task");
-    assert!(
-        ok,
-        "the fast client received every update (closed: {closed:?})"
-    );
-    assert_eq!(len, n * chunk.len());
-    len
-}
-
 #[tokio::test]
 async fn a_client_that_stops_reading_is_closed_with_1013_and_others_keep_receiving() {
     let dir = tempfile::tempdir().expect("tempdir");

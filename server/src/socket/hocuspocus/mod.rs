@@ -14,13 +14,15 @@
 //!   `readonly`) or `PermissionDenied`.
 //! - **Each authenticated document** is a session: a task that is one peer of the document's
 //!   room, exactly as a y-websocket connection is ([`super::ws::run_peer`], relayed to the owner
-//!   node in a cluster), with channels in place of the socket. The room never knows the
+//!   node in a cluster), with a channel in place of the socket's read half; what its room
+//!   queues for it is written straight to the socket, whose write half the documents take in
+//!   turn ([`session::Translate`]). The room never knows the
 //!   difference but for [`PeerAuth::hocuspocus`]: such a peer gets a Sync Step 1 in answer to
 //!   its own, its awareness echoed back (the provider's liveness timer needs traffic), and
 //!   stateless messages.
 //! - **SyncStatus means committed.** After every update or Sync Step 2 a document's client
 //!   sends, the socket asks the room for a durable acknowledgement (the y-websocket endpoint's
-//!   tag 102), which the room echoes once everything before it is in the log; the session
+//!   tag 102, in the same frame as the update), which the room echoes once everything before it is in the log; the session
 //!   turns each echo into that many `SyncStatus(true)`. So the provider's
 //!   `hasUnsyncedChanges` clears only when its changes are durable. A read-only client's update
 //!   gets `SyncStatus(false)`, as Hocuspocus answers.
@@ -90,7 +92,8 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
     async move {
         let _counted = Counted::new(&app.metrics.hocuspocus_sockets);
         let (sink, mut stream) = socket.split();
-        let mut sink = Fragmenting::new(sink);
+        let sink: SharedSink =
+            Arc::new(futures_util::lock::Mutex::new(Some(Fragmenting::new(sink))));
         let limits = &app.config.limits;
         let (out_tx, out_rx) = mpsc::channel(app.config.room.peer_queue.max(4));
         let max = u32::try_from(app.config.room.peer_queue_bytes)
@@ -108,6 +111,7 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
             ip,
             docs: HashMap::new(),
             out,
+            socket: sink.clone(),
             ended_tx,
             ended_rx,
             seen: seen.clone(),
@@ -122,26 +126,34 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
         };
         let outcome = tokio::select! {
             r = conn.read(&mut stream) => r,
-            w = write_out(&mut sink, out_rx, &seen, &app) => w,
+            w = write_out(&sink, out_rx, &seen, &app) => w,
         };
-        // Every session's inbound channel closes: each leaves its room.
+        // Every session's inbound channel closes: each leaves its room and lets go of the
+        // write half (one blocked on a client that does not read included: its room's close
+        // order ends it).
         conn.docs.clear();
-        let reason = transport::finish(
-            transport::Pair { sink, stream },
-            outcome,
-            app.config.slow_close_timeout,
-        )
-        .await;
+        drop(conn);
+        let patience = app.config.slow_close_timeout;
+        let taken = tokio::time::timeout(patience, sink.lock()).await;
+        let Some(sink) = taken.ok().and_then(|mut held| held.take()) else {
+            debug!("closed without a close handshake");
+            return;
+        };
+        let reason = transport::finish(transport::Pair { sink, stream }, outcome, patience).await;
         debug!(code = reason.code, reason = %reason.reason, "closed");
     }
     .instrument(span)
     .await
 }
 
-/// The socket's outbound queue, shared by its documents' sessions: bounded in frames (the
-/// channel, `peer_queue`) and in bytes (`peer_queue_bytes`, across all its documents). A
-/// session that cannot queue waits; its room's queue for it fills meanwhile, and the room
-/// closes it with 1013, which closes the socket.
+/// The socket's write half, taken in turn by its documents' sessions (each writes what its
+/// room queues for it, [`session::Translate`]) and by the socket's own answers; `None` once
+/// the socket is closing.
+type SharedSink = Arc<futures_util::lock::Mutex<Option<transport::Sink>>>;
+
+/// The queue of the socket's own answers (Pong, Authenticated, PermissionDenied, Close),
+/// bounded in frames (the channel, `peer_queue`) and in bytes (`peer_queue_bytes`). The
+/// documents' frames do not pass through it: each is bounded by its queue in its room.
 #[derive(Clone)]
 struct Out {
     tx: mpsc::Sender<(Bytes, OwnedSemaphorePermit)>,
@@ -161,26 +173,12 @@ impl Out {
             Err(_) => false,
         }
     }
-
-    /// Queues a frame; fails only once the socket is gone.
-    async fn send(&self, frame: Bytes) -> Result<(), ()> {
-        let n = u32::try_from(frame.len())
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.max);
-        let permit = self
-            .budget
-            .clone()
-            .acquire_many_owned(n)
-            .await
-            .map_err(|_| ())?;
-        self.tx.send((frame, permit)).await.map_err(|_| ())
-    }
 }
 
 /// Writes the queued frames (a burst in one flush), pings every `ping_interval` and closes a
 /// client silent for `idle_timeout`.
 async fn write_out(
-    sink: &mut transport::Sink,
+    socket: &SharedSink,
     mut rx: mpsc::Receiver<(Bytes, OwnedSemaphorePermit)>,
     seen: &LastSeen,
     app: &AppState,
@@ -191,6 +189,8 @@ async fn write_out(
         tokio::select! {
             next = rx.recv() => {
                 let (frame, permit) = next?;
+                let mut held = socket.lock().await;
+                let sink = held.as_mut()?;
                 if sink.feed(WsMessage::Binary(frame)).await.is_err() {
                     return None;
                 }
@@ -212,6 +212,8 @@ async fn write_out(
                 if seen.last().elapsed() >= app.config.idle_timeout {
                     return Some(CloseReason::new(close::GOING_AWAY, "idle timeout"));
                 }
+                let mut held = socket.lock().await;
+                let sink = held.as_mut()?;
                 if sink.send(WsMessage::Ping(Bytes::new())).await.is_err() {
                     return None;
                 }
@@ -247,6 +249,7 @@ struct Conn {
     ip: Option<IpAddr>,
     docs: HashMap<String, DocState>,
     out: Out,
+    socket: SharedSink,
     ended_tx: mpsc::UnboundedSender<Ended>,
     ended_rx: mpsc::UnboundedReceiver<Ended>,
     seen: Arc<LastSeen>,
@@ -534,7 +537,7 @@ impl Conn {
             generation: session.generation,
             acks: session.acks.clone(),
             app: self.app.clone(),
-            out: self.out.clone(),
+            socket: self.socket.clone(),
             seen: self.seen.clone(),
             ended: self.ended_tx.clone(),
         };
@@ -578,12 +581,20 @@ impl Conn {
                         .check_counts(1, 0, now_ms, limits)
                         .inspect_err(|_| metrics.rate_limited.inc())?;
                 }
-                session.forward(checked.unwrap_or_else(message)).await;
+                let one = checked.unwrap_or_else(message);
                 if matches!(head.subtype, Some(1) | Some(2)) {
                     session.updates += 1;
                     let n = session.updates;
                     session.acks.requested.store(n, Ordering::Relaxed);
-                    session.forward(protocol::encode_durable_ack(n)).await;
+                    // The update and its acknowledgement request in one frame: one hop to
+                    // the session and one command to the room.
+                    let ack = protocol::encode_durable_ack(n);
+                    let mut both = BytesMut::with_capacity(one.len() + ack.len());
+                    both.extend_from_slice(&one);
+                    both.extend_from_slice(&ack);
+                    session.forward(both.freeze()).await;
+                } else {
+                    session.forward(one).await;
                 }
             }
             types::AWARENESS => {
