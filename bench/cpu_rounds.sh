@@ -5,22 +5,34 @@
 # the floor, Quire with synchronous=normal, Quire with its defaults and the y-websocket server,
 # one after the other, each on a fresh process. Writes target/bench/cpu-rounds.jsonl (labels
 # "<server>-r<round>") and prints the medians and their ratios.
-# Usage: bench/cpu_rounds.sh [ROUNDS] [DURATION]
+# SERVERS picks the servers (default: floor quire-normal quire y-websocket); quire-hocuspocus is
+# Quire's /hocuspocus endpoint driven by the Hocuspocus flavour, quire-ack the y-websocket
+# endpoint with a durable acknowledgement asked for after every update (the answer
+# /hocuspocus gives every update as SyncStatus), and a name ending in -before
+# runs the build at QUIRE_BEFORE instead (two builds compared round by round).
+# Usage: [SERVERS="..."] bench/cpu_rounds.sh [ROUNDS] [DURATION]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/servers.sh
 ROUNDS="${1:-3}"; DUR="${2:-20s}"
-ROUND_RESULTS="$OUT/cpu-rounds.jsonl"
+ROUND_RESULTS="${ROUND_RESULTS:-$OUT/cpu-rounds.jsonl}"
 : > "$ROUND_RESULTS"
 port=4700
 for round in $(seq "$ROUNDS"); do
   for load in light:200:4:1 medium:100:4:3; do
     IFS=: read -r name rooms clients rate <<<"$load"
-    for server in floor quire-normal quire y-websocket; do
+    for server in ${SERVERS:-floor quire-normal quire y-websocket}; do
       port=$((port + 1)); dir=$(mktemp -d)
-      start_server "$server" "$port" "$dir"
-      RESULTS="$ROUND_RESULTS" run "$server-r$round" y-websocket "$port" typing --rooms "$rooms" \
-        --clients "$clients" --rate "$rate" --duration "$DUR" --prefix "$name"
+      base=${server%-before}; flavor=y-websocket; path=; extra=
+      if [ "$base" = quire-hocuspocus ]; then base=quire; flavor=hocuspocus; path=/hocuspocus; fi
+      if [ "$base" = quire-ack ]; then base=quire; extra=--ack; fi
+      if [ "$server" != "${server%-before}" ]; then
+        QUIRE_BIN="${QUIRE_BEFORE:?QUIRE_BEFORE names the build before}" start_server "$base" "$port" "$dir"
+      else
+        start_server "$base" "$port" "$dir"
+      fi
+      URL_PATH=$path RESULTS="$ROUND_RESULTS" run "$server-r$round" "$flavor" "$port" typing \
+        --rooms "$rooms" --clients "$clients" --rate "$rate" --duration "$DUR" --prefix "$name" $extra
       stop_server; rm -rf "$dir"
     done
   done
@@ -33,9 +45,16 @@ def cpu(load, server):
     rooms, rate = LOADS[load]
     return [r["server_cpu_per_1k"] * 1000 for r in rows
             if (r["rooms"], r["rate"]) == (rooms, rate) and r["label"].rsplit("-r", 1)[0] == server]
+servers = sorted({r["label"].rsplit("-r", 1)[0] for r in rows})
+def ratio(load, med, a, b, bound):
+    if a in med and b in med:
+        print(f"{load}: {a} / {b} {med[a] / med[b]:.2f}x (bound {bound})")
 for load in ("light", "medium"):
-    med = {s: statistics.median(cpu(load, s)) for s in ("floor", "quire-normal", "quire", "y-websocket")}
+    med = {s: statistics.median(cpu(load, s)) for s in servers if cpu(load, s)}
     print(f"{load}: median CPU us/update " + ", ".join(f"{s} {v:.0f}" for s, v in med.items()))
-    print(f"{load}: quire-normal / floor {med['quire-normal'] / med['floor']:.2f}x (bound 1.3x); "
-          f"quire / y-websocket {med['quire'] / med['y-websocket']:.2f}x (bound 1.0x)")
+    ratio(load, med, "quire-normal", "floor", "1.3x")
+    ratio(load, med, "quire", "y-websocket", "1.0x")
+    ratio(load, med, "quire-hocuspocus", "quire", "1.1x")
+    ratio(load, med, "quire-hocuspocus", "quire-ack", "1.1x")
+    ratio(load, med, "quire-hocuspocus-before", "quire-before", "1.1x")
 PY

@@ -138,6 +138,13 @@ if [ "$MODE" = full ]; then
   cat "$OUT/presence.jsonl" >> "$RESULTS"
   bench/memory.sh
   cat "$OUT/memory.jsonl" >> "$RESULTS"
+  # A document of 10 million items beside the floor (y-websocket is left out at this size: at a
+  # tenth of it, REPLAYS=90, it held 2.4x the floor's memory).
+  SERVERS="floor quire" bench/items.sh
+  cat "$OUT/items.jsonl" >> "$RESULTS"
+  # /hocuspocus against the y-websocket endpoint, with and without an ack per update.
+  ROUND_RESULTS="$OUT/cpu-rounds-hocuspocus.jsonl" SERVERS="quire quire-ack quire-hocuspocus" \
+    bench/cpu_rounds.sh 3 "$DUR"
   port=$((port + 1)); dir=$(mktemp -d)
   start_server quire "$port" "$dir"
   run quire y-websocket "$port" reads --doc-mb "$SEED_MB" --prefix reads

@@ -21,6 +21,10 @@
 //! `READ_BUFFER` of 128, Quire's default (`--ws-read-buffer`), it is the floor for idle
 //! memory: what any server on tokio and tungstenite keeps per connection, with nothing of its
 //! own besides one task and one queue. Not for production: it exists to be measured.
+//!
+//! With `QUIRE_FLOOR_LOAD=DIR`, a room whose document has a file `DIR/NAME.v1` (its encoded
+//! state, Yjs v1) starts from it when its first client opens it: the floor of a server
+//! loading a document from storage (decode and integrate, nothing else).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +50,29 @@ struct Room {
     peers: HashMap<u64, mpsc::UnboundedSender<Bytes>>,
     /// The Sync Step 2 answering an empty state vector, until the document changes.
     whole: Option<Bytes>,
+}
+
+impl Room {
+    /// An empty room, or one holding the state in `$QUIRE_FLOOR_LOAD/NAME.v1`.
+    fn load(name: &str) -> Room {
+        let room = Room::default();
+        let Some(dir) = std::env::var_os("QUIRE_FLOOR_LOAD") else {
+            return room;
+        };
+        let path = std::path::Path::new(&dir).join(format!("{name}.v1"));
+        let Ok(state) = std::fs::read(&path) else {
+            return room;
+        };
+        match yrs::Update::decode_v1(&state) {
+            Ok(update) => {
+                if let Err(e) = room.doc.transact_mut().apply_update(update) {
+                    eprintln!("{}: {e}", path.display());
+                }
+            }
+            Err(e) => eprintln!("{}: {e}", path.display()),
+        }
+        room
+    }
 }
 
 /// Messages longer than this leave as fragments.
@@ -134,7 +161,10 @@ async fn serve(
         Ok(resp)
     };
     let ws = tokio_tungstenite::accept_hdr_async_with_config(tcp, callback, config).await?;
-    let room = lock(&rooms).entry(path).or_default().clone();
+    let room = lock(&rooms)
+        .entry(path)
+        .or_insert_with_key(|name| Arc::new(Mutex::new(Room::load(name))))
+        .clone();
     let peer = NEXT_PEER.fetch_add(1, Ordering::Relaxed);
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
     let hello = {

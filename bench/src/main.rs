@@ -37,6 +37,7 @@
 
 mod branches;
 mod heavy;
+mod items;
 mod large;
 mod memory;
 mod presence;

@@ -10,7 +10,7 @@ use anyhow::Context;
 use futures_util::SinkExt;
 use quire_protocol as protocol;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
-use yrs::{Doc, Text, Transact};
+use yrs::{Doc, ReadTxn, Text, Transact};
 
 use crate::{large, process_rss_kib, wire, Common};
 
@@ -33,6 +33,110 @@ pub struct MemoryArgs {
     /// How long the server is left alone before each reading
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     settle: Duration,
+    /// Instead of the seeded document (`--doc-mb`): a document of many items, most deleted,
+    /// the editing trace replayed this many times (`items.rs`; 1,250 make about 10 million
+    /// items), uploaded one replay per update
+    #[arg(long)]
+    trace_replays: Option<usize>,
+    /// With `--trace-replays`: every this-many-th replay's text is kept, the others deleted
+    #[arg(long, default_value_t = 10)]
+    keep_every: usize,
+    /// With `--trace-replays`: the whole document uploaded as one update (its encoded state,
+    /// as a server loading it from storage takes it in), timed until a client has it
+    #[arg(long)]
+    as_one: bool,
+    /// The editing trace (gzipped JSON: edits and finalText)
+    #[arg(long, default_value = "tests/data/editing-trace.json.gz")]
+    trace: std::path::PathBuf,
+    /// With `--trace-replays`: also write the document's encoded state (Yjs v1) to this file,
+    /// for the floor to load (`QUIRE_FLOOR_LOAD`)
+    #[arg(long)]
+    save_state: Option<std::path::PathBuf>,
+    /// With `--trace-replays`: where the generated replays are kept between runs
+    #[arg(long, default_value = "target/bench")]
+    items_cache: std::path::PathBuf,
+}
+
+/// The document to measure: its updates, encoded size and item count, with what yrs alone
+/// takes here to load it (decode and integrate its encoded state) and to encode it.
+struct Measured {
+    updates: Vec<Vec<u8>>,
+    encoded: usize,
+    items: Option<u64>,
+    yrs_load_ms: Option<f64>,
+    yrs_encode_ms: Option<f64>,
+}
+
+fn document(args: &MemoryArgs) -> anyhow::Result<Measured> {
+    let Some(replays) = args.trace_replays else {
+        let (updates, _, encoded) = large::seeded_updates(
+            (args.doc_mb * 1048576.0) as usize,
+            large::CHUNK,
+            large::SEED,
+        );
+        return Ok(Measured {
+            updates,
+            encoded,
+            items: None,
+            yrs_load_ms: None,
+            yrs_encode_ms: None,
+        });
+    };
+    let trace = crate::read_trace(&args.trace)?;
+    let cache = args.items_cache.join(format!(
+        "items-{replays}-{}-{}.bin",
+        args.keep_every,
+        trace.edits.len()
+    ));
+    let generated = Instant::now();
+    let doc = crate::items::trace_replays(&trace, replays, args.keep_every, &cache)?;
+    eprintln!(
+        "{} replays, {} items, ready in {:.1?}",
+        replays,
+        doc.items,
+        generated.elapsed()
+    );
+    // The whole state, and yrs alone loading it and encoding it again.
+    let state = {
+        let merged = Doc::new();
+        let mut txn = merged.transact_mut();
+        for u in &doc.updates {
+            let u = <yrs::Update as yrs::updates::decoder::Decode>::decode_v1(u)?;
+            txn.apply_update(u)?;
+        }
+        drop(txn);
+        let txn = merged.transact();
+        txn.encode_state_as_update_v1(&yrs::StateVector::default())
+    };
+    if let Some(path) = &args.save_state {
+        std::fs::write(path, &state).with_context(|| format!("write {}", path.display()))?;
+    }
+    let started = Instant::now();
+    let alone = Doc::new();
+    {
+        let u = <yrs::Update as yrs::updates::decoder::Decode>::decode_v1(&state)?;
+        alone.transact_mut().apply_update(u)?;
+    }
+    let yrs_load_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let started = Instant::now();
+    let again = alone
+        .transact()
+        .encode_state_as_update_v1(&yrs::StateVector::default());
+    let yrs_encode_ms = started.elapsed().as_secs_f64() * 1000.0;
+    drop(alone);
+    let encoded = again.len();
+    let updates = if args.as_one {
+        vec![state]
+    } else {
+        doc.updates
+    };
+    Ok(Measured {
+        updates,
+        encoded,
+        items: Some(doc.items),
+        yrs_load_ms: Some(yrs_load_ms),
+        yrs_encode_ms: Some(yrs_encode_ms),
+    })
 }
 
 /// Quire's count of snapshots written (`quire_snapshots_total` on /metrics); `None` for a
@@ -58,19 +162,30 @@ pub async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
     let c = &args.common;
     let pid = c.server_pid;
     let doc = format!("{}-large", c.prefix);
-    let (updates, _, encoded) = large::seeded_updates(
-        (args.doc_mb * 1048576.0) as usize,
-        large::CHUNK,
-        large::SEED,
-    );
+    let Measured {
+        updates,
+        encoded,
+        items,
+        yrs_load_ms,
+        yrs_encode_ms,
+    } = document(&args)?;
     let expect = encoded * 95 / 100;
     let rss_fresh = rss_mb(pid);
+    let mut upload_ms = None;
     if !args.no_upload {
-        large::upload(c, &doc, &updates, expect, Duration::from_secs(300))
+        if let Some(pid) = pid {
+            let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+        }
+        let started = Instant::now();
+        large::upload(c, &doc, &updates, expect, Duration::from_secs(1800))
             .await
             .context("upload")?;
+        upload_ms = Some(started.elapsed().as_secs_f64() * 1000.0);
     }
     drop(updates);
+    let upload_peak = pid
+        .and_then(|pid| crate::proc_status_kib(pid, "VmHWM:"))
+        .map(|k| k as f64 / 1024.0);
     // One client opens it: after a restart, the server loads it from storage now.
     let opened = Instant::now();
     let mut first = wire::connect_with(&c.url, &doc, c.flavor, wire::BULK_READ_BUFFER).await?;
@@ -163,7 +278,9 @@ pub async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
             "rss_fresh_mb": rss_fresh, "rss_loaded_mb": rss_loaded,
             "storm_peak_mb": storm_peak, "rss_after_storm_mb": rss_after_storm,
             "rss_after_typing_mb": rss_after_typing, "loaded_x_size": of(rss_loaded),
-            "snapshots_written": snapshots,
+            "snapshots_written": snapshots, "items": items, "as_one": args.as_one,
+            "upload_ms": upload_ms, "upload_peak_mb": upload_peak,
+            "yrs_load_ms": yrs_load_ms, "yrs_encode_ms": yrs_encode_ms,
         })
     );
     Ok(())

@@ -215,6 +215,26 @@ async fn every_scenario_runs_against_quire_and_reports() {
         assert!(m[field].as_f64().is_some_and(|r| r > 0.0), "{field}: {m}");
     }
     all.extend(memory);
+    // A document of many items (the trace replayed by clients of their own), its state saved
+    // for the floor to load.
+    let items_dir = tempfile::tempdir().expect("tempdir");
+    let small_trace = write_trace(items_dir.path());
+    let items = bench(
+        server.addr,
+        &format!(
+            "memory --trace-replays 6 --keep-every 3 --trace {} --items-cache {} --save-state {} \
+             --clients 2 --typing 2 --settle 0s --prefix items",
+            small_trace.display(),
+            items_dir.path().display(),
+            items_dir.path().join("items.v1").display()
+        ),
+    )
+    .await;
+    let it = one(&items, "memory");
+    assert!(it["items"].as_u64().is_some_and(|n| n >= 6 * 2), "{it}");
+    assert!(it["yrs_load_ms"].as_f64().is_some(), "{it}");
+    let saved = std::fs::read(items_dir.path().join("items.v1")).expect("the saved state");
+    assert_eq!(it["doc_bytes"].as_u64(), Some(saved.len() as u64), "{it}");
     let reads = bench(server.addr, "reads --doc-mb 0.3 --repeat 2 --prefix reads").await;
     for kind in ["now", "version", "position"] {
         let r = reads
