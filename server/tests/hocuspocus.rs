@@ -746,11 +746,10 @@ async fn stateless_messages_need_write_permission() {
     server.stop().await;
 }
 
-/// The documents of one socket write to it in turn: frames of two documents both arrive. Then
-/// the socket stops reading while one of its documents is flooded: the room's queue for that
-/// document overflows, the socket is closed with 1013 (it gets what was queued first), the
-/// document's other clients receive every update, and the server holds nothing of the socket
-/// after `slow_close_timeout`.
+/// Frames of two documents of one socket both arrive. Then the socket stops reading while a
+/// third of its documents is flooded: a queue overflows, the socket is closed with 1013 (it gets
+/// what was queued first), the document's other clients receive every update, and the server
+/// holds nothing of the socket after `slow_close_timeout`.
 #[tokio::test]
 async fn a_socket_that_stops_reading_is_closed_with_1013_and_others_keep_receiving() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -765,6 +764,16 @@ async fn a_socket_that_stops_reading_is_closed_with_1013_and_others_keep_receivi
         let sv = yrs::StateVector::default();
         slow.send(hp::wrap(addr, &quire_server::protocol::encode_step1(&sv)))
             .await;
+    }
+    // Each document synced (its Step 2 in), so what follows arrives as updates.
+    for addr in ["flood", "other", "third"] {
+        slow.next_for(addr, |m| {
+            matches!(
+                m,
+                hp::HpMessage::Sync(quire_server::protocol::Message::SyncStep2(_))
+            )
+        })
+        .await;
     }
     // Both documents' sessions write: an update to each reaches the socket.
     let mut third = Client::connect(&server.url("third"), 1).await;

@@ -14,9 +14,7 @@
 //!   `readonly`) or `PermissionDenied`.
 //! - **Each authenticated document** is a session: a task that is one peer of the document's
 //!   room, exactly as a y-websocket connection is ([`super::ws::run_peer`], relayed to the owner
-//!   node in a cluster), with a channel in place of the socket's read half; what its room
-//!   queues for it is written straight to the socket, whose write half the documents take in
-//!   turn ([`session::Translate`]). The room never knows the
+//!   node in a cluster), with channels in place of the socket. The room never knows the
 //!   difference but for [`PeerAuth::hocuspocus`]: such a peer gets a Sync Step 1 in answer to
 //!   its own, its awareness echoed back (the provider's liveness timer needs traffic), and
 //!   stateless messages.
@@ -92,8 +90,7 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
     async move {
         let _counted = Counted::new(&app.metrics.hocuspocus_sockets);
         let (sink, mut stream) = socket.split();
-        let sink: SharedSink =
-            Arc::new(futures_util::lock::Mutex::new(Some(Fragmenting::new(sink))));
+        let mut sink = Fragmenting::new(sink);
         let limits = &app.config.limits;
         let (out_tx, out_rx) = mpsc::channel(app.config.room.peer_queue.max(4));
         let max = u32::try_from(app.config.room.peer_queue_bytes)
@@ -111,7 +108,6 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
             ip,
             docs: HashMap::new(),
             out,
-            socket: sink.clone(),
             ended_tx,
             ended_rx,
             seen: seen.clone(),
@@ -126,34 +122,26 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
         };
         let outcome = tokio::select! {
             r = conn.read(&mut stream) => r,
-            w = write_out(&sink, out_rx, &seen, &app) => w,
+            w = write_out(&mut sink, out_rx, &seen, &app) => w,
         };
-        // Every session's inbound channel closes: each leaves its room and lets go of the
-        // write half (one blocked on a client that does not read included: its room's close
-        // order ends it).
+        // Every session's inbound channel closes: each leaves its room.
         conn.docs.clear();
-        drop(conn);
-        let patience = app.config.slow_close_timeout;
-        let taken = tokio::time::timeout(patience, sink.lock()).await;
-        let Some(sink) = taken.ok().and_then(|mut held| held.take()) else {
-            debug!("closed without a close handshake");
-            return;
-        };
-        let reason = transport::finish(transport::Pair { sink, stream }, outcome, patience).await;
+        let reason = transport::finish(
+            transport::Pair { sink, stream },
+            outcome,
+            app.config.slow_close_timeout,
+        )
+        .await;
         debug!(code = reason.code, reason = %reason.reason, "closed");
     }
     .instrument(span)
     .await
 }
 
-/// The socket's write half, taken in turn by its documents' sessions (each writes what its
-/// room queues for it, [`session::Translate`]) and by the socket's own answers; `None` once
-/// the socket is closing.
-type SharedSink = Arc<futures_util::lock::Mutex<Option<transport::Sink>>>;
-
-/// The queue of the socket's own answers (Pong, Authenticated, PermissionDenied, Close),
-/// bounded in frames (the channel, `peer_queue`) and in bytes (`peer_queue_bytes`). The
-/// documents' frames do not pass through it: each is bounded by its queue in its room.
+/// The socket's outbound queue, shared by its documents' sessions: bounded in frames (the
+/// channel, `peer_queue`) and in bytes (`peer_queue_bytes`, across all its documents). A
+/// session that cannot queue waits; its room's queue for it fills meanwhile, and the room
+/// closes it with 1013, which closes the socket.
 #[derive(Clone)]
 struct Out {
     tx: mpsc::Sender<(Bytes, OwnedSemaphorePermit)>,
@@ -173,12 +161,26 @@ impl Out {
             Err(_) => false,
         }
     }
+
+    /// Queues a frame; fails only once the socket is gone.
+    async fn send(&self, frame: Bytes) -> Result<(), ()> {
+        let n = u32::try_from(frame.len())
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.max);
+        let permit = self
+            .budget
+            .clone()
+            .acquire_many_owned(n)
+            .await
+            .map_err(|_| ())?;
+        self.tx.send((frame, permit)).await.map_err(|_| ())
+    }
 }
 
 /// Writes the queued frames (a burst in one flush), pings every `ping_interval` and closes a
 /// client silent for `idle_timeout`.
 async fn write_out(
-    socket: &SharedSink,
+    sink: &mut transport::Sink,
     mut rx: mpsc::Receiver<(Bytes, OwnedSemaphorePermit)>,
     seen: &LastSeen,
     app: &AppState,
@@ -189,8 +191,6 @@ async fn write_out(
         tokio::select! {
             next = rx.recv() => {
                 let (frame, permit) = next?;
-                let mut held = socket.lock().await;
-                let sink = held.as_mut()?;
                 if sink.feed(WsMessage::Binary(frame)).await.is_err() {
                     return None;
                 }
@@ -212,8 +212,6 @@ async fn write_out(
                 if seen.last().elapsed() >= app.config.idle_timeout {
                     return Some(CloseReason::new(close::GOING_AWAY, "idle timeout"));
                 }
-                let mut held = socket.lock().await;
-                let sink = held.as_mut()?;
                 if sink.send(WsMessage::Ping(Bytes::new())).await.is_err() {
                     return None;
                 }
@@ -249,7 +247,6 @@ struct Conn {
     ip: Option<IpAddr>,
     docs: HashMap<String, DocState>,
     out: Out,
-    socket: SharedSink,
     ended_tx: mpsc::UnboundedSender<Ended>,
     ended_rx: mpsc::UnboundedReceiver<Ended>,
     seen: Arc<LastSeen>,
@@ -537,7 +534,7 @@ impl Conn {
             generation: session.generation,
             acks: session.acks.clone(),
             app: self.app.clone(),
-            socket: self.socket.clone(),
+            out: self.out.clone(),
             seen: self.seen.clone(),
             ended: self.ended_tx.clone(),
         };

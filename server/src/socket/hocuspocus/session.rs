@@ -2,16 +2,10 @@
 //! document's room like a y-websocket connection, and the translation of what the room
 //! queues into Hocuspocus frames for the document's address.
 
-use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use futures_util::lock::{OwnedMutexGuard, OwnedMutexLockFuture};
-use futures_util::Sink as _;
 use tokio::sync::mpsc;
 use tracing::{debug, debug_span, Instrument};
 
@@ -22,7 +16,7 @@ use crate::room::{CloseReason, DocName, PeerAuth, PeerId};
 use crate::socket::transport::{self, Counted, LastSeen, WsError, WsMessage};
 use crate::socket::ws;
 
-use super::SharedSink;
+use super::Out;
 
 /// An authenticated document of the socket: the channel to its session task.
 pub(super) struct Session {
@@ -75,7 +69,7 @@ pub(super) struct SessionTask {
     pub(super) generation: u64,
     pub(super) acks: Arc<Acks>,
     pub(super) app: AppState,
-    pub(super) socket: SharedSink,
+    pub(super) out: Out,
     pub(super) seen: Arc<LastSeen>,
     pub(super) ended: mpsc::UnboundedSender<Ended>,
 }
@@ -95,7 +89,7 @@ impl SessionTask {
             generation,
             acks,
             app,
-            socket,
+            out,
             seen,
             ended,
         } = self;
@@ -106,7 +100,19 @@ impl SessionTask {
             rx.poll_recv(cx)
                 .map(|frame| frame.map(|f| Ok::<_, WsError>(WsMessage::Binary(f))))
         });
-        let sink = Translate::new(address.clone(), socket, acks, app.metrics.clone());
+        let translate = Translate {
+            address: address.clone(),
+            out,
+            acks,
+            metrics: app.metrics.clone(),
+        };
+        let sink = Box::pin(futures_util::sink::unfold(
+            translate,
+            |mut t, msg: WsMessage| async move {
+                t.write(msg).await?;
+                Ok::<_, ()>(t)
+            },
+        ));
         let who = (&name, peer, Box::new(auth));
         let mut conn = transport::Pair { sink, stream };
         let outcome = ws::run_peer(&mut conn, who, Some(&mut reauth), &app, &seen)
@@ -121,69 +127,34 @@ impl SessionTask {
 }
 
 /// Turns what a room queues for a peer (y-websocket frames) into Hocuspocus frames for one
-/// address (one message per frame, each prefixed with the address) and writes them straight
-/// to the socket, taking its write half for the time of a burst: no task or queue between the
-/// room and the socket. A session that cannot write waits; its room's queue for it fills
-/// meanwhile, and the room closes it with 1013, which closes the socket.
+/// address: one message per frame, each prefixed with the address.
 pub(super) struct Translate {
     pub(super) address: String,
-    pub(super) socket: SharedSink,
+    pub(super) out: Out,
     pub(super) acks: Arc<Acks>,
     pub(super) metrics: Arc<crate::metrics::Metrics>,
-    /// Hocuspocus frames translated and not yet handed to the socket.
-    pending: VecDeque<Bytes>,
-    /// Frames were handed to the socket since its last flush.
-    unflushed: bool,
-    /// Waiting for the socket's write half.
-    locking: Option<OwnedMutexLockFuture<Option<transport::Sink>>>,
-    /// The socket's write half, held from the first frame of a write to its end (a write that
-    /// waits for the client keeps it: the frames of a burst and the fragments of a long
-    /// message stay in order).
-    held: Option<OwnedMutexGuard<Option<transport::Sink>>>,
 }
 
-/// Translated frames held before a write must first hand them to the socket.
-const MAX_PENDING: usize = 64;
-
 impl Translate {
-    pub(super) fn new(
-        address: String,
-        socket: SharedSink,
-        acks: Arc<Acks>,
-        metrics: Arc<crate::metrics::Metrics>,
-    ) -> Translate {
-        Translate {
-            address,
-            socket,
-            acks,
-            metrics,
-            pending: VecDeque::new(),
-            unflushed: false,
-            locking: None,
-            held: None,
-        }
-    }
-
-    /// The Hocuspocus frames for one frame the room queued.
-    fn translate(&mut self, msg: WsMessage) {
+    async fn write(&mut self, msg: WsMessage) -> Result<(), ()> {
         // The room's keep-alive pings: the socket pings for all its documents.
         let WsMessage::Binary(frame) = msg else {
-            return;
+            return Ok(());
         };
         let Ok(messages) = protocol::split_frame(&frame) else {
             debug!("dropping a frame that does not split into messages");
-            return;
+            return Ok(());
         };
         for (tag, message) in messages {
             match tag {
                 // Sync, Awareness and QueryAwareness: the same message after the address.
-                0 | 1 | 3 => self.pending.push_back(hp::wrap(&self.address, &message)),
+                0 | 1 | 3 => self.out.send(hp::wrap(&self.address, &message)).await?,
                 // The room refused a read-only client's update: Hocuspocus says so with
                 // SyncStatus(false).
                 2 if message.get(1) == Some(&0) => {
                     self.acks.refused.fetch_add(1, Ordering::Relaxed);
                     let status = hp::encode_sync_status(&self.address, false);
-                    self.pending.push_back(status);
+                    self.out.send(status).await?;
                 }
                 t if t == u64::from(MSG_DURABLE_ACK) => {
                     // Everything up to update `n` is committed: one SyncStatus(true) for each
@@ -197,92 +168,19 @@ impl Translate {
                     while self.acks.issued.load(Ordering::Relaxed) < target {
                         self.acks.issued.fetch_add(1, Ordering::Relaxed);
                         let status = hp::encode_sync_status(&self.address, true);
-                        self.pending.push_back(status);
+                        self.out.send(status).await?;
                     }
                 }
                 t if t == u64::from(MSG_STATELESS) => {
                     if let Some(payload) = protocol::read_stateless(&message) {
                         self.metrics.stateless_sent.inc();
                         let frame = hp::encode_stateless(&self.address, &payload);
-                        self.pending.push_back(frame);
+                        self.out.send(frame).await?;
                     }
                 }
                 _ => {}
             }
         }
-    }
-
-    /// Hands the pending frames to the socket (and flushes it, with `flush`), taking its write
-    /// half for as long as that takes. Fails once the socket is gone.
-    fn poll_write(&mut self, cx: &mut Context<'_>, flush: bool) -> Poll<Result<(), ()>> {
-        if self.pending.is_empty() && !(flush && self.unflushed) {
-            return Poll::Ready(Ok(()));
-        }
-        if self.held.is_none() {
-            let socket = &self.socket;
-            let locking = self
-                .locking
-                .get_or_insert_with(|| socket.clone().lock_owned());
-            let guard = ready!(Pin::new(locking).poll(cx));
-            self.locking = None;
-            self.held = Some(guard);
-        }
-        let Some(sink) = self.held.as_mut().and_then(|held| held.as_mut()) else {
-            // The socket is closing.
-            self.held = None;
-            return Poll::Ready(Err(()));
-        };
-        while let Some(frame) = self.pending.pop_front() {
-            match Pin::new(&mut *sink).poll_ready(cx) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(_)) => return Poll::Ready(Err(())),
-                Poll::Pending => {
-                    self.pending.push_front(frame);
-                    return Poll::Pending;
-                }
-            }
-            if Pin::new(&mut *sink)
-                .start_send(WsMessage::Binary(frame))
-                .is_err()
-            {
-                return Poll::Ready(Err(()));
-            }
-            self.unflushed = true;
-        }
-        if flush && self.unflushed {
-            if ready!(Pin::new(&mut *sink).poll_flush(cx)).is_err() {
-                return Poll::Ready(Err(()));
-            }
-            self.unflushed = false;
-        }
-        // The other documents' sessions and the socket's own answers may write now.
-        self.held = None;
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl futures_util::Sink<WsMessage> for Translate {
-    type Error = ();
-
-    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
-        let this = self.get_mut();
-        if this.pending.len() >= MAX_PENDING {
-            ready!(this.poll_write(cx, false))?;
-        }
-        Poll::Ready(Ok(()))
-    }
-
-    fn start_send(self: Pin<&mut Self>, msg: WsMessage) -> Result<(), ()> {
-        self.get_mut().translate(msg);
         Ok(())
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
-        self.get_mut().poll_write(cx, true)
-    }
-
-    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
-        // The socket closes when all its documents are done, not when one is.
-        self.get_mut().poll_write(cx, true)
     }
 }
