@@ -334,6 +334,21 @@ impl Raw {
     }
 }
 
+/// Frames until each of `addresses` has had one of the wanted kind, in whatever order they
+/// come.
+async fn until_each(s: &mut Raw, addresses: &[&str], want: fn(&hp::HpMessage) -> bool) {
+    let mut left: std::collections::HashSet<&str> = addresses.iter().copied().collect();
+    while !left.is_empty() {
+        match s.next().await {
+            Ok(hp::Frame::Addressed(a)) if want(&a.message) => {
+                left.remove(a.address.as_str());
+            }
+            Ok(_) => {}
+            Err(close) => panic!("the socket closed while waiting for {left:?}: {close:?}"),
+        }
+    }
+}
+
 /// The next SyncStatus or Close for `address`.
 async fn status_or_close(s: &mut Raw, address: &str) -> hp::HpMessage {
     s.next_for(address, |m| {
@@ -766,29 +781,25 @@ async fn a_socket_that_stops_reading_is_closed_with_1013_and_others_keep_receivi
             .await;
     }
     // Each document synced (its Step 2 in), so what follows arrives as updates.
-    for addr in ["flood", "other", "third"] {
-        slow.next_for(addr, |m| {
-            matches!(
-                m,
-                hp::HpMessage::Sync(quire_server::protocol::Message::SyncStep2(_))
-            )
-        })
-        .await;
-    }
+    until_each(&mut slow, &["flood", "other", "third"], |m| {
+        matches!(
+            m,
+            hp::HpMessage::Sync(quire_server::protocol::Message::SyncStep2(_))
+        )
+    })
+    .await;
     // Both documents' sessions write: an update to each reaches the socket.
     let mut third = Client::connect(&server.url("third"), 1).await;
     let mut other = Client::connect(&server.url("other"), 2).await;
     third.insert(0, "first ").await;
     other.insert(0, "second ").await;
-    for addr in ["third", "other"] {
-        slow.next_for(addr, |m| {
-            matches!(
-                m,
-                hp::HpMessage::Sync(quire_server::protocol::Message::Update(_))
-            )
-        })
-        .await;
-    }
+    until_each(&mut slow, &["third", "other"], |m| {
+        matches!(
+            m,
+            hp::HpMessage::Sync(quire_server::protocol::Message::Update(_))
+        )
+    })
+    .await;
     // Now it reads nothing while "flood" gets 400 updates of 64 KiB.
     let mut writer = Client::connect(&server.url("flood"), 5).await;
     let fast = Client::connect(&server.url("flood"), 3).await;
