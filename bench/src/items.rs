@@ -31,21 +31,9 @@ pub struct ItemsDoc {
 
 /// The structs a Yjs v1 update declares (each client's count comes first in its section).
 pub fn structs_in(update: &[u8]) -> u64 {
-    let mut at = 0;
-    let mut read = || -> Option<u64> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let byte = *update.get(at)?;
-            at += 1;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Some(value);
-            }
-        }
-        None
-    };
+    let mut r = Reader { buf: update, at: 0 };
     // One client per replay's update: the count of its structs follows the count of clients.
-    match (read(), read()) {
+    match (r.var(), r.var()) {
         (Some(1), Some(n)) => n,
         _ => 0,
     }

@@ -20,10 +20,10 @@
 //!   stateless messages.
 //! - **SyncStatus means committed.** After every update or Sync Step 2 a document's client
 //!   sends, the socket asks the room for a durable acknowledgement (the y-websocket endpoint's
-//!   tag 102, in the same frame as the update), which the room echoes once everything before it is in the log; the session
-//!   turns each echo into that many `SyncStatus(true)`. So the provider's
-//!   `hasUnsyncedChanges` clears only when its changes are durable. A read-only client's update
-//!   gets `SyncStatus(false)`, as Hocuspocus answers.
+//!   tag 102, in the same frame as the update), which the room echoes once everything before
+//!   it is in the log; the session turns each echo into that many `SyncStatus(true)`. So the
+//!   provider's `hasUnsyncedChanges` clears only when its changes are durable. A read-only
+//!   client's update gets `SyncStatus(false)`, as Hocuspocus answers.
 //! - **Closing.** What concerns one document (an expired or revoked token, a deleted
 //!   document, its size limit, the client's own `Close`) closes that document with a `Close`
 //!   message; the socket and the other documents stay. What concerns the connection (a
