@@ -201,6 +201,7 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     msg(Bus, "Request", Cluster, PerDocument, "forward_timeout; the owner's API bounds and heavy-work gate", "the caller's, on the node it called"),
     msg(Bus, "Response", Cluster, Constant, "answers only a request this node is waiting for", "none"),
     msg(Bus, "Reauth", Cluster, Constant, "one connection", "none"),
+    msg(Bus, "Batch", Cluster, PerUpdate, "at most BATCH_BYTES (or one envelope alone) and BATCH_ENVELOPES; each envelope in it is bounded as its own kind, a malformed one refuses the whole message", "none: the envelopes' own"),
 ];
 
 impl Surface {

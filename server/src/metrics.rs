@@ -40,6 +40,8 @@ pub struct Metrics {
     pub bus_publish_failures: IntCounter,
     pub bus_refused: IntCounter,
     pub bus_resets: IntCounter,
+    pub bus_messages: IntCounter,
+    pub bus_envelopes: IntCounter,
     pub rooms_stalled: IntGauge,
     pub storage_timeouts: IntCounter,
     pub forwarded_requests: IntCounter,
@@ -206,6 +208,16 @@ impl Metrics {
                 "bus_resets_total",
                 "Times every relayed connection was closed: the link to NATS dropped, or NATS \
                  dropped messages for this node (slow consumer)",
+            ),
+            bus_messages: counter(
+                "bus_messages_total",
+                "Messages this node published on the bus: one envelope, or a batch of the \
+                 envelopes waiting for the same node",
+            ),
+            bus_envelopes: counter(
+                "bus_envelopes_total",
+                "Envelopes this node published on the bus (divided by quire_bus_messages_total: \
+                 the mean batch)",
             ),
             rooms_stalled: gauge(
                 "rooms_storage_stalled",

@@ -149,6 +149,50 @@ async fn repeated_reordered_and_late_frames_are_applied_once_in_order() {
     p.stop().await;
 }
 
+/// Frames sent to a node while its link is busy travel in one message: a burst of a relayed
+/// client's updates reaches the owner as a batch, each applied once, in the order sent, and
+/// the owner's client sees them all.
+#[tokio::test]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
+async fn a_burst_of_frames_travels_in_one_batch_and_is_applied_in_order() {
+    require_postgres();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = pair(dir.path()).await;
+    let mut on_a = Client::connect(&p.a.url("burst"), 1).await;
+    let mut on_b = Client::connect(&p.b.url("burst"), 2).await;
+    let messages = p.b.metric("quire_bus_messages_total").await;
+    let envelopes = p.b.metric("quire_bus_envelopes_total").await;
+    // B's link to A holds its next message for a moment: the whole burst joins it.
+    p.b_faults.pause_link_once(Duration::from_millis(500));
+    let mut expected = String::new();
+    for i in 0..20 {
+        let part = format!("<{i}>");
+        on_b.insert(expected.len() as u32, &part).await;
+        expected.push_str(&part);
+    }
+    on_b.durable_ack(1).await;
+    let messages = p.b.metric("quire_bus_messages_total").await - messages;
+    let envelopes = p.b.metric("quire_bus_envelopes_total").await - envelopes;
+    assert!(
+        envelopes >= 21.0,
+        "20 frames and the ack request: {envelopes}"
+    );
+    assert!(
+        messages <= envelopes - 19.0,
+        "{envelopes} envelopes in {messages} messages: the burst was not batched"
+    );
+    assert!(on_b.closed.is_none());
+    assert_eq!(fresh_text(&p.a.url("burst")).await, expected);
+    assert_eq!(
+        log_rows(dir.path(), "burst").await,
+        20,
+        "each update logged once"
+    );
+    let seen = on_a.pump_until(PATIENCE, |c| c.text() == expected).await;
+    assert!(seen, "the owner's client has {:?}", on_a.text());
+    p.stop().await;
+}
+
 /// A frame from the owner to a relayed client (here a broadcast) is lost: the owner's next
 /// heartbeat shows the relaying node the hole, and it closes the client with 1012 instead of
 /// leaving it without the update.
@@ -191,8 +235,11 @@ async fn a_slow_consumer_owner_closes_its_relayed_connections_so_they_resync() {
     on_b.durable_ack(1).await;
 
     p.a_faults.pause_inbox_once(Duration::from_millis(800));
+    // Spaced out, so that B's link publishes them as separate messages (a burst would travel
+    // as one batch, which a buffer of 4 holds).
     for _ in 0..40 {
         on_b.insert(0, "x").await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let ack = protocol::encode_durable_ack(2);
     on_b.send_raw(ack.clone()).await;

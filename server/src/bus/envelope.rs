@@ -19,6 +19,8 @@ const CHANGED: u8 = 8;
 const REQUEST: u8 = 12;
 const RESPONSE: u8 = 10;
 const REAUTH: u8 = 11;
+/// Several envelopes for one subject in one message (see [`BatchWriter`]).
+const BATCH: u8 = 13;
 
 /// Length of the signature in front of every message.
 const MAC_LEN: usize = 32;
@@ -137,6 +139,8 @@ pub enum Kind {
     Request,
     Response,
     Reauth,
+    /// Several envelopes in one message: the wire's container, never an [`Envelope`] itself.
+    Batch,
 }
 
 fn put_str(b: &mut BytesMut, s: &str) {
@@ -365,13 +369,19 @@ impl Envelope {
 
     pub fn encode(&self) -> Bytes {
         let mut b = BytesMut::new();
+        self.encode_into(&mut b);
+        b.freeze()
+    }
+
+    /// Appends this envelope's encoding to `b`.
+    pub fn encode_into(&self, b: &mut BytesMut) {
         match self {
             Envelope::Open {
                 from, conn, doc, ..
             } => {
-                put_head(&mut b, OPEN, *conn);
-                put_str(&mut b, from);
-                put_str(&mut b, doc);
+                put_head(b, OPEN, *conn);
+                put_str(b, from);
+                put_str(b, doc);
             }
             Envelope::Frame {
                 from,
@@ -379,40 +389,40 @@ impl Envelope {
                 seq,
                 data,
             } => {
-                put_head(&mut b, FRAME, *conn);
+                put_head(b, FRAME, *conn);
                 b.put_u64(*seq);
-                put_str(&mut b, from);
+                put_str(b, from);
                 b.put_slice(data);
             }
             Envelope::Alive { from, conn, sent } => {
-                put_head(&mut b, ALIVE, *conn);
+                put_head(b, ALIVE, *conn);
                 b.put_u64(*sent);
-                put_str(&mut b, from);
+                put_str(b, from);
             }
             Envelope::Close { from, conn } => {
-                put_head(&mut b, CLOSE, *conn);
-                put_str(&mut b, from);
+                put_head(b, CLOSE, *conn);
+                put_str(b, from);
             }
             Envelope::Out { conn, seq, data } => {
-                put_head(&mut b, OUT, *conn);
+                put_head(b, OUT, *conn);
                 b.put_u64(*seq);
                 b.put_slice(data);
             }
             Envelope::Beat { conn, sent } => {
-                put_head(&mut b, BEAT, *conn);
+                put_head(b, BEAT, *conn);
                 b.put_u64(*sent);
             }
             Envelope::Kill { conn, code, reason } => {
-                put_head(&mut b, KILL, *conn);
+                put_head(b, KILL, *conn);
                 b.put_u16(*code);
-                put_str(&mut b, reason);
+                put_str(b, reason);
             }
             Envelope::Changed {
                 from,
                 at_ms,
                 doc,
                 change,
-            } => encode_changed(&mut b, from, *at_ms, doc, change),
+            } => encode_changed(b, from, *at_ms, doc, change),
             Envelope::Request {
                 from,
                 id,
@@ -424,19 +434,19 @@ impl Envelope {
                 headers,
                 body,
             } => {
-                put_head(&mut b, REQUEST, *id);
-                put_str(&mut b, from);
-                put_str(&mut b, nonce);
+                put_head(b, REQUEST, *id);
+                put_str(b, from);
+                put_str(b, nonce);
                 b.put_i64(*sent_at_ms);
-                put_str(&mut b, principal);
-                put_str(&mut b, method);
-                put_str(&mut b, uri);
-                put_headers(&mut b, headers);
+                put_str(b, principal);
+                put_str(b, method);
+                put_str(b, uri);
+                put_headers(b, headers);
                 b.put_slice(body);
             }
             Envelope::Reauth { from, conn, .. } => {
-                put_head(&mut b, REAUTH, *conn);
-                put_str(&mut b, from);
+                put_head(b, REAUTH, *conn);
+                put_str(b, from);
             }
             Envelope::Response {
                 id,
@@ -444,9 +454,9 @@ impl Envelope {
                 headers,
                 body,
             } => {
-                put_head(&mut b, RESPONSE, *id);
+                put_head(b, RESPONSE, *id);
                 b.put_u16(*status);
-                put_headers(&mut b, headers);
+                put_headers(b, headers);
                 b.put_slice(body);
             }
         }
@@ -456,9 +466,8 @@ impl Envelope {
                 Kind::Reauth => Layout::Reauth,
                 _ => Layout::Open,
             };
-            credential.encode_into(&mut b, layout);
+            credential.encode_into(b, layout);
         }
-        b.freeze()
     }
 
     /// Decodes a bus message (without its signature); `None` if it is malformed.
@@ -542,6 +551,122 @@ impl Envelope {
             _ => return None,
         })
     }
+}
+
+/// Most envelopes in one message.
+pub const BATCH_ENVELOPES: usize = 1024;
+
+/// A batch's head: its kind and how many envelopes it holds.
+const BATCH_HEAD: usize = 1 + 8;
+/// The length in front of each envelope of a batch.
+const LEN: usize = 4;
+/// Room a message keeps in front of its first envelope: the signature, a batch's head and
+/// the first envelope's length (a message of one envelope leaves the last two out).
+const FRONT: usize = MAC_LEN + BATCH_HEAD + LEN;
+
+/// Envelopes for one subject written into one message as they are added, in one buffer per
+/// message: one envelope travels alone, as [`Envelope::encode`] writes it; several travel as
+/// a batch (`BATCH`, their count as u64, then each after its length as u32). [`seal`](Self::seal)
+/// puts the signature in front.
+pub struct BatchWriter {
+    buf: BytesMut,
+    count: usize,
+}
+
+impl BatchWriter {
+    /// A writer whose buffer starts with room for `bytes` of envelopes.
+    pub fn with_capacity(bytes: usize) -> BatchWriter {
+        let mut buf = BytesMut::with_capacity(FRONT + bytes);
+        buf.put_bytes(0, FRONT);
+        BatchWriter { buf, count: 0 }
+    }
+
+    /// Envelopes written so far.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Adds `env`. The first is always taken; a later one that would make the message longer
+    /// than `limit` bytes (or exceed [`BATCH_ENVELOPES`]) is not, and `false` says so.
+    pub fn push(&mut self, env: &Envelope, limit: usize) -> bool {
+        if self.count >= BATCH_ENVELOPES {
+            return false;
+        }
+        let mark = self.buf.len();
+        if self.count > 0 {
+            self.buf.put_u32(0);
+        }
+        let start = self.buf.len();
+        env.encode_into(&mut self.buf);
+        let len = u32::try_from(self.buf.len() - start);
+        if self.count > 0 && (self.buf.len() - MAC_LEN > limit || len.is_err()) {
+            self.buf.truncate(mark);
+            return false;
+        }
+        let at = if self.count == 0 { FRONT - LEN } else { mark };
+        let len = len.unwrap_or(u32::MAX).to_be_bytes();
+        self.buf[at..at + LEN].copy_from_slice(&len);
+        self.count += 1;
+        true
+    }
+
+    /// The message: `MAC_LEN` bytes of room for the signature, then the body.
+    fn finish(mut self) -> BytesMut {
+        if self.count == 1 {
+            // Alone: the envelope right after the signature.
+            let _ = self.buf.split_to(BATCH_HEAD + LEN);
+        } else {
+            self.buf[MAC_LEN] = BATCH;
+            let count = (self.count as u64).to_be_bytes();
+            self.buf[MAC_LEN + 1..MAC_LEN + BATCH_HEAD].copy_from_slice(&count);
+        }
+        self.buf
+    }
+
+    /// The message without a signature (what [`decode_message`] reads).
+    pub fn body(self) -> Bytes {
+        self.finish().split_off(MAC_LEN).freeze()
+    }
+
+    /// The message signed for `subject` (what [`ClusterKey::open`] reads).
+    pub fn seal(self, key: &ClusterKey, subject: &str) -> Bytes {
+        let mut buf = self.finish();
+        let tag = key.mac(subject, &buf[MAC_LEN..]).finalize().into_bytes();
+        buf[..MAC_LEN].copy_from_slice(&tag);
+        buf.freeze()
+    }
+}
+
+/// The envelopes of a bus message (without its signature): the one it holds, or a batch's
+/// in order. `None` if the message or any envelope in it is malformed, or an envelope is
+/// longer than `max_envelope` bytes.
+pub fn decode_message(mut b: Bytes, max_envelope: usize) -> Option<Vec<Envelope>> {
+    if b.first() != Some(&BATCH) {
+        if b.len() > max_envelope {
+            return None;
+        }
+        return Envelope::decode(b).map(|env| vec![env]);
+    }
+    if b.remaining() < BATCH_HEAD {
+        return None;
+    }
+    b.advance(1);
+    let count = b.get_u64();
+    if count == 0 || count > BATCH_ENVELOPES as u64 {
+        return None;
+    }
+    let mut envelopes = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        if b.remaining() < LEN {
+            return None;
+        }
+        let len = b.get_u32() as usize;
+        if len > b.remaining() || len > max_envelope {
+            return None;
+        }
+        envelopes.push(Envelope::decode(b.split_to(len))?);
+    }
+    b.is_empty().then_some(envelopes)
 }
 
 fn encode_changed(b: &mut BytesMut, from: &str, at_ms: i64, doc: &str, change: &Change) {
@@ -847,5 +972,77 @@ mod tests {
         );
         assert!(ClusterKey::new("short").is_err());
         assert!(!format!("{key:?}").contains("cluster-key"));
+    }
+
+    fn out(conn: u64, seq: u64, len: usize) -> Envelope {
+        Envelope::Out {
+            conn,
+            seq,
+            data: Bytes::from(vec![seq as u8; len]),
+        }
+    }
+
+    #[test]
+    fn a_batch_carries_its_envelopes_in_order_within_its_bounds() {
+        let key = ClusterKey::new("a-cluster-key-of-some-length").expect("key");
+        // One envelope travels alone, exactly as it encodes by itself.
+        let mut one = BatchWriter::with_capacity(0);
+        assert!(one.push(&out(1, 1, 10), 100));
+        assert_eq!(one.body(), out(1, 1, 10).encode());
+        let mut one = BatchWriter::with_capacity(0);
+        one.push(&out(1, 1, 10), 100);
+        let sealed = one.seal(&key, "quire.node.n2");
+        assert_eq!(
+            key.open("quire.node.n2", sealed),
+            Some(out(1, 1, 10).encode())
+        );
+
+        // Several: in order, signed once; one that would pass the limit is left for the next
+        // message, but the first is always taken, however long.
+        let mut writer = BatchWriter::with_capacity(0);
+        assert!(
+            writer.push(&out(1, 1, 500), 100),
+            "the first is always taken"
+        );
+        assert!(!writer.push(&out(1, 2, 10), 100), "past the limit");
+        let envelopes: Vec<Envelope> = (1..=5).map(|seq| out(seq % 2, seq, 20)).collect();
+        let mut writer = BatchWriter::with_capacity(0);
+        for env in &envelopes {
+            assert!(writer.push(env, 1000));
+        }
+        assert_eq!(writer.count(), 5);
+        let sealed = writer.seal(&key, "quire.node.n2");
+        assert_eq!(key.open("quire.node.n3", sealed.clone()), None);
+        let body = key.open("quire.node.n2", sealed).expect("signed for n2");
+        assert_eq!(decode_message(body.clone(), 1024), Some(envelopes.clone()));
+        // An envelope longer than the receiver takes refuses the whole message.
+        assert_eq!(decode_message(body.clone(), 20), None);
+        assert_eq!(decode_message(out(1, 1, 30).encode(), 20), None);
+
+        // At most BATCH_ENVELOPES in one message.
+        let mut writer = BatchWriter::with_capacity(0);
+        let taken = (0..BATCH_ENVELOPES as u64 + 5)
+            .take_while(|&seq| writer.push(&out(1, seq, 1), usize::MAX))
+            .count();
+        assert_eq!(taken, BATCH_ENVELOPES);
+
+        // Malformed: cut short, bytes after the last, no envelopes, a count past the bound,
+        // a batch inside a batch.
+        let cut = body.slice(..body.len() - 1);
+        assert_eq!(decode_message(cut, 1024), None);
+        let mut longer = body.to_vec();
+        longer.push(0);
+        assert_eq!(decode_message(Bytes::from(longer), 1024), None);
+        let mut empty = vec![BATCH];
+        empty.extend_from_slice(&0u64.to_be_bytes());
+        assert_eq!(decode_message(Bytes::from(empty), 1024), None);
+        let mut huge = vec![BATCH];
+        huge.extend_from_slice(&(BATCH_ENVELOPES as u64 + 1).to_be_bytes());
+        assert_eq!(decode_message(Bytes::from(huge), 1024), None);
+        let mut nested = vec![BATCH];
+        nested.extend_from_slice(&1u64.to_be_bytes());
+        nested.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        nested.extend_from_slice(&body);
+        assert_eq!(decode_message(Bytes::from(nested), 1024), None);
     }
 }

@@ -4,8 +4,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use super::{lock, Kind};
 
 /// What a [`Faults`] plan does to one message.
@@ -28,13 +26,15 @@ pub enum FaultAction {
 pub struct Faults {
     /// (action, kind, messages of that kind still to let through first)
     plan: Mutex<Vec<(FaultAction, Kind, usize)>>,
-    /// A message held back by `Reorder`.
-    pub(super) held: Mutex<Option<(String, Bytes)>>,
+    /// A message held back by `Reorder`, and the node it is for (`None`: every node).
+    pub(super) held: Mutex<Option<(Option<String>, super::Envelope)>>,
     applied: AtomicUsize,
     /// Messages each subscription buffers (0: the client library's default).
     pub(super) subscription_capacity: AtomicUsize,
     /// A pause before reading the next message, taken once.
     pub(super) inbox_pause: Mutex<Option<Duration>>,
+    /// A pause before a link publishes its next message, taken once.
+    pub(super) link_pause: Mutex<Option<Duration>>,
 }
 
 impl Faults {
@@ -47,6 +47,12 @@ impl Faults {
     /// This node stops reading the bus for `pause` when it next takes a message.
     pub fn pause_inbox_once(&self, pause: Duration) {
         *lock(&self.inbox_pause) = Some(pause);
+    }
+
+    /// The next link of this node to take an envelope waits `pause` before it publishes:
+    /// whatever is sent to that node meanwhile travels in the same message.
+    pub fn pause_link_once(&self, pause: Duration) {
+        *lock(&self.link_pause) = Some(pause);
     }
 
     /// Applies `action` to the message of `kind` after the next `skip` ones.

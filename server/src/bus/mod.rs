@@ -10,6 +10,12 @@
 //! replies, broadcasts, awareness and durable acknowledgements (sent only after the owner's
 //! commit) reach it the same way.
 //!
+//! **Batching.** What a node sends to another node leaves through one link task per
+//! destination (`link.rs`), which publishes every envelope waiting for that node as one
+//! signed message (a batch, at most [`BATCH_BYTES`] and [`BATCH_ENVELOPES`]), in the order
+//! they were sent; the receiver checks the signature once and hands the envelopes on in
+//! order. Nothing waits for a batch to fill, so a lone frame costs no latency.
+//!
 //! **Delivery.** NATS delivers at most once: a message may be lost (a slow subscriber, a
 //! dropped link), and [`Faults`] can also duplicate, delay or reorder one in tests. Each
 //! direction of a relayed connection therefore numbers its messages (`Frame` and `Out` carry
@@ -29,18 +35,20 @@
 
 mod envelope;
 mod faults;
+mod link;
 mod order;
 pub mod owners;
 pub mod replay;
 
 pub use envelope::*;
 pub use faults::*;
+pub use link::{BATCH_BYTES, LINK_QUEUE};
 pub use order::*;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -160,7 +168,13 @@ pub enum RemoteIn {
 
 /// This node's end of the bus.
 pub struct Bus {
+    /// Itself, for the tasks it starts (which must not keep it alive).
+    me: Weak<Bus>,
     client: async_nats::Client,
+    /// What this node publishes to each other node, by node id, and to every node: one
+    /// batching task each (`link.rs`).
+    links: Mutex<HashMap<String, link::LinkTx>>,
+    everyone: Mutex<Option<link::LinkTx>>,
     pub node: Arc<str>,
     key: ClusterKey,
     faults: Option<Arc<Faults>>,
@@ -251,7 +265,10 @@ impl Bus {
         registry: Arc<Registry>,
         limits: Limits,
     ) -> anyhow::Result<(Arc<Bus>, mpsc::UnboundedReceiver<Inbound>)> {
-        let max_message_size = limits.max_message_size;
+        // One envelope: a frame of at most max_message_size and its head; one message: a
+        // batch of at most BATCH_BYTES, or one envelope alone.
+        let max_envelope = limits.max_message_size + 1024;
+        let max_message = max_envelope.max(BATCH_BYTES + 64);
         let (events_tx, mut events_rx) = mpsc::unbounded_channel();
         let (url, login) = split_login(config.url.expose());
         let mut options = match login {
@@ -291,8 +308,11 @@ impl Bus {
             client.subscribe(ALL).await?,
         );
         let (inbound, inbound_rx) = mpsc::unbounded_channel();
-        let bus = Arc::new(Bus {
+        let bus = Arc::new_cyclic(|me| Bus {
+            me: me.clone(),
             client,
+            links: Mutex::new(HashMap::new()),
+            everyone: Mutex::new(None),
             node,
             key: config.key,
             faults: config.faults,
@@ -319,16 +339,20 @@ impl Bus {
                 if let Some(pause) = pause {
                     tokio::time::sleep(pause).await;
                 }
-                if msg.payload.len() > max_message_size + 1024 {
+                if msg.payload.len() > max_message {
                     bus.metrics.bus_refused.inc();
                     continue;
                 }
-                let env = bus
+                let envelopes = bus
                     .key
                     .open(msg.subject.as_str(), msg.payload)
-                    .and_then(Envelope::decode);
-                match env {
-                    Some(env) => bus.dispatch(env).await,
+                    .and_then(|body| decode_message(body, max_envelope));
+                match envelopes {
+                    Some(envelopes) => {
+                        for env in envelopes {
+                            bus.dispatch(env).await;
+                        }
+                    }
                     None => {
                         bus.metrics.bus_refused.inc();
                         debug!("ignoring a bus message that is malformed or not signed");
@@ -376,10 +400,12 @@ impl Bus {
         self.conn_base.wrapping_add(peer)
     }
 
-    /// Signs and publishes `env` to `node`. An error means it was not sent: the caller
-    /// closes the relayed connection it belongs to.
+    /// Queues `env` for `node`: its link signs and publishes it, batched with whatever else
+    /// waits for that node, in the order sent. An error means it will not be sent: the
+    /// caller closes the relayed connection it belongs to. (A message that fails to publish
+    /// later closes the connections its envelopes belong to: [`Bus::undelivered`].)
     pub async fn send(&self, node: &str, env: Envelope) -> Result<(), ()> {
-        self.publish(subject(node), &env).await
+        self.publish(Some(node), env).await
     }
 
     /// The largest message NATS takes (its server's `max_payload`; 1 MiB by default).
@@ -441,46 +467,95 @@ impl Bus {
             doc: doc.as_str().to_owned(),
             change,
         };
-        let _ = self.publish(ALL.to_owned(), &env).await;
+        let _ = self.publish(None, env).await;
     }
 
-    async fn publish(&self, subject: String, env: &Envelope) -> Result<(), ()> {
-        let payload = self.key.seal(&subject, &env.encode());
+    /// Queues `env` for `node` (every node: `None`), through the planned faults in tests.
+    async fn publish(&self, node: Option<&str>, env: Envelope) -> Result<(), ()> {
         let Some(faults) = &self.faults else {
-            return self.publish_raw(subject, payload).await;
+            return self.enqueue(node, env).await;
         };
         let held = lock(&faults.held).take();
         let result = match faults.take(env.kind()) {
-            None => self.publish_raw(subject, payload).await,
+            None => self.enqueue(node, env).await,
             Some(FaultAction::Drop) => Ok(()),
             Some(FaultAction::Duplicate) => {
-                let first = self.publish_raw(subject.clone(), payload.clone()).await;
-                first.and(self.publish_raw(subject, payload).await)
+                let first = self.enqueue(node, env.clone()).await;
+                first.and(self.enqueue(node, env).await)
             }
             Some(FaultAction::Delay(after)) => {
-                let client = self.client.clone();
+                let (me, node) = (self.me.clone(), node.map(str::to_owned));
                 tokio::spawn(async move {
                     tokio::time::sleep(after).await;
-                    let _ = client.publish(subject, payload).await;
+                    if let Some(bus) = me.upgrade() {
+                        let _ = bus.enqueue(node.as_deref(), env).await;
+                    }
                 });
                 Ok(())
             }
             Some(FaultAction::Reorder) => {
-                *lock(&faults.held) = Some((subject, payload));
+                *lock(&faults.held) = Some((node.map(str::to_owned), env));
                 Ok(())
             }
         };
-        if let Some((subject, payload)) = held {
-            let _ = self.publish_raw(subject, payload).await;
+        if let Some((node, env)) = held {
+            let _ = self.enqueue(node.as_deref(), env).await;
         }
         result
     }
 
-    async fn publish_raw(&self, subject: String, payload: Bytes) -> Result<(), ()> {
-        self.client.publish(subject, payload).await.map_err(|e| {
-            self.metrics.bus_publish_failures.inc();
-            debug!(error = %e, "bus publish failed");
-        })
+    /// Hands `env` to the link to `node` (every node: `None`), starting it on first use.
+    async fn enqueue(&self, node: Option<&str>, env: Envelope) -> Result<(), ()> {
+        let tx = match node {
+            Some(node) => {
+                let mut links = lock(&self.links);
+                match links.get(node) {
+                    Some(tx) => tx.clone(),
+                    None => {
+                        let tx = link::start(self, subject(node), Some(node.to_owned()));
+                        links.insert(node.to_owned(), tx.clone());
+                        tx
+                    }
+                }
+            }
+            None => lock(&self.everyone)
+                .get_or_insert_with(|| link::start(self, ALL.to_owned(), None))
+                .clone(),
+        };
+        tx.send(env).await.map_err(|_| ())
+    }
+
+    /// `env`, sent to `node` (every node: `None`), was in a message NATS did not take: the
+    /// connection it belongs to is closed (its client reconnects and resyncs), a forwarded
+    /// request stops waiting for its response.
+    fn undelivered(&self, node: Option<&str>, env: &Envelope) {
+        self.metrics.bus_publish_failures.inc();
+        match env {
+            Envelope::Open { conn, .. }
+            | Envelope::Frame { conn, .. }
+            | Envelope::Alive { conn, .. }
+            | Envelope::Reauth { conn, .. } => {
+                if let Some(relay) = lock(&self.relays).remove(conn) {
+                    relay.tx.kill(CloseReason::new(
+                        close::RESTART,
+                        "lost the link to the document's node, reconnect",
+                    ));
+                }
+            }
+            Envelope::Out { conn, .. } | Envelope::Beat { conn, .. } => {
+                let key = (node.unwrap_or_default().to_owned(), *conn);
+                if let Some(remote) = lock(&self.remotes).remove(&key) {
+                    let _ = remote.tx.send(RemoteIn::Close);
+                }
+            }
+            Envelope::Request { id, .. } => {
+                lock(&self.pending).remove(id);
+            }
+            Envelope::Close { .. }
+            | Envelope::Kill { .. }
+            | Envelope::Changed { .. }
+            | Envelope::Response { .. } => {}
+        }
     }
 
     /// Registers a relayed connection (bus id `conn`) of a client of `doc`; the owner's
