@@ -201,7 +201,7 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     msg(Bus, "Request", Cluster, PerDocument, "forward_timeout; the owner's API bounds and heavy-work gate", "the caller's, on the node it called"),
     msg(Bus, "Response", Cluster, Constant, "answers only a request this node is waiting for", "none"),
     msg(Bus, "Reauth", Cluster, Constant, "one connection", "none"),
-    msg(Bus, "Batch", Cluster, PerUpdate, "at most BATCH_BYTES (or one envelope alone) and BATCH_ENVELOPES; each envelope in it is bounded as its own kind, a malformed one refuses the whole message", "none: the envelopes' own"),
+    msg(Bus, "Batch", Cluster, PerUpdate, "BATCH_ENVELOPES envelopes, the message at most max(BATCH_BYTES, max_message_size + 1 KiB); each envelope in it is bounded as its own kind, and one malformed or longer than max_message_size + 1 KiB is skipped and counted (its connection sees the hole: 1012)", "none: the envelopes' own"),
 ];
 
 impl Surface {

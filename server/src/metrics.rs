@@ -198,7 +198,7 @@ impl Metrics {
             ),
             bus_publish_failures: counter(
                 "bus_publish_failures_total",
-                "Bus messages that could not be published (their relayed connection is closed)",
+                "Bus envelopes that could not be published (their relayed connection is closed)",
             ),
             bus_refused: counter(
                 "bus_refused_total",

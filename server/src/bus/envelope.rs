@@ -638,14 +638,16 @@ impl BatchWriter {
 }
 
 /// The envelopes of a bus message (without its signature): the one it holds, or a batch's
-/// in order. `None` if the message or any envelope in it is malformed, or an envelope is
-/// longer than `max_envelope` bytes.
-pub fn decode_message(mut b: Bytes, max_envelope: usize) -> Option<Vec<Envelope>> {
+/// in order, and how many of the batch's were refused (malformed, or longer than
+/// `max_envelope` bytes: skipped, so one bad envelope does not take its neighbours' frames
+/// with it; their connections see the hole in their numbering). `None` if the message itself
+/// is malformed, or is one envelope that would be refused.
+pub fn decode_message(mut b: Bytes, max_envelope: usize) -> Option<(Vec<Envelope>, usize)> {
     if b.first() != Some(&BATCH) {
         if b.len() > max_envelope {
             return None;
         }
-        return Envelope::decode(b).map(|env| vec![env]);
+        return Envelope::decode(b).map(|env| (vec![env], 0));
     }
     if b.remaining() < BATCH_HEAD {
         return None;
@@ -656,17 +658,25 @@ pub fn decode_message(mut b: Bytes, max_envelope: usize) -> Option<Vec<Envelope>
         return None;
     }
     let mut envelopes = Vec::with_capacity(count as usize);
+    let mut refused = 0;
     for _ in 0..count {
         if b.remaining() < LEN {
             return None;
         }
         let len = b.get_u32() as usize;
-        if len > b.remaining() || len > max_envelope {
+        if len > b.remaining() {
             return None;
         }
-        envelopes.push(Envelope::decode(b.split_to(len))?);
+        let one = b.split_to(len);
+        match (len <= max_envelope)
+            .then(|| Envelope::decode(one))
+            .flatten()
+        {
+            Some(env) => envelopes.push(env),
+            None => refused += 1,
+        }
     }
-    b.is_empty().then_some(envelopes)
+    b.is_empty().then_some((envelopes, refused))
 }
 
 fn encode_changed(b: &mut BytesMut, from: &str, at_ms: i64, doc: &str, change: &Change) {
@@ -1014,10 +1024,29 @@ mod tests {
         let sealed = writer.seal(&key, "quire.node.n2");
         assert_eq!(key.open("quire.node.n3", sealed.clone()), None);
         let body = key.open("quire.node.n2", sealed).expect("signed for n2");
-        assert_eq!(decode_message(body.clone(), 1024), Some(envelopes.clone()));
-        // An envelope longer than the receiver takes refuses the whole message.
-        assert_eq!(decode_message(body.clone(), 20), None);
+        assert_eq!(
+            decode_message(body.clone(), 1024),
+            Some((envelopes.clone(), 0))
+        );
+        // An envelope longer than the receiver takes, or malformed, is skipped and counted;
+        // its neighbours are handed on. Alone, it is refused.
+        let mut writer = BatchWriter::with_capacity(0);
+        for env in [out(1, 1, 10), out(1, 2, 30), out(1, 3, 10)] {
+            writer.push(&env, 1000);
+        }
+        let kept = vec![out(1, 1, 10), out(1, 3, 10)];
+        assert_eq!(decode_message(writer.body(), 40), Some((kept, 1)));
         assert_eq!(decode_message(out(1, 1, 30).encode(), 20), None);
+        let mut garbled = vec![BATCH];
+        garbled.extend_from_slice(&2u64.to_be_bytes());
+        for one in [&[99u8; 12][..], &out(1, 1, 10).encode()] {
+            garbled.extend_from_slice(&(one.len() as u32).to_be_bytes());
+            garbled.extend_from_slice(one);
+        }
+        assert_eq!(
+            decode_message(Bytes::from(garbled), 1024),
+            Some((vec![out(1, 1, 10)], 1))
+        );
 
         // At most BATCH_ENVELOPES in one message.
         let mut writer = BatchWriter::with_capacity(0);
@@ -1026,8 +1055,8 @@ mod tests {
             .count();
         assert_eq!(taken, BATCH_ENVELOPES);
 
-        // Malformed: cut short, bytes after the last, no envelopes, a count past the bound,
-        // a batch inside a batch.
+        // Malformed: cut short, bytes after the last, no envelopes, a count past the bound;
+        // and a batch inside a batch, refused as an envelope.
         let cut = body.slice(..body.len() - 1);
         assert_eq!(decode_message(cut, 1024), None);
         let mut longer = body.to_vec();
@@ -1043,6 +1072,10 @@ mod tests {
         nested.extend_from_slice(&1u64.to_be_bytes());
         nested.extend_from_slice(&(body.len() as u32).to_be_bytes());
         nested.extend_from_slice(&body);
-        assert_eq!(decode_message(Bytes::from(nested), 1024), None);
+        assert_eq!(
+            decode_message(Bytes::from(nested), 1024),
+            Some((vec![], 1)),
+            "a batch is never an envelope of a batch"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! Fault injection for the tests of the bus (drop, duplicate, delay, reorder, slow consumer).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{lock, Kind};
@@ -33,8 +33,9 @@ pub struct Faults {
     pub(super) subscription_capacity: AtomicUsize,
     /// A pause before reading the next message, taken once.
     pub(super) inbox_pause: Mutex<Option<Duration>>,
-    /// A pause before a link publishes its next message, taken once.
-    pub(super) link_pause: Mutex<Option<Duration>>,
+    /// While set, every link of this node waits on it (until it is closed) before it
+    /// publishes its next message.
+    pub(super) link_gate: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
 }
 
 impl Faults {
@@ -49,10 +50,17 @@ impl Faults {
         *lock(&self.inbox_pause) = Some(pause);
     }
 
-    /// The next link of this node to take an envelope waits `pause` before it publishes:
-    /// whatever is sent to that node meanwhile travels in the same message.
-    pub fn pause_link_once(&self, pause: Duration) {
-        *lock(&self.link_pause) = Some(pause);
+    /// This node's links hold their next message until [`release_links`](Self::release_links):
+    /// whatever is sent to a node meanwhile travels in the same message.
+    pub fn hold_links(&self) {
+        *lock(&self.link_gate) = Some(Arc::new(tokio::sync::Semaphore::new(0)));
+    }
+
+    /// Lets the held links publish.
+    pub fn release_links(&self) {
+        if let Some(gate) = lock(&self.link_gate).take() {
+            gate.close();
+        }
     }
 
     /// Applies `action` to the message of `kind` after the next `skip` ones.

@@ -7,8 +7,12 @@
 //!
 //! A message that cannot be published takes its envelopes' connections down with it (see
 //! [`Bus::undelivered`]): a relayed connection never goes on past a frame that was not sent.
+//! A link idle for [`LINK_IDLE`] closes its queue, publishes what is still in it and ends
+//! (a restarted node comes back under a new id; its old link must not stay forever); the
+//! next envelope for that node starts a new one.
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -23,13 +27,15 @@ pub const LINK_QUEUE: usize = 4096;
 /// smaller). One envelope larger than this travels alone.
 pub const BATCH_BYTES: usize = 256 * 1024;
 
+/// A link with nothing to send for this long ends.
+pub const LINK_IDLE: Duration = Duration::from_secs(60);
+
 /// The sending end of a link.
 pub(super) type LinkTx = mpsc::Sender<Envelope>;
 
 /// Starts the task of the link to `subject` (for node `node`, or `None` for every node).
 pub(super) fn start(bus: &Bus, subject: String, node: Option<String>) -> LinkTx {
     let (tx, rx) = mpsc::channel(LINK_QUEUE);
-    let limit = BATCH_BYTES.min(bus.client.max_payload().saturating_sub(64).max(1));
     let task = Link {
         bus: bus.me.clone(),
         metrics: bus.metrics.clone(),
@@ -38,7 +44,6 @@ pub(super) fn start(bus: &Bus, subject: String, node: Option<String>) -> LinkTx 
         key: bus.key.clone(),
         subject,
         node,
-        limit,
     };
     tokio::spawn(task.run(rx));
     tx
@@ -54,7 +59,6 @@ struct Link {
     key: super::ClusterKey,
     subject: String,
     node: Option<String>,
-    limit: usize,
 }
 
 impl Link {
@@ -66,44 +70,64 @@ impl Link {
         loop {
             let first = match carried.take() {
                 Some(env) => env,
-                None => match rx.recv().await {
-                    Some(env) => env,
-                    None => return,
+                None => match tokio::time::timeout(LINK_IDLE, rx.recv()).await {
+                    Ok(Some(env)) => env,
+                    Ok(None) => return,
+                    Err(_idle) => {
+                        // Senders now get an error and start a new link; what they queued
+                        // before is still published here.
+                        rx.close();
+                        continue;
+                    }
                 },
             };
-            // The tasks already woken (a room's other recipients, other clients' frames)
-            // add theirs before the message closes.
-            match self
-                .faults
-                .as_ref()
-                .and_then(|f| lock(&f.link_pause).take())
-            {
-                Some(pause) => tokio::time::sleep(pause).await,
-                None => tokio::task::yield_now().await,
-            }
+            self.hold().await;
+            // The server's limit as the client knows it now (it may have reconnected to
+            // another server).
+            let limit = BATCH_BYTES.min(self.client.max_payload().saturating_sub(64).max(1));
             let mut writer = BatchWriter::with_capacity(4096);
-            writer.push(&first, self.limit);
+            writer.push(&first, limit);
             batch.push(first);
             while let Ok(env) = rx.try_recv() {
-                if !writer.push(&env, self.limit) {
+                if !writer.push(&env, limit) {
                     carried = Some(env);
                     break;
                 }
                 batch.push(env);
             }
-            self.metrics.bus_messages.inc();
-            self.metrics.bus_envelopes.inc_by(writer.count() as u64);
+            let count = writer.count() as u64;
             let payload = writer.seal(&self.key, &self.subject);
-            let published = self.client.publish(subject.clone(), payload).await;
-            if let Err(e) = published {
-                tracing::debug!(error = %e, subject = %self.subject, "bus publish failed");
-                if let Some(bus) = self.bus.upgrade() {
-                    for env in &batch {
-                        bus.undelivered(self.node.as_deref(), env);
+            match self.client.publish(subject.clone(), payload).await {
+                Ok(()) => {
+                    self.metrics.bus_messages.inc();
+                    self.metrics.bus_envelopes.inc_by(count);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, subject = %self.subject, "bus publish failed");
+                    if let Some(bus) = self.bus.upgrade() {
+                        for env in &batch {
+                            bus.undelivered(self.node.as_deref(), env);
+                        }
                     }
                 }
             }
             batch.clear();
+        }
+    }
+
+    /// Before a message closes: the tasks already woken (a room's other recipients, other
+    /// clients' frames) add theirs. In tests, a held link waits until it is let go.
+    async fn hold(&self) {
+        let gate = self
+            .faults
+            .as_ref()
+            .and_then(|f| lock(&f.link_gate).clone());
+        match gate {
+            Some(gate) => {
+                // Released by closing the semaphore (`Faults::release_links`).
+                let _ = gate.acquire().await;
+            }
+            None => tokio::task::yield_now().await,
         }
     }
 }

@@ -184,7 +184,7 @@ pub struct Bus {
     /// Relayed connections of this node, by bus connection id.
     relays: Mutex<HashMap<u64, Relay>>,
     /// Remote peers this node serves as owner, by (relaying node, connection id).
-    remotes: Mutex<HashMap<(String, u64), Remote>>,
+    remotes: Mutex<Remotes>,
     /// Most bytes of a relayed client's frames waiting for its remote peer on the owner;
     /// past it the remote peer is closed with 1013.
     remote_inbox_bytes: usize,
@@ -215,6 +215,36 @@ struct Remote {
     tx: mpsc::UnboundedSender<RemoteIn>,
     queued: Arc<AtomicUsize>,
     order: InOrder,
+}
+
+/// Remote peers by relaying node, then connection id: found without building a key (no
+/// allocation per frame).
+#[derive(Default)]
+struct Remotes(HashMap<String, HashMap<u64, Remote>>);
+
+impl Remotes {
+    fn get_mut(&mut self, from: &str, conn: u64) -> Option<&mut Remote> {
+        self.0.get_mut(from)?.get_mut(&conn)
+    }
+
+    fn insert(&mut self, from: String, conn: u64, remote: Remote) {
+        self.0.entry(from).or_default().insert(conn, remote);
+    }
+
+    fn remove(&mut self, from: &str, conn: u64) -> Option<Remote> {
+        let of_node = self.0.get_mut(from)?;
+        let remote = of_node.remove(&conn);
+        if of_node.is_empty() {
+            self.0.remove(from);
+        }
+        remote
+    }
+
+    fn drain(&mut self) -> impl Iterator<Item = Remote> {
+        std::mem::take(&mut self.0)
+            .into_values()
+            .flat_map(HashMap::into_values)
+    }
 }
 
 /// NATS credentials given in the bus URL.
@@ -318,7 +348,7 @@ impl Bus {
             faults: config.faults,
             conn_base: rand::random::<u64>() & !0xFFFF_FFFF,
             relays: Mutex::new(HashMap::new()),
-            remotes: Mutex::new(HashMap::new()),
+            remotes: Mutex::new(Remotes::default()),
             remote_inbox_bytes: registry.config.room_queue_bytes,
             limits,
             metrics: registry.metrics.clone(),
@@ -348,7 +378,8 @@ impl Bus {
                     .open(msg.subject.as_str(), msg.payload)
                     .and_then(|body| decode_message(body, max_envelope));
                 match envelopes {
-                    Some(envelopes) => {
+                    Some((envelopes, refused)) => {
+                        bus.metrics.bus_refused.inc_by(refused as u64);
                         for env in envelopes {
                             bus.dispatch(env).await;
                         }
@@ -387,7 +418,7 @@ impl Bus {
 
     /// Forgets remote peer `conn` of node `from` (it has left its room).
     pub fn forget_remote(&self, from: &str, conn: u64) {
-        lock(&self.remotes).remove(&(from.to_owned(), conn));
+        lock(&self.remotes).remove(from, conn);
     }
 
     /// A lost message between nodes: counted, and the reason the connection closes with.
@@ -506,23 +537,46 @@ impl Bus {
 
     /// Hands `env` to the link to `node` (every node: `None`), starting it on first use.
     async fn enqueue(&self, node: Option<&str>, env: Envelope) -> Result<(), ()> {
-        let tx = match node {
+        let mut env = env;
+        // A link that ended (idle) is replaced once.
+        for _ in 0..2 {
+            let tx = self.link(node);
+            match tx.send(env).await {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::SendError(back)) => env = back,
+            }
+        }
+        Err(())
+    }
+
+    /// The link to `node` (every node: `None`); a new one if there is none or it has ended.
+    fn link(&self, node: Option<&str>) -> link::LinkTx {
+        let start = |node: Option<&str>| {
+            let subject = node.map_or_else(|| ALL.to_owned(), subject);
+            link::start(self, subject, node.map(str::to_owned))
+        };
+        match node {
             Some(node) => {
                 let mut links = lock(&self.links);
                 match links.get(node) {
-                    Some(tx) => tx.clone(),
-                    None => {
-                        let tx = link::start(self, subject(node), Some(node.to_owned()));
+                    Some(tx) if !tx.is_closed() => tx.clone(),
+                    _ => {
+                        // (Links that ended, to nodes no longer heard from, go too.)
+                        links.retain(|_, tx| !tx.is_closed());
+                        let tx = start(Some(node));
                         links.insert(node.to_owned(), tx.clone());
                         tx
                     }
                 }
             }
-            None => lock(&self.everyone)
-                .get_or_insert_with(|| link::start(self, ALL.to_owned(), None))
-                .clone(),
-        };
-        tx.send(env).await.map_err(|_| ())
+            None => {
+                let mut everyone = lock(&self.everyone);
+                match everyone.as_ref() {
+                    Some(tx) if !tx.is_closed() => tx.clone(),
+                    _ => everyone.insert(start(None)).clone(),
+                }
+            }
+        }
     }
 
     /// `env`, sent to `node` (every node: `None`), was in a message NATS did not take: the
@@ -543,9 +597,10 @@ impl Bus {
                 }
             }
             Envelope::Out { conn, .. } | Envelope::Beat { conn, .. } => {
-                let key = (node.unwrap_or_default().to_owned(), *conn);
-                if let Some(remote) = lock(&self.remotes).remove(&key) {
-                    let _ = remote.tx.send(RemoteIn::Close);
+                // The remote peer leaves its room and tells the relaying node (1012).
+                let from = node.unwrap_or_default();
+                if let Some(remote) = lock(&self.remotes).remove(from, *conn) {
+                    let _ = remote.tx.send(RemoteIn::Gap);
                 }
             }
             Envelope::Request { id, .. } => {
@@ -593,7 +648,7 @@ impl Bus {
         for (_, relay) in lock(&self.relays).drain() {
             relay.tx.kill(gone.clone());
         }
-        for (_, remote) in lock(&self.remotes).drain() {
+        for remote in lock(&self.remotes).drain() {
             let _ = remote.tx.send(RemoteIn::Close);
         }
     }
@@ -743,8 +798,7 @@ impl Bus {
         let queued = Arc::new(AtomicUsize::new(0));
         {
             let mut remotes = lock(&self.remotes);
-            let key = (from.clone(), conn);
-            if remotes.contains_key(&key) {
+            if remotes.get_mut(&from, conn).is_some() {
                 // A duplicate.
                 self.metrics.bus_duplicates.inc();
                 return;
@@ -754,7 +808,7 @@ impl Bus {
                 queued: queued.clone(),
                 order: InOrder::default(),
             };
-            remotes.insert(key, remote);
+            remotes.insert(from.clone(), conn, remote);
         }
         let inbox = RemoteInbox { rx, queued };
         let open = RemoteOpen {
@@ -780,12 +834,11 @@ impl Bus {
     async fn on_alive(&self, from: &str, conn: u64, sent: u64) {
         let known = {
             let mut remotes = lock(&self.remotes);
-            let key = (from.to_owned(), conn);
-            match remotes.get_mut(&key) {
+            match remotes.get_mut(from, conn) {
                 Some(r) => {
                     if r.order.check_sent(sent).is_ok() {
                         let _ = r.tx.send(RemoteIn::Alive);
-                    } else if let Some(remote) = remotes.remove(&key) {
+                    } else if let Some(remote) = remotes.remove(from, conn) {
                         let _ = remote.tx.send(RemoteIn::Gap);
                     }
                     true
@@ -800,14 +853,14 @@ impl Bus {
 
     /// A `Close` from a relaying node: its client left.
     fn on_close(&self, from: String, conn: u64) {
-        if let Some(remote) = lock(&self.remotes).remove(&(from, conn)) {
+        if let Some(remote) = lock(&self.remotes).remove(&from, conn) {
             let _ = remote.tx.send(RemoteIn::Close);
         }
     }
 
     /// A `Reauth` from a relaying node: its client's new credential, for its remote peer.
     fn on_reauth(&self, from: String, conn: u64, credential: Credential) {
-        if let Some(remote) = lock(&self.remotes).get(&(from, conn)) {
+        if let Some(remote) = lock(&self.remotes).get_mut(&from, conn) {
             let _ = remote.tx.send(RemoteIn::Reauth(credential.into()));
         }
     }
@@ -844,8 +897,7 @@ impl Bus {
     /// that name here.
     fn take_frame(&self, from: &str, conn: u64, seq: u64, data: Bytes) -> bool {
         let mut remotes = lock(&self.remotes);
-        let key = (from.to_owned(), conn);
-        let Some(remote) = remotes.get_mut(&key) else {
+        let Some(remote) = remotes.get_mut(from, conn) else {
             return false;
         };
         let close = match remote.order.push(seq, data) {
@@ -868,7 +920,7 @@ impl Bus {
             Err(Gap) => Some(RemoteIn::Gap),
         };
         if let Some(close) = close {
-            if let Some(remote) = remotes.remove(&key) {
+            if let Some(remote) = remotes.remove(from, conn) {
                 let _ = remote.tx.send(close);
             }
         }
