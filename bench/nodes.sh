@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Nodes that add capacity: the highest rate with delivery p99 < 50 ms on 1, 2 and 3 Quire
 # nodes (one PostgreSQL, one NATS), each node limited to the same CPU quota (a cgroup v1
-# cpu.cfs_quota_us, default 0.4 core), clients spread over the nodes two ways: every client
-# of a document on one node, as a load balancer hashing the path would (`--by-document`), and
-# a document's clients on different nodes (client c of room r on node (r + c) mod n), so the
-# owner relays to the others. Appends to target/bench/results.jsonl (labels "nodes<N>-<how>",
-# with "-q<QUOTA>" when the quota is not 0.4).
+# cpu.cfs_quota_us, default 0.4 core; each node starts inside its cgroup, as in a container
+# with a CPU limit, so its runtime sizes itself to the quota), clients spread over the nodes
+# two ways: every client of a document on one node, as a load balancer hashing the path would
+# (`--by-document`), and a document's clients on different nodes (client c of room r on node
+# (r + c) mod n), so the owner relays to the others. Then, on fresh nodes, a fixed rate
+# (FIXED_RATE updates/s per client, default 10: 2,000 updates/s) for 12 s: the nodes' CPU per
+# update, which the p99 bound does not show. Appends to target/bench/results.jsonl (labels
+# "nodes<N>-<how>", with "-q<QUOTA>" when the quota is not 0.4; the fixed-rate rows have
+# scenario "nodes-cpu").
 # Needs root, the cgroup v1 cpu controller, PostgreSQL (QUIRE_BENCH_PG, default
 # postgres://postgres@127.0.0.1:5432) and NATS (QUIRE_BENCH_NATS, default nats://127.0.0.1:4222).
 # Usage: bench/nodes.sh [QUOTA_CORES] [STEPS] [REFINE]; NODES="1 2 3" and HOWS="by-document
@@ -37,28 +41,65 @@ cleanup() {
 }
 trap cleanup EXIT
 
+start_nodes() { # n: fresh database, n nodes each inside its cgroup; sets url
+  psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB" >/dev/null
+  local urls=() i port dir cg
+  for i in $(seq "$1"); do
+    port=$((4800 + i)); dir=$(mktemp -d)
+    cg="$CPU/quire-bench-node$i"; mkdir -p "$cg"; cgroups+=("$cg")
+    echo 100000 > "$cg/cpu.cfs_period_us"; echo "$quota_us" > "$cg/cpu.cfs_quota_us"
+    # The node's process joins its cgroup before it starts (exec keeps the pid).
+    bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
+      "$RELEASE/quire" serve --bind "127.0.0.1:$port" --database "$PG/$DB" --bus "$NATS" \
+      --cluster-key "bench-nodes-cluster-key" --node-id "bench-$i" --log warn >"$dir/log" 2>&1 &
+    pids+=("$!")
+    wait_port "$port" "node $i"
+    urls+=("ws://127.0.0.1:$port")
+  done
+  url=$(IFS=,; echo "${urls[*]}")
+}
+
+nodes_cpu_ticks() { # the CPU ticks (1/100 s) the running nodes have used
+  local t=0 p s
+  for p in "${pids[@]}"; do
+    s=($(cut -d' ' -f14,15 "/proc/$p/stat")); t=$((t + s[0] + s[1]))
+  done
+  echo "$t"
+}
+
+fixed_rate() { # n how flag: FIXED_RATE per client for 12 s; the nodes' CPU per update
+  local rate="${FIXED_RATE:-10}" before after out
+  out=$(mktemp)
+  "$BENCH" typing --rooms 50 --clients 4 --rate "$rate" --duration 12s --warmup 3s \
+    --prefix "f$1$2" $3 --url "$url" --label "nodes$1-$2$suffix" >"$out" 2>>"$OUT/log.txt" &
+  local bench=$!
+  sleep 5; before=$(nodes_cpu_ticks); sleep 10; after=$(nodes_cpu_ticks)
+  wait "$bench" || true
+  python3 - "$out" "$((after - before))" "$rate" "nodes$1-$2$suffix" <<'PY' | tee -a "$OUT/log.txt" >> "$RESULTS"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+typing = rows[-1] if rows else {}
+ticks, rate, label = int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+offered = 50 * 4 * rate
+print(json.dumps({"scenario": "nodes-cpu", "label": label, "offered_per_s": offered,
+                  "nodes_cpu_s_per_10s": ticks / 100, "cpu_us_per_update": ticks / 100 / (10 * offered) * 1e6,
+                  "p99_ms": typing.get("p99_ms"), "complete": typing.get("complete")}))
+PY
+  rm -f "$out"
+}
+
 for n in ${NODES:-1 2 3}; do
   for how in ${HOWS:-by-document spread}; do
     [ "$n" = 1 ] && [ "$how" = spread ] && continue
-    psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB" >/dev/null
-    urls=()
-    for i in $(seq "$n"); do
-      port=$((4800 + i)); dir=$(mktemp -d)
-      "$RELEASE/quire" serve --bind "127.0.0.1:$port" --database "$PG/$DB" --bus "$NATS" \
-        --cluster-key "bench-nodes-cluster-key" --node-id "bench-$i" --log warn >"$dir/log" 2>&1 &
-      pid=$!; pids+=("$pid")
-      wait_port "$port" "node $i"
-      cg="$CPU/quire-bench-node$i"; mkdir -p "$cg"; cgroups+=("$cg")
-      echo 100000 > "$cg/cpu.cfs_period_us"; echo "$quota_us" > "$cg/cpu.cfs_quota_us"
-      echo "$pid" > "$cg/cgroup.procs"
-      urls+=("ws://127.0.0.1:$port")
-    done
-    url=$(IFS=,; echo "${urls[*]}")
     flag=; [ "$how" = by-document ] && flag=--by-document
     echo "=== $n node(s), $QUOTA core each, clients $how ===" >&2
+    start_nodes "$n"
     "$BENCH" search --rooms 50 --clients 4 --rate 3 --step 1.6 --steps "$STEPS" \
       --refine "$REFINE" --duration 8s --warmup 2s --prefix "n$n$how" $flag --url "$url" \
       --label "nodes$n-$how$suffix" 2>&1 | tee -a "$OUT/log.txt" | grep '^{' >> "$RESULTS" || true
+    stop_nodes
+    start_nodes "$n"
+    fixed_rate "$n" "$how" "$flag"
     stop_nodes
   done
 done

@@ -184,8 +184,8 @@ if any(nodes.values()):
             cells.append(f"{fmt(v)} ({ratio(v, one)})" if v and one else fmt(v))
         print(f"| {n} | " + " | ".join(cells) + " |")
 
-# The same with a smaller quota (bench/nodes.sh 0.25, by document), which leaves the machine
-# room for the generator, PostgreSQL and NATS.
+# The same with a smaller quota (bench/nodes.sh 0.25), which leaves the machine room for the
+# generator, PostgreSQL and NATS.
 small = {n: next((r.get("best_rate_per_s") for r in reversed(rows)
                   if r.get("label") == f"nodes{n}-by-document-q0.25" and r.get("scenario") == "search"),
                  None)
@@ -194,6 +194,28 @@ if small[1] and small[3]:
     print()
     print(f"nodes at 0.25 core each, by document: 1 node {fmt(small[1])}, 3 nodes {fmt(small[3])} "
           f"({ratio(small[3], small[1])})")
+
+# Relayed scale-out (issue 36, target 4): spread clients against clients by document under the
+# same quota, as the highest rate with p99 < 50 ms and as the nodes' CPU per update at a fixed
+# rate (the latest run of each).
+def latest(label, scenario, key):
+    return next((r.get(key) for r in reversed(rows)
+                 if r.get("label") == label and r.get("scenario") == scenario), None)
+spread_rows = []
+for suffix, quota in (("-q0.25", "0.25"), ("", "0.4")):
+    for n in (2, 3):
+        doc, spr = (latest(f"nodes{n}-{how}{suffix}", "search", "best_rate_per_s")
+                    for how in ("by-document", "spread"))
+        cdoc, cspr = (latest(f"nodes{n}-{how}{suffix}", "nodes-cpu", "cpu_us_per_update")
+                      for how in ("by-document", "spread"))
+        if doc and spr:
+            spread_rows.append(f"| {quota} | {n} | {fmt(doc)} | {fmt(spr)} ({spr / doc:.0%}) | "
+                               f"{fmt(cdoc)} | {fmt(cspr)} ({ratio(cspr, cdoc)}) |")
+if spread_rows:
+    print()
+    print("| quota (core per node) | nodes | by document, updates/s | spread | by document, CPU µs per update | spread |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(spread_rows))
 
 # Plot: p99 against offered load, from the search steps.
 W, H, L, B = 640, 400, 60, 50

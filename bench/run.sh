@@ -128,7 +128,7 @@ if [ "$MODE" = full ]; then
   bench/idle.sh 3 10000
   bench/nodes.sh
   # A quota that leaves the two cores room for the generator, PostgreSQL and NATS.
-  NODES="1 3" HOWS=by-document bench/nodes.sh 0.25
+  bench/nodes.sh 0.25
   python3 bench/report.py "$RESULTS" docs/bench-latency.svg
   bench/history.sh
   bench/branches.sh
