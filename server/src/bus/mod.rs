@@ -33,6 +33,7 @@
 //! write into one. NATS credentials come from the bus URL (`nats://user:pass@host`, or a
 //! token) or a credentials file.
 
+mod batch;
 mod envelope;
 mod faults;
 mod link;
@@ -40,6 +41,7 @@ mod order;
 pub mod owners;
 pub mod replay;
 
+pub use batch::*;
 pub use envelope::*;
 pub use faults::*;
 pub use link::{BATCH_BYTES, LINK_QUEUE};
@@ -499,118 +501,6 @@ impl Bus {
             change,
         };
         let _ = self.publish(None, env).await;
-    }
-
-    /// Queues `env` for `node` (every node: `None`), through the planned faults in tests.
-    async fn publish(&self, node: Option<&str>, env: Envelope) -> Result<(), ()> {
-        let Some(faults) = &self.faults else {
-            return self.enqueue(node, env).await;
-        };
-        let held = lock(&faults.held).take();
-        let result = match faults.take(env.kind()) {
-            None => self.enqueue(node, env).await,
-            Some(FaultAction::Drop) => Ok(()),
-            Some(FaultAction::Duplicate) => {
-                let first = self.enqueue(node, env.clone()).await;
-                first.and(self.enqueue(node, env).await)
-            }
-            Some(FaultAction::Delay(after)) => {
-                let (me, node) = (self.me.clone(), node.map(str::to_owned));
-                tokio::spawn(async move {
-                    tokio::time::sleep(after).await;
-                    if let Some(bus) = me.upgrade() {
-                        let _ = bus.enqueue(node.as_deref(), env).await;
-                    }
-                });
-                Ok(())
-            }
-            Some(FaultAction::Reorder) => {
-                *lock(&faults.held) = Some((node.map(str::to_owned), env));
-                Ok(())
-            }
-        };
-        if let Some((node, env)) = held {
-            let _ = self.enqueue(node.as_deref(), env).await;
-        }
-        result
-    }
-
-    /// Hands `env` to the link to `node` (every node: `None`), starting it on first use.
-    async fn enqueue(&self, node: Option<&str>, env: Envelope) -> Result<(), ()> {
-        let mut env = env;
-        // A link that ended (idle) is replaced once.
-        for _ in 0..2 {
-            let tx = self.link(node);
-            match tx.send(env).await {
-                Ok(()) => return Ok(()),
-                Err(mpsc::error::SendError(back)) => env = back,
-            }
-        }
-        Err(())
-    }
-
-    /// The link to `node` (every node: `None`); a new one if there is none or it has ended.
-    fn link(&self, node: Option<&str>) -> link::LinkTx {
-        let start = |node: Option<&str>| {
-            let subject = node.map_or_else(|| ALL.to_owned(), subject);
-            link::start(self, subject, node.map(str::to_owned))
-        };
-        match node {
-            Some(node) => {
-                let mut links = lock(&self.links);
-                match links.get(node) {
-                    Some(tx) if !tx.is_closed() => tx.clone(),
-                    _ => {
-                        // (Links that ended, to nodes no longer heard from, go too.)
-                        links.retain(|_, tx| !tx.is_closed());
-                        let tx = start(Some(node));
-                        links.insert(node.to_owned(), tx.clone());
-                        tx
-                    }
-                }
-            }
-            None => {
-                let mut everyone = lock(&self.everyone);
-                match everyone.as_ref() {
-                    Some(tx) if !tx.is_closed() => tx.clone(),
-                    _ => everyone.insert(start(None)).clone(),
-                }
-            }
-        }
-    }
-
-    /// `env`, sent to `node` (every node: `None`), was in a message NATS did not take: the
-    /// connection it belongs to is closed (its client reconnects and resyncs), a forwarded
-    /// request stops waiting for its response.
-    fn undelivered(&self, node: Option<&str>, env: &Envelope) {
-        self.metrics.bus_publish_failures.inc();
-        match env {
-            Envelope::Open { conn, .. }
-            | Envelope::Frame { conn, .. }
-            | Envelope::Alive { conn, .. }
-            | Envelope::Reauth { conn, .. } => {
-                if let Some(relay) = lock(&self.relays).remove(conn) {
-                    relay.tx.kill(CloseReason::new(
-                        close::RESTART,
-                        "lost the link to the document's node, reconnect",
-                    ));
-                }
-            }
-            Envelope::Out { conn, .. } | Envelope::Beat { conn, .. } => {
-                // The remote peer leaves its room and tells the relaying node (1012).
-                let from = node.unwrap_or_default();
-                if let Some(remote) = lock(&self.remotes).remove(from, *conn) {
-                    let _ = remote.tx.send(RemoteIn::Gap);
-                }
-            }
-            Envelope::Request { id, .. } => {
-                lock(&self.pending).remove(id);
-            }
-            Envelope::Close { .. }
-            | Envelope::Kill { .. }
-            | Envelope::Changed { .. }
-            | Envelope::Response { .. } => {}
-        }
     }
 
     /// Registers a relayed connection (bus id `conn`) of a client of `doc`; the owner's
