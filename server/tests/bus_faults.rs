@@ -196,6 +196,45 @@ async fn a_burst_of_frames_travels_batched_and_each_is_applied_once() {
     p.stop().await;
 }
 
+/// A frame NATS will not take (longer than the server's `max_payload`) is never published,
+/// and its relayed connection is closed with 1012 instead of going on past it: the durable
+/// ack asked after it never comes, and a fresh client does not have the update.
+#[tokio::test]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
+async fn a_frame_nats_refuses_closes_its_relayed_connection() {
+    require_postgres();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(&conf, "max_payload: 16384\n").expect("nats config");
+    let nats = Nats::start_args(&["-c", conf.to_str().expect("utf-8 path")]).await;
+    let a = TestServer::start(node_config(dir.path(), "node-a", &nats.url)).await;
+    let b = TestServer::start(node_config(dir.path(), "node-b", &nats.url)).await;
+    let _on_a = Client::connect(&a.url("big"), 1).await;
+    let mut on_b = Client::connect(&b.url("big"), 2).await;
+    on_b.insert(0, "kept ").await;
+    on_b.durable_ack(1).await;
+
+    on_b.insert(5, &"x".repeat(40_000)).await;
+    let ack = protocol::encode_durable_ack(2);
+    on_b.send_raw(ack.clone()).await;
+    assert_eq!(on_b.wait_closed().await, Some(1012), "closed to resync");
+    // At once, by the failed publish (the numbering's check would close it a second or two
+    // later, as "a message between nodes was lost").
+    let reason = on_b.closed.as_ref().map(|f| f.reason.to_string());
+    assert_eq!(
+        reason.as_deref(),
+        Some("lost the link to the document's node, reconnect")
+    );
+    assert!(
+        !on_b.acks_received.contains(&ack),
+        "acknowledged an update that never left its node"
+    );
+    assert!(b.metric("quire_bus_publish_failures_total").await >= 1.0);
+    assert_eq!(fresh_text(&a.url("big")).await, "kept ");
+    b.stop().await;
+    a.stop().await;
+}
+
 /// A frame from the owner to a relayed client (here a broadcast) is lost: the owner's next
 /// heartbeat shows the relaying node the hole, and it closes the client with 1012 instead of
 /// leaving it without the update.

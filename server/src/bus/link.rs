@@ -18,9 +18,7 @@ use tokio::sync::mpsc;
 
 use super::{lock, subject, Bus, Envelope, FaultAction, Faults, RemoteIn, ALL};
 use crate::bus::BatchWriter;
-use crate::close;
 use crate::metrics::Metrics;
-use crate::room::CloseReason;
 
 /// Envelopes waiting for a link's task; a sender waits while it is full.
 pub const LINK_QUEUE: usize = 4096;
@@ -224,10 +222,7 @@ impl Bus {
             | Envelope::Alive { conn, .. }
             | Envelope::Reauth { conn, .. } => {
                 if let Some(relay) = lock(&self.relays).remove(conn) {
-                    relay.tx.kill(CloseReason::new(
-                        close::RESTART,
-                        "lost the link to the document's node, reconnect",
-                    ));
+                    relay.tx.kill(super::lost_link());
                 }
             }
             Envelope::Out { conn, .. } | Envelope::Beat { conn, .. } => {

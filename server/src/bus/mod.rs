@@ -280,6 +280,15 @@ fn subject(node: &str) -> String {
     format!("quire.node.{node}")
 }
 
+/// Why a relayed connection closes when the bus lost its way to the document's node (a failed
+/// publish, a dropped link): the client reconnects and resyncs.
+pub fn lost_link() -> CloseReason {
+    CloseReason::new(
+        close::RESTART,
+        "lost the link to the document's node, reconnect",
+    )
+}
+
 fn lost(metrics: &Metrics) -> CloseReason {
     metrics.bus_gaps.inc();
     CloseReason::new(
@@ -531,10 +540,7 @@ impl Bus {
     /// Closes everything relayed in either direction (the bus dropped messages).
     fn drop_all(&self) {
         self.metrics.bus_resets.inc();
-        let gone = CloseReason::new(
-            close::RESTART,
-            "lost the link to the document's node, reconnect",
-        );
+        let gone = lost_link();
         for (_, relay) in lock(&self.relays).drain() {
             relay.tx.kill(gone.clone());
         }

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::transport::{WsError, WsMessage};
 use crate::app::AppState;
 use crate::bus::owners::Watching;
-use crate::bus::{Bus, Credential, Envelope, RemoteIn, RemoteOpen, ALIVE_EVERY};
+use crate::bus::{lost_link, Bus, Credential, Envelope, RemoteIn, RemoteOpen, ALIVE_EVERY};
 use crate::close;
 use crate::limits::PeerRates;
 use crate::room::join::{join_room, next_peer_id, peer_bounds, to_peer_msgs};
@@ -34,13 +34,6 @@ fn moved() -> CloseReason {
 
 fn unavailable() -> CloseReason {
     CloseReason::new(close::INTERNAL, "document unavailable, retry")
-}
-
-fn lost_link() -> CloseReason {
-    CloseReason::new(
-        close::RESTART,
-        "lost the link to the document's node, reconnect",
-    )
 }
 
 /// The document's id and the node that holds its lease. `Err(moved)` if this node got the
