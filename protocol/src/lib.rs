@@ -7,6 +7,7 @@
 
 pub mod counts;
 pub mod hocuspocus;
+pub mod state;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use yrs::encoding::read::{Cursor, Read};

@@ -45,6 +45,93 @@ async fn a_restart_keeps_every_document() {
     server.stop().await;
 }
 
+/// A change that reaches the server ahead of its client's earlier one (that client edited on
+/// top of what it had from elsewhere, as a browser tab does from another tab over its
+/// BroadcastChannel): yrs integrates it at once and keeps the gap, and yrs's own v2 encoder
+/// wrote such a document wrongly. The snapshot written on unload must give back exactly that
+/// document (checked from the stored rows), and one written with the fault by an earlier
+/// Quire must load after a restart, and complete once the earlier change arrives.
+#[tokio::test]
+async fn a_snapshot_of_a_change_ahead_of_its_clients_earlier_one_reloads_whole() {
+    use yrs::Map;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let url = server.url("ahead");
+    // Client 7 types, then sets a map key (which depends on nothing before it); only the
+    // second change reaches the server for now.
+    let writer = Doc::with_client_id(7);
+    let (first, second) = {
+        let (text, map) = (
+            writer.get_or_insert_text("text"),
+            writer.get_or_insert_map("map"),
+        );
+        let mut txn = writer.transact_mut();
+        text.insert(&mut txn, 0, "first ");
+        let first = txn.encode_update_v1();
+        drop(txn);
+        let mut txn = writer.transact_mut();
+        map.insert(&mut txn, "k", "second");
+        (first, txn.encode_update_v1())
+    };
+    let mut c = Client::connect(&url, 1).await;
+    c.insert(0, "base ").await;
+    c.send_update(&second).await;
+    c.durable_ack(1).await;
+    c.close().await;
+    server.wait_metric("quire_rooms_loaded", |v| v == 0.0).await;
+    assert!(
+        server.metric("quire_snapshots_total").await >= 1.0,
+        "the room wrote a snapshot as it unloaded"
+    );
+    server.stop().await;
+
+    let key = |doc: &Doc| {
+        let map = doc.get_or_insert_map("map");
+        let txn = doc.transact();
+        map.get(&txn, "k").map(|v| v.to_string(&txn))
+    };
+    // What storage holds, replayed here.
+    let stored = stored_doc(dir.path(), "ahead").await;
+    assert_eq!(text_of(&stored), "base ");
+    assert_eq!(key(&stored).as_deref(), Some("second"));
+
+    // A store an earlier Quire wrote: the same snapshot as yrs's own encoder writes it, which
+    // does not decode as written. It loads all the same.
+    let faulty = stored
+        .transact()
+        .encode_state_as_update_v2(&StateVector::default());
+    assert!(
+        Update::decode_v2(&faulty).is_err(),
+        "written with the fault"
+    );
+    let pool = open_db(dir.path()).await;
+    let replaced = sqlx::query(
+        "UPDATE doc_snapshot_parts SET bytes = $1 WHERE doc_id = \
+         (SELECT id FROM documents WHERE name = 'ahead') AND generation = \
+         (SELECT snapshot_generation FROM documents WHERE name = 'ahead')",
+    )
+    .bind(faulty)
+    .execute(&pool)
+    .await
+    .expect("replace the snapshot");
+    assert_eq!(replaced.rows_affected(), 1, "one part");
+    pool.close().await;
+
+    let server = TestServer::start(test_config(dir.path())).await;
+    let url = server.url("ahead");
+    let mut late = Client::connect(&url, 2).await;
+    assert_eq!(late.text(), "base ");
+    assert_eq!(key(&late.doc).as_deref(), Some("second"));
+    // The earlier change completes the document for everyone.
+    late.send_update(&first).await;
+    late.durable_ack(2).await;
+    let fresh = Client::connect(&url, 3).await;
+    assert!(fresh.text().contains("first "), "{:?}", fresh.text());
+    assert!(fresh.text().contains("base "), "{:?}", fresh.text());
+    assert_eq!(key(&fresh.doc).as_deref(), Some("second"));
+    server.stop().await;
+}
+
 /// The guarantee: whatever any client has received from the server is durable, even if the
 /// process dies the next instant.
 #[tokio::test]
@@ -529,8 +616,8 @@ async fn a_stale_append_racing_a_snapshot_is_refused_or_kept_never_lost() {
     }
 }
 
-/// The text storage holds for `name` now: its snapshot and the log rows after it, replayed.
-async fn stored_text(db: &std::path::Path, name: &str) -> String {
+/// The document storage holds (its snapshot and the log rows after it), replayed here.
+async fn stored_doc(db: &std::path::Path, name: &str) -> Doc {
     let pool = open_db(db).await;
     let (id, seq, generation): (i64, i64, Option<i64>) = sqlx::query_as(
         "SELECT id, snapshot_seq, snapshot_generation FROM documents WHERE name = $1",
@@ -559,7 +646,6 @@ async fn stored_text(db: &std::path::Path, name: &str) -> String {
             .expect("rows");
     pool.close().await;
     let doc = Doc::new();
-    let text = doc.get_or_insert_text("text");
     let mut txn = doc.transact_mut();
     if let Some((s,)) = snapshot {
         txn.apply_update(Update::decode_v2(&s).expect("v2"))
@@ -569,7 +655,13 @@ async fn stored_text(db: &std::path::Path, name: &str) -> String {
         txn.apply_update(Update::decode_v1(&row).expect("v1"))
             .expect("applies");
     }
-    text.get_string(&txn)
+    drop(txn);
+    doc
+}
+
+/// The text storage holds for `name` now.
+async fn stored_text(db: &std::path::Path, name: &str) -> String {
+    text_of(&stored_doc(db, name).await)
 }
 
 /// A large document's snapshot is encoded on a blocking thread while appends go on, and

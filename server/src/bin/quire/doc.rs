@@ -183,7 +183,7 @@ async fn export(
         let txn = doc.transact();
         match format {
             ExportFormat::Update => txn.encode_state_as_update_v1(&StateVector::default()),
-            ExportFormat::UpdateV2 => txn.encode_state_as_update_v2(&StateVector::default()),
+            ExportFormat::UpdateV2 => quire_server::protocol::state::encode_state_v2(&txn),
             ExportFormat::Json => {
                 let mut json = serde_json::to_vec_pretty(&quire_server::room::doc_json(&doc))?;
                 json.push(b'\n');

@@ -16,7 +16,7 @@ use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
 use quire_server::storage::api::DocQuery;
 use quire_server::storage::{SnapshotBytes, SnapshotOutcome, SNAPSHOT_PART_BYTES};
-use yrs::{ReadTxn, StateVector, Transact};
+use yrs::{ReadTxn, Transact};
 
 /// What compacting one document did.
 enum Compacted {
@@ -44,7 +44,7 @@ async fn compact_one(stores: &quire_server::Stores, name: &str) -> anyhow::Resul
             if txn.has_missing_updates() {
                 bail!("document {name:?} has updates waiting on missing ones; not compacted");
             }
-            txn.encode_state_as_update_v2(&StateVector::default())
+            quire_server::protocol::state::encode_state_v2(&txn)
         };
         let bytes = encoded.len();
         let data = bytes::Bytes::from(encoded);

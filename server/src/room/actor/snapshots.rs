@@ -20,7 +20,7 @@
 use bytes::Bytes;
 use tokio::time::Duration;
 use tracing::{debug, warn};
-use yrs::{ReadTxn, StateVector, Transact};
+use yrs::{ReadTxn, Transact};
 
 use super::lifecycle::within;
 use super::{wait_inflight, Inflight, Room};
@@ -309,8 +309,7 @@ impl Room {
         }
         let doc = &self.doc;
         let encoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            doc.transact()
-                .encode_state_as_update_v2(&StateVector::default())
+            crate::protocol::state::encode_state_v2(&doc.transact())
         }));
         let data = match encoded {
             Ok(data) => data,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::time::{Duration, Instant};
 use tracing::warn;
-use yrs::{ReadTxn, StateVector, Transact};
+use yrs::{ReadTxn, Transact};
 
 use super::lifecycle::within;
 use super::Room;
@@ -100,8 +100,7 @@ impl Room {
         }
         let doc = &self.doc;
         let state = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            doc.transact()
-                .encode_state_as_update_v2(&StateVector::default())
+            crate::protocol::state::encode_state_v2(&doc.transact())
         }))
         .ok()?;
         let author = self.versions.taken();
