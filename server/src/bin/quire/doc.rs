@@ -228,8 +228,10 @@ fn decode_file(bytes: &[u8], format: ImportFormat) -> anyhow::Result<Content> {
     // yrs has no bound check for v2 input as it has for v1 (`check_update`); a file that
     // makes it panic is refused like one that does not decode.
     let v2 = || -> anyhow::Result<Update> {
-        std::panic::catch_unwind(|| Update::decode_v2(bytes))
+        // (A file an earlier Quire exported with yrs 0.28's skip fault is read around it.)
+        std::panic::catch_unwind(|| quire_server::protocol::state::decode_state_v2(bytes))
             .map_err(|_| anyhow::anyhow!("not a Yjs v2 update"))?
+            .map(|(update, _)| update)
             .map_err(|e| anyhow::anyhow!("not a Yjs v2 update: {e}"))
     };
     let text = || -> anyhow::Result<String> {
