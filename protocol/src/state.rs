@@ -208,30 +208,32 @@ pub fn decode_state_v2(data: &[u8]) -> Result<(Update, bool), Error> {
 }
 
 /// Decodes `data` (v2) and checks nothing of the rest stream is left; with `repair`, skips'
-/// lengths are read from the length stream.
+/// lengths are read from the length stream (without, yrs's decoder is used as it is).
 fn decode_whole(data: &[u8], repair: bool) -> Result<Update, Error> {
-    let mut decoder = SkipRepairV2 {
-        inner: DecoderV2::new(Cursor::new(data))?,
-        after_skip: false,
-        repair,
+    let inner = DecoderV2::new(Cursor::new(data))?;
+    let (update, left) = if repair {
+        let mut decoder = SkipRepairV2 {
+            inner,
+            after_skip: false,
+        };
+        let update = Update::decode(&mut decoder)?;
+        (update, decoder.inner.read_to_end()?.len())
+    } else {
+        let mut decoder = inner;
+        let update = Update::decode(&mut decoder)?;
+        (update, decoder.read_to_end()?.len())
     };
-    let update = Update::decode(&mut decoder)?;
-    match decoder.inner.read_to_end()? {
-        [] => Ok(update),
-        left => Err(Error::Custom(format!(
-            "{} bytes left after the update",
-            left.len()
-        ))),
+    match left {
+        0 => Ok(update),
+        n => Err(Error::Custom(format!("{n} bytes left after the update"))),
     }
 }
 
-/// yrs's v2 decoder, reading a skip's length from the length stream (where yrs 0.28's store
-/// encoder wrote it) when it repairs.
+/// yrs's v2 decoder reading a skip's length from the length stream, where yrs 0.28's store
+/// encoder wrote it.
 struct SkipRepairV2<'a> {
     inner: DecoderV2<'a>,
     after_skip: bool,
-    /// Off: yrs's v2 decoder as it is.
-    repair: bool,
 }
 
 impl Read for SkipRepairV2<'_> {
@@ -286,7 +288,7 @@ impl Decoder for SkipRepairV2<'_> {
     }
     fn read_info(&mut self) -> Result<u8, Error> {
         let info = self.inner.read_info()?;
-        self.after_skip = self.repair && info == SKIP_INFO;
+        self.after_skip = info == SKIP_INFO;
         Ok(info)
     }
     fn read_parent_info(&mut self) -> Result<bool, Error> {
