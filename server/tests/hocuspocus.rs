@@ -108,18 +108,45 @@ async fn the_hocuspocus_provider_works_against_quire() {
     server.stop().await;
 }
 
-/// A store whose appends wait, while `hold` is set, until released: the commit is held.
+/// A store whose appends wait, while `hold` is set, until released: the commit is held. Its
+/// loads wait the same way while `hold_loads` is set: a room's join is held.
 struct GatedStore {
     inner: Arc<dyn DocStore>,
     hold: AtomicBool,
     held: AtomicU32,
     release: tokio::sync::Semaphore,
+    hold_loads: AtomicBool,
+    loads_held: AtomicU32,
+    release_loads: tokio::sync::Semaphore,
+}
+
+impl GatedStore {
+    fn over(inner: Arc<dyn DocStore>) -> GatedStore {
+        GatedStore {
+            inner,
+            hold: AtomicBool::new(false),
+            held: AtomicU32::new(0),
+            release: tokio::sync::Semaphore::new(0),
+            hold_loads: AtomicBool::new(false),
+            loads_held: AtomicU32::new(0),
+            release_loads: tokio::sync::Semaphore::new(0),
+        }
+    }
 }
 
 #[async_trait]
 impl DocStore for GatedStore {
     fn shared(&self) -> &dyn SharedStatements {
         self.inner.shared()
+    }
+    async fn load(&self, name: &str) -> Result<quire_server::storage::StoredDoc, StorageError> {
+        if self.hold_loads.load(Ordering::SeqCst) {
+            self.loads_held.fetch_add(1, Ordering::SeqCst);
+            if let Ok(permit) = self.release_loads.acquire().await {
+                permit.forget();
+            }
+        }
+        self.inner.load(name).await
     }
     async fn append_log(
         &self,
@@ -166,12 +193,7 @@ async fn has_unsynced_changes_clears_only_after_the_commit() {
     let dir = tempfile::tempdir().expect("tempdir");
     init_tracing();
     let real = open_test_stores(dir.path()).await;
-    let store = Arc::new(GatedStore {
-        inner: real.docs.clone(),
-        hold: AtomicBool::new(false),
-        held: AtomicU32::new(0),
-        release: tokio::sync::Semaphore::new(0),
-    });
+    let store = Arc::new(GatedStore::over(real.docs.clone()));
     let stores = quire_server::Stores {
         docs: store.clone(),
         api: real.api,
@@ -822,4 +844,153 @@ async fn a_socket_that_stops_reading_is_closed_with_1013_and_others_keep_receivi
     let again = Client::connect(&server.url("other"), 4).await;
     assert_eq!(again.text(), "still second ");
     server.stop().await;
+}
+
+/// A document's frames sent right after its Auth, without waiting for anything: the first
+/// reach the session's task while it joins the room, the rest go from the socket to the room
+/// once the task has handed the room over. None is lost or answered early: each update gets
+/// its `SyncStatus(true)`, and when the last has, a client that never held the document reads
+/// every one.
+#[tokio::test]
+async fn updates_sent_while_a_document_joins_reach_its_room_across_the_switch() {
+    use yrs::{Doc, ReadTxn, Text, Transact};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let mut s = Raw::open(server.addr).await;
+    let addr = "switch";
+    let doc = Doc::with_client_id(7);
+    let text = doc.get_or_insert_text("text");
+    let mut frames = vec![hp::encode_auth_with_version(addr, "", "4.8.0")];
+    let mut expected = String::new();
+    const EDITS: usize = 60;
+    for i in 0..EDITS {
+        let before = doc.transact().state_vector();
+        let edit = format!("e{i} ");
+        let mut txn = doc.transact_mut();
+        let end = text.len(&txn);
+        text.insert(&mut txn, end, &edit);
+        drop(txn);
+        expected.push_str(&edit);
+        let update = doc.transact().encode_state_as_update_v1(&before);
+        let message = quire_server::protocol::encode_update(&bytes::Bytes::from(update));
+        frames.push(hp::wrap(addr, &message));
+    }
+    // All at once, in one write.
+    for frame in frames {
+        s.ws.feed(Message::Binary(frame)).await.expect("feed");
+    }
+    s.ws.flush().await.expect("flush");
+    for n in 0..EDITS {
+        let status = status_or_close(&mut s, addr).await;
+        assert_eq!(status, hp::HpMessage::SyncStatus(true), "update {n}");
+    }
+    assert_eq!(fresh_text(&server.url(addr)).await, expected);
+    server.stop().await;
+}
+
+/// A document the provider closes, and every document of a socket that ends, leave their
+/// rooms: with no peer left, each room unloads.
+#[tokio::test]
+async fn closed_documents_and_sockets_leave_their_rooms() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let mut s = Raw::open(server.addr).await;
+    for addr in ["left-a", "left-b"] {
+        s.send(hp::encode_auth_with_version(addr, "", "4.8.0"))
+            .await;
+        let sv = yrs::StateVector::default();
+        s.send(hp::wrap(addr, &quire_server::protocol::encode_step1(&sv)))
+            .await;
+    }
+    until_each(&mut s, &["left-a", "left-b"], |m| {
+        matches!(
+            m,
+            hp::HpMessage::Sync(quire_server::protocol::Message::SyncStep2(_))
+        )
+    })
+    .await;
+    assert_eq!(server.metric("quire_rooms_loaded").await, 2.0);
+    s.send(hp::encode_close("left-a", "provider_initiated"))
+        .await;
+    until_rooms_loaded(&server, 1.0).await;
+    s.ws.close(None).await.expect("close");
+    until_rooms_loaded(&server, 0.0).await;
+    server.stop().await;
+}
+
+async fn until_rooms_loaded(server: &TestServer, want: f64) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while server.metric("quire_rooms_loaded").await != want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rooms still loaded, want {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A document closed by its provider while its room is still loading, and one whose socket
+/// ends then: neither is taken over by the socket once the room is joined, and both leave
+/// their rooms, which unload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documents_gone_while_their_rooms_load_leave_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let real = open_test_stores(dir.path()).await;
+    let store = Arc::new(GatedStore::over(real.docs.clone()));
+    let stores = quire_server::Stores {
+        docs: store.clone(),
+        api: real.api,
+        events_written: real.events_written,
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let shutdown = CancellationToken::new();
+    let cfg = test_config(dir.path());
+    tokio::spawn(quire_server::run_with_stores(
+        listener,
+        cfg,
+        stores,
+        shutdown.clone(),
+    ));
+    let until_loads_held = |n: u32| {
+        let store = store.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            while store.loads_held.load(Ordering::SeqCst) < n {
+                assert!(tokio::time::Instant::now() < deadline, "no load held");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    store.hold_loads.store(true, Ordering::SeqCst);
+    let mut s = Raw::open(addr).await;
+    s.send(hp::encode_auth_with_version("closed-early", "", "4.8.0"))
+        .await;
+    until_loads_held(1).await;
+    s.send(hp::encode_close("closed-early", "provider_initiated"))
+        .await;
+    let mut t = Raw::open(addr).await;
+    t.send(hp::encode_auth_with_version("socket-gone", "", "4.8.0"))
+        .await;
+    until_loads_held(2).await;
+    t.ws.close(None).await.expect("close");
+    // (The Close reached the socket before the load is let go: its answer is read.)
+    s.next_for("closed-early", |m| matches!(m, hp::HpMessage::Close(_)))
+        .await;
+    store.hold_loads.store(false, Ordering::SeqCst);
+    store.release_loads.add_permits(100);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let loaded = metric_at(addr, "quire_rooms_loaded").await;
+        let peers = metric_at(addr, "quire_connections").await;
+        if loaded == 0.0 && store.loads_held.load(Ordering::SeqCst) == 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rooms still loaded: {loaded} ({peers} connections)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
 }

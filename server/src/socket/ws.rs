@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use tracing::{debug, debug_span};
 
 use super::admit::{admit_address, socket_permission, socket_token, verify_from};
-use super::relay::{next_auth, relay_to_owner, Reauth};
+use super::relay::{relay_to_owner, Reauth};
 use super::transport::{
     finish, is_too_big, socket_config, truncate, Counted, Duplex, Fragmenting, LastSeen, WsMessage,
 };
@@ -31,7 +31,7 @@ use crate::limits::PeerRates;
 use crate::problem::problem;
 use crate::room::join::{join, join_close, next_peer_id, to_peer_msgs};
 use crate::room::queue::{self, Next, QueueRx};
-use crate::room::{CloseReason, DocName, JoinError, PeerAuth, RoomCmd, RoomHandle, SendWait};
+use crate::room::{CloseReason, DocName, JoinError, PeerAuth, RoomHandle, SendWait};
 
 /// Most queued frames written with one flush.
 const MAX_FRAMES_PER_FLUSH: u8 = 64;
@@ -82,7 +82,7 @@ pub struct Connection {
 
 enum Stage {
     Joining(Pin<Box<dyn Future<Output = Joined> + Send>>),
-    Running(Pump<'static>),
+    Running(Pump),
     /// Leaving the room, then closing with the reason (`None`: the client closed).
     Leaving(
         Pin<Box<dyn Future<Output = ()> + Send>>,
@@ -173,7 +173,7 @@ pub struct Conn {
 }
 
 /// How a join ended.
-enum Joined {
+pub(crate) enum Joined {
     Room(RoomHandle, QueueRx),
     /// Refused, or closed at once: close with this.
     Closed(CloseReason),
@@ -183,7 +183,7 @@ enum Joined {
 
 /// Joins `name`'s room as `peer` (boxed: it happens once, and its future is larger than the
 /// rest of a connection's).
-fn joining(
+pub(crate) fn joining(
     app: AppState,
     name: DocName,
     peer: u64,
@@ -210,56 +210,12 @@ fn joining(
     })
 }
 
-/// One client of document `name` through `conn`, as a peer of its room (or, when another
-/// node owns it, relayed there): joins, moves frames both ways until either side ends, and
-/// leaves. Returns why it ended (`None`: the client closed); the caller closes the transport.
-/// Each document of a Hocuspocus socket is such a client (`crate::socket::hocuspocus`), with channels
-/// for its two directions; a y-websocket connection is a [`Connection`], the same steps
-/// written out by hand.
-///
+/// A client of a document another node owns, relayed to it through the bus until either side
+/// ends (`None`: the client closed). Boxed, and the connection split only here (the relay
+/// reads and writes at once): a connection served by this node keeps no room for either.
 /// `reauth` brings the client's refreshed credentials (a Hocuspocus token refresh), which the
-/// room (or, relayed, the owner's) takes in place of the first.
-pub(crate) async fn run_peer<T: Duplex>(
-    conn: &mut T,
-    (name, peer, auth): (&DocName, u64, Box<PeerAuth>),
-    mut reauth: Option<&mut Reauth>,
-    app: &AppState,
-    seen: &LastSeen,
-) -> Option<CloseReason> {
-    let (room, out_rx) = match joining(app.clone(), name.clone(), peer, auth).await {
-        Joined::Room(room, out_rx) => (room, out_rx),
-        Joined::Closed(reason) => return Some(reason),
-        Joined::Elsewhere(name, auth) => {
-            return relayed(conn, (&name, peer, auth), reauth, app).await;
-        }
-    };
-    let mut pump = Pump::new(room, out_rx, peer, &app.config.limits);
-    if reauth.is_some() {
-        // Passes each refresh to the room.
-        let room = pump.room.clone();
-        pump.reauthing = Some(Box::pin(async move {
-            loop {
-                let auth = Box::new(next_auth(&mut reauth).await);
-                let (reply, _) = tokio::sync::oneshot::channel();
-                if room
-                    .command(RoomCmd::Reauth { peer, auth, reply })
-                    .await
-                    .is_err()
-                {
-                    return queue::closed_reason();
-                }
-            }
-        }));
-    }
-    let outcome = std::future::poll_fn(|cx| pump.poll(conn, app, seen, cx)).await;
-    Box::pin(pump.room.leave(peer)).await;
-    outcome
-}
-
-/// [`run_peer`] for a document another node owns: the client is relayed to it through the
-/// bus. Boxed, and the connection split only here (the relay reads and writes at once): a
-/// connection served by this node keeps no room for either.
-fn relayed<'a, T: Duplex>(
+/// owner's room takes in place of the first.
+pub(crate) fn relayed<'a, T: Duplex>(
     conn: &'a mut T,
     (name, peer, auth): (&'a DocName, u64, Box<PeerAuth>),
     reauth: Option<&'a mut Reauth>,
@@ -293,7 +249,7 @@ fn relayed<'a, T: Duplex>(
 /// this client only). Writing sends what the room queues (a burst in one flush), pings on the
 /// room's keep-alive tick and closes a client silent past `idle_timeout`; the room's close
 /// order gets through even while a write is stuck on a client that stopped reading.
-pub(crate) struct Pump<'a> {
+pub(crate) struct Pump {
     room: RoomHandle,
     out_rx: QueueRx,
     peer: u64,
@@ -310,11 +266,9 @@ pub(crate) struct Pump<'a> {
     burst_left: u8,
     /// Reading goes first in this poll (the two directions alternate).
     read_first: bool,
-    /// Passes the client's refreshed credentials to the room (Hocuspocus documents only).
-    reauthing: Option<Pin<Box<dyn Future<Output = CloseReason> + Send + 'a>>>,
 }
 
-impl Pump<'_> {
+impl Pump {
     fn new(room: RoomHandle, out_rx: QueueRx, peer: u64, limits: &Limits) -> Self {
         Pump {
             room,
@@ -327,7 +281,6 @@ impl Pump<'_> {
             flushing: false,
             burst_left: 0,
             read_first: false,
-            reauthing: None,
         }
     }
 
@@ -340,11 +293,6 @@ impl Pump<'_> {
         seen: &LastSeen,
         cx: &mut Context<'_>,
     ) -> Poll<Option<CloseReason>> {
-        if let Some(reauthing) = &mut self.reauthing {
-            if let Poll::Ready(gone) = reauthing.as_mut().poll(cx) {
-                return Poll::Ready(Some(gone));
-            }
-        }
         // The two directions take turns at going first, as an unbiased `select!` would: a
         // side that spends the task's I/O budget cannot keep the other waiting poll after
         // poll (a busy queue would otherwise hold back the client's frames and its Close).
@@ -497,7 +445,7 @@ impl Pump<'_> {
 }
 
 /// The reason a peer is closed with when its room went away.
-fn room_gone() -> CloseReason {
+pub(crate) fn room_gone() -> CloseReason {
     CloseReason::new(close::INTERNAL, "document closed, reconnect")
 }
 
@@ -566,7 +514,7 @@ mod tests {
     fn an_idle_connection_holds_little() {
         let connection = std::mem::size_of::<Connection>();
         let socket = std::mem::size_of::<Fragmenting<Socket>>();
-        let pump = std::mem::size_of::<Pump<'static>>();
+        let pump = std::mem::size_of::<Pump>();
         assert!(
             connection - socket <= 184 && pump <= 128,
             "a connection is {connection} bytes, its socket {socket}, its pump {pump}"

@@ -12,16 +12,19 @@
 //!   one closes the socket with 1008. An `Auth` is checked like a y-websocket connection's
 //!   token and the document's permission, and answered `Authenticated` (`read-write` or
 //!   `readonly`) or `PermissionDenied`.
-//! - **Each authenticated document** is a session: a task that is one peer of the document's
-//!   room, exactly as a y-websocket connection is ([`super::ws::run_peer`], relayed to the owner
-//!   node in a cluster), with channels in place of the socket. The room never knows the
+//! - **Each authenticated document** is a session ([`session`]): one peer of the document's
+//!   room, as a y-websocket connection is. Its task joins the room; joined on this node, it
+//!   hands the room to the socket, which then gives the room the document's frames itself,
+//!   and the socket's writer ([`writer`]) reads the room's queue for it, turning its frames
+//!   into Hocuspocus frames: one hop each way, as on the y-websocket endpoint. A document
+//!   another node owns stays with its task, relayed there. The room never knows the
 //!   difference but for [`PeerAuth::hocuspocus`]: such a peer gets a Sync Step 1 in answer to
 //!   its own, its awareness echoed back (the provider's liveness timer needs traffic), and
 //!   stateless messages.
 //! - **SyncStatus means committed.** After every update or Sync Step 2 a document's client
 //!   sends, the socket asks the room for a durable acknowledgement (the y-websocket endpoint's
 //!   tag 102, in the same frame as the update), which the room echoes once everything before
-//!   it is in the log; the session turns each echo into that many `SyncStatus(true)`. So the
+//!   it is in the log; the writer turns each echo into that many `SyncStatus(true)`. So the
 //!   provider's `hasUnsyncedChanges` clears only when its changes are durable. A read-only
 //!   client's update gets `SyncStatus(false)`, as Hocuspocus answers.
 //! - **Closing.** What concerns one document (an expired or revoked token, a deleted
@@ -33,13 +36,12 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, State};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
-use futures_util::{SinkExt, StreamExt};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, info_span, warn, Instrument};
 
@@ -56,14 +58,14 @@ use crate::room::join::next_peer_id;
 use crate::room::{CloseReason, DocName, PeerAuth};
 
 mod session;
+mod writer;
 
-use session::{Ended, Session, SessionTask};
+use session::{Ended, Event, Handover, Local, Route, Session, SessionTask, Undelivered};
+use writer::{Direct, Out, Writer, WriterCmd};
 
-/// Frames one document's session may have waiting for its room before the socket stops
-/// reading (backpressure on this client only).
+/// Frames one document's session task may have waiting while it joins the room (or, relayed,
+/// for the owner) before the socket stops reading (backpressure on this client only).
 const SESSION_INBOX: usize = 16;
-/// Most queued frames written with one flush.
-const MAX_FRAMES_PER_FLUSH: usize = 64;
 
 /// `GET /hocuspocus` with a WebSocket upgrade. Credentials come later, one per document in
 /// its `Auth` message; the per-address connection limit applies here as on `/{document}`.
@@ -92,25 +94,20 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
         let (sink, mut stream) = socket.split();
         let mut sink = Fragmenting::new(sink);
         let limits = &app.config.limits;
-        let (out_tx, out_rx) = mpsc::channel(app.config.room.peer_queue.max(4));
-        let max = u32::try_from(app.config.room.peer_queue_bytes)
-            .unwrap_or(u32::MAX)
-            .max(1);
-        let out = Out {
-            tx: out_tx,
-            budget: Arc::new(Semaphore::new(max as usize)),
-            max,
-        };
-        let (ended_tx, ended_rx) = mpsc::unbounded_channel();
-        let seen = Arc::new(LastSeen::new());
+        let (out, out_rx) = Out::new(app.config.room.peer_queue, app.config.room.peer_queue_bytes);
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let (writer_tx, writer_rx) = mpsc::unbounded_channel();
+        let writer = Writer::new(out_rx, writer_rx, events_tx.clone(), app.metrics.clone());
+        let seen = LastSeen::new();
         let mut conn = Conn {
             app: app.clone(),
             ip,
             docs: HashMap::new(),
             out,
-            ended_tx,
-            ended_rx,
-            seen: seen.clone(),
+            events_tx,
+            events_rx,
+            writer: writer_tx,
+            seen: &seen,
             opened: Instant::now(),
             authenticated: false,
             rates: PeerRates::new(limits),
@@ -122,10 +119,11 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
         };
         let outcome = tokio::select! {
             r = conn.read(&mut stream) => r,
-            w = write_out(&mut sink, out_rx, &seen, &app) => w,
+            w = writer.run(&mut sink, &seen, &app) => w,
         };
-        // Every session's inbound channel closes: each leaves its room.
-        conn.docs.clear();
+        // Every document leaves its room (and the joins not taken over yet, queued as events,
+        // leave theirs).
+        drop(conn);
         let reason = transport::finish(
             transport::Pair { sink, stream },
             outcome,
@@ -136,88 +134,6 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
     }
     .instrument(span)
     .await
-}
-
-/// The socket's outbound queue, shared by its documents' sessions: bounded in frames (the
-/// channel, `peer_queue`) and in bytes (`peer_queue_bytes`, across all its documents). A
-/// session that cannot queue waits; its room's queue for it fills meanwhile, and the room
-/// closes it with 1013, which closes the socket.
-#[derive(Clone)]
-struct Out {
-    tx: mpsc::Sender<(Bytes, OwnedSemaphorePermit)>,
-    budget: Arc<Semaphore>,
-    max: u32,
-}
-
-impl Out {
-    /// Queues a frame if there is room for it now (false: the queue is full, or the socket
-    /// gone).
-    fn try_send(&self, frame: Bytes) -> bool {
-        let n = u32::try_from(frame.len())
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.max);
-        match self.budget.clone().try_acquire_many_owned(n) {
-            Ok(permit) => self.tx.try_send((frame, permit)).is_ok(),
-            Err(_) => false,
-        }
-    }
-
-    /// Queues a frame; fails only once the socket is gone.
-    async fn send(&self, frame: Bytes) -> Result<(), ()> {
-        let n = u32::try_from(frame.len())
-            .unwrap_or(u32::MAX)
-            .clamp(1, self.max);
-        let permit = self
-            .budget
-            .clone()
-            .acquire_many_owned(n)
-            .await
-            .map_err(|_| ())?;
-        self.tx.send((frame, permit)).await.map_err(|_| ())
-    }
-}
-
-/// Writes the queued frames (a burst in one flush), pings every `ping_interval` and closes a
-/// client silent for `idle_timeout`.
-async fn write_out(
-    sink: &mut transport::Sink,
-    mut rx: mpsc::Receiver<(Bytes, OwnedSemaphorePermit)>,
-    seen: &LastSeen,
-    app: &AppState,
-) -> Option<CloseReason> {
-    let every = app.config.room.ping_interval;
-    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
-    loop {
-        tokio::select! {
-            next = rx.recv() => {
-                let (frame, permit) = next?;
-                if sink.feed(WsMessage::Binary(frame)).await.is_err() {
-                    return None;
-                }
-                drop(permit);
-                for _ in 1..MAX_FRAMES_PER_FLUSH {
-                    let Ok((frame, permit)) = rx.try_recv() else {
-                        break;
-                    };
-                    if sink.feed(WsMessage::Binary(frame)).await.is_err() {
-                        return None;
-                    }
-                    drop(permit);
-                }
-                if sink.flush().await.is_err() {
-                    return None;
-                }
-            }
-            _ = tick.tick() => {
-                if seen.last().elapsed() >= app.config.idle_timeout {
-                    return Some(CloseReason::new(close::GOING_AWAY, "idle timeout"));
-                }
-                if sink.send(WsMessage::Ping(Bytes::new())).await.is_err() {
-                    return None;
-                }
-            }
-        }
-    }
 }
 
 /// One address of the socket.
@@ -242,14 +158,16 @@ enum Refusal {
     Close(CloseReason),
 }
 
-struct Conn {
+struct Conn<'a> {
     app: AppState,
     ip: Option<IpAddr>,
     docs: HashMap<String, DocState>,
     out: Out,
-    ended_tx: mpsc::UnboundedSender<Ended>,
-    ended_rx: mpsc::UnboundedReceiver<Ended>,
-    seen: Arc<LastSeen>,
+    /// What the sessions and the writer tell the socket.
+    events_tx: mpsc::UnboundedSender<Event>,
+    events_rx: mpsc::UnboundedReceiver<Event>,
+    writer: mpsc::UnboundedSender<WriterCmd>,
+    seen: &'a LastSeen,
     opened: Instant,
     /// Whether a document has been authenticated on this socket: until one is, the socket
     /// lives at most `hocuspocus_auth_timeout` from its opening, whatever it sends (pings and
@@ -266,7 +184,7 @@ struct Conn {
     next_gen: u64,
 }
 
-impl Conn {
+impl Conn<'_> {
     async fn read(&mut self, stream: &mut transport::Stream) -> Option<CloseReason> {
         loop {
             let deadline = self.held_deadline();
@@ -291,7 +209,10 @@ impl Conn {
                         }
                     }
                 }
-                Some(ended) = self.ended_rx.recv() => self.on_ended(ended).await,
+                Some(event) = self.events_rx.recv() => match event {
+                    Event::Ended(ended) => self.on_ended(ended).await,
+                    Event::Joined(handover) => self.take_over(*handover).await,
+                },
                 _ = sleep_until(deadline) => {
                     self.app.metrics.hocuspocus_pending_overflows.inc();
                     Err(CloseReason::new(
@@ -520,11 +441,13 @@ impl Conn {
         self.next_gen += 1;
         let session = Session {
             name: name.clone(),
-            tx,
             generation: self.next_gen,
             auth: auth_tx,
+            refreshed: false,
             updates: 0,
-            acks: Arc::default(),
+            acks: Default::default(),
+            route: Route::Task(tx),
+            _counted: Counted::new(&self.app.metrics.hocuspocus_documents),
         };
         let task = SessionTask {
             address: address.clone(),
@@ -535,8 +458,7 @@ impl Conn {
             acks: session.acks.clone(),
             app: self.app.clone(),
             out: self.out.clone(),
-            seen: self.seen.clone(),
-            ended: self.ended_tx.clone(),
+            events: self.events_tx.clone(),
         };
         self.app.connections.spawn(task.run(rx, auth_rx));
         self.docs.insert(address, DocState::Open(session));
@@ -579,32 +501,29 @@ impl Conn {
                         .inspect_err(|_| metrics.rate_limited.inc())?;
                 }
                 let one = checked.unwrap_or_else(message);
+                let mut ack = None;
                 if matches!(head.subtype, Some(1) | Some(2)) {
                     session.updates += 1;
                     let n = session.updates;
                     session.acks.requested.store(n, Ordering::Relaxed);
-                    // The update and its acknowledgement request in one frame: one hop to
-                    // the session and one command to the room.
-                    let ack = protocol::encode_durable_ack(n);
-                    let mut both = BytesMut::with_capacity(one.len() + ack.len());
-                    both.extend_from_slice(&one);
-                    both.extend_from_slice(&ack);
-                    session.forward(both.freeze()).await;
-                } else {
-                    session.forward(one).await;
+                    ack = Some(n);
                 }
+                let sent = session.forward(one, ack).await;
+                return sent.map_err(|e| self.undelivered(e));
             }
             types::AWARENESS => {
                 self.rates
                     .check_counts(0, 1, now_ms, limits)
                     .inspect_err(|_| metrics.rate_limited.inc())?;
-                session.forward(message()).await;
+                let sent = session.forward(message(), None).await;
+                return sent.map_err(|e| self.undelivered(e));
             }
             types::QUERY_AWARENESS => {
                 self.rates
                     .check_counts(1, 0, now_ms, limits)
                     .inspect_err(|_| metrics.rate_limited.inc())?;
-                session.forward(message()).await;
+                let sent = session.forward(message(), None).await;
+                return sent.map_err(|e| self.undelivered(e));
             }
             types::AUTH => match hp::decode(&data) {
                 Ok(hp::Frame::Addressed(hp::Addressed {
@@ -704,8 +623,8 @@ impl Conn {
         let name = session.name.clone();
         match self.check(&name, token).await {
             Ok(auth) => {
-                if let Some(DocState::Open(session)) = self.docs.get(&address) {
-                    let _ = session.auth.send(auth);
+                if let Some(DocState::Open(session)) = self.docs.get_mut(&address) {
+                    session.reauth(auth).await;
                 }
                 Ok(())
             }
@@ -722,6 +641,67 @@ impl Conn {
     async fn close_doc(&mut self, address: &str, reason: &str) -> Result<(), CloseReason> {
         self.tombstone(address);
         self.send(hp::encode_close(address, reason)).await
+    }
+
+    /// Why a frame did not reach its document's room, as the socket's close.
+    fn undelivered(&self, e: Undelivered) -> CloseReason {
+        match e {
+            Undelivered::Malformed(detail) => self.malformed(detail),
+            Undelivered::Gone => crate::socket::ws::room_gone(),
+        }
+    }
+
+    /// A session joined its room on this node: from now on the socket hands the document's
+    /// frames to the room and its writer reads the room's queue. The frames the session's
+    /// task still holds reach the room first.
+    async fn take_over(&mut self, handover: Handover) -> Result<(), CloseReason> {
+        let Handover {
+            address,
+            generation,
+            member,
+            out_rx,
+            drained,
+        } = handover;
+        // Not taken over (the document went, or was opened again, before its room was
+        // joined): dropping `member` leaves the room.
+        let Some(DocState::Open(session)) = self.docs.get_mut(&address) else {
+            return Ok(());
+        };
+        if session.generation != generation || !matches!(session.route, Route::Task(_)) {
+            return Ok(());
+        }
+        let direct = Direct {
+            generation,
+            address: address.clone(),
+            out_rx,
+            acks: session.acks.clone(),
+        };
+        let _ = self.writer.send(WriterCmd::Add(Box::new(direct)));
+        let local = Local {
+            member,
+            generation,
+            writer: self.writer.clone(),
+        };
+        // Dropping the task's sender lets it finish handing the room what it holds.
+        session.route = Route::Room(local);
+        let refreshed = session.refreshed.then(|| session.auth.borrow().clone());
+        let outcome = drained
+            .await
+            .unwrap_or_else(|_| Some(crate::socket::ws::room_gone()));
+        if outcome.is_some() {
+            let ended = Ended {
+                address,
+                generation,
+                outcome,
+            };
+            return self.on_ended(ended).await;
+        }
+        if let (Some(auth), Some(DocState::Open(session))) =
+            (refreshed, self.docs.get_mut(&address))
+        {
+            session.reauth(auth).await;
+        }
+        Ok(())
     }
 
     /// A session ended. If the room closed it for a reason that concerns that document only,

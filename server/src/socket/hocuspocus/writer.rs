@@ -1,0 +1,416 @@
+//! The write side of a Hocuspocus socket: one task writes what every document of the socket
+//! has for its client.
+//!
+//! Two kinds of sources feed it:
+//!
+//! - **The socket's queue** ([`Out`]): the socket's own answers (Pong, Authenticated,
+//!   PermissionDenied, Close) and the frames of documents relayed to another node, bounded in
+//!   frames (`peer_queue`) and bytes (`peer_queue_bytes`) across the socket.
+//! - **The room queues of its documents joined on this node** ([`Direct`]): read here
+//!   directly, as a y-websocket connection reads its own, and turned into Hocuspocus frames
+//!   on the way out; no task or queue between. Each is bounded in its room (`peer_queue`,
+//!   `peer_queue_bytes`), which closes it with 1013 when the client does not read; that
+//!   close order overtakes a write stuck on the client.
+//!
+//! The socket's queue goes first in each round, so an `Authenticated` always precedes its
+//! document's frames; the documents take turns.
+
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::SinkExt;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::session::{Acks, Ended, Event};
+use crate::app::AppState;
+use crate::close;
+use crate::metrics::Metrics;
+use crate::protocol::hocuspocus as hp;
+use crate::protocol::{self, MSG_DURABLE_ACK, MSG_STATELESS};
+use crate::room::queue::{self, Next, QueueRx};
+use crate::room::CloseReason;
+use crate::socket::transport::{self, LastSeen, WsMessage};
+
+/// Most frames written with one flush.
+const MAX_FRAMES_PER_FLUSH: usize = 64;
+
+/// The socket's outbound queue, shared by the socket's own answers and its relayed documents'
+/// sessions: bounded in frames (the channel, `peer_queue`) and in bytes (`peer_queue_bytes`,
+/// across all of them). A session that cannot queue waits; its room's queue for it fills
+/// meanwhile, and the room closes it with 1013, which closes the socket.
+#[derive(Clone)]
+pub(super) struct Out {
+    tx: mpsc::Sender<(Bytes, OwnedSemaphorePermit)>,
+    budget: Arc<Semaphore>,
+    max: u32,
+}
+
+/// The receiving end of [`Out`].
+pub(super) type OutRx = mpsc::Receiver<(Bytes, OwnedSemaphorePermit)>;
+
+impl Out {
+    /// A queue of `frames` frames and `bytes` bytes.
+    pub(super) fn new(frames: usize, bytes: usize) -> (Out, OutRx) {
+        let (tx, rx) = mpsc::channel(frames.max(4));
+        let max = u32::try_from(bytes).unwrap_or(u32::MAX).max(1);
+        let out = Out {
+            tx,
+            budget: Arc::new(Semaphore::new(max as usize)),
+            max,
+        };
+        (out, rx)
+    }
+
+    fn units(&self, frame: &Bytes) -> u32 {
+        u32::try_from(frame.len())
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.max)
+    }
+
+    /// Queues a frame if there is room for it now (false: the queue is full, or the socket
+    /// gone).
+    pub(super) fn try_send(&self, frame: Bytes) -> bool {
+        match self
+            .budget
+            .clone()
+            .try_acquire_many_owned(self.units(&frame))
+        {
+            Ok(permit) => self.tx.try_send((frame, permit)).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Queues a frame; fails only once the socket is gone.
+    pub(super) async fn send(&self, frame: Bytes) -> Result<(), ()> {
+        let permit = self
+            .budget
+            .clone()
+            .acquire_many_owned(self.units(&frame))
+            .await
+            .map_err(|_| ())?;
+        self.tx.send((frame, permit)).await.map_err(|_| ())
+    }
+}
+
+/// A document of the socket joined on this node: its room's queue for it, read by the writer.
+pub(super) struct Direct {
+    /// The session's generation (tells it from an earlier session of the same address).
+    pub(super) generation: u64,
+    pub(super) address: String,
+    pub(super) out_rx: QueueRx,
+    pub(super) acks: Arc<Acks>,
+}
+
+/// What the socket's reader tells its writer.
+pub(super) enum WriterCmd {
+    /// A document joined on this node: write what its room queues.
+    Add(Box<Direct>),
+    /// The document's session ended on the reader's side: stop reading its queue.
+    Remove(u64),
+}
+
+/// The socket's write side. See the module's documentation.
+pub(super) struct Writer {
+    pub(super) rx: OutRx,
+    pub(super) cmds: mpsc::UnboundedReceiver<WriterCmd>,
+    /// Where a session's end is reported (the room closed it).
+    pub(super) events: mpsc::UnboundedSender<Event>,
+    pub(super) metrics: Arc<Metrics>,
+    direct: Vec<Direct>,
+    /// The document whose queue is read first in the next round.
+    turn: usize,
+    /// Frames gathered for the next write, each with its share of the socket's budget.
+    pending: VecDeque<(Bytes, Option<OwnedSemaphorePermit>)>,
+}
+
+enum Wake {
+    /// Frames are pending.
+    Frames,
+    /// Time to ping (and to check the client is alive).
+    Tick,
+    /// The socket's queue closed: the socket is ending.
+    Gone,
+}
+
+impl Writer {
+    pub(super) fn new(
+        rx: OutRx,
+        cmds: mpsc::UnboundedReceiver<WriterCmd>,
+        events: mpsc::UnboundedSender<Event>,
+        metrics: Arc<Metrics>,
+    ) -> Writer {
+        Writer {
+            rx,
+            cmds,
+            events,
+            metrics,
+            direct: Vec::new(),
+            turn: 0,
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// Writes until the socket ends: a burst of frames per flush, a ping every
+    /// `ping_interval`, and a close for a client silent for `idle_timeout`.
+    pub(super) async fn run(
+        mut self,
+        sink: &mut transport::Sink,
+        seen: &LastSeen,
+        app: &AppState,
+    ) -> Option<CloseReason> {
+        let every = app.config.room.ping_interval;
+        let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+        loop {
+            let wake = tokio::select! {
+                more = poll_fn(|cx| self.poll_gather(cx)) => if more { Wake::Frames } else { Wake::Gone },
+                _ = tick.tick() => Wake::Tick,
+            };
+            match wake {
+                Wake::Gone => return None,
+                Wake::Frames => {
+                    while let Some((frame, permit)) = self.pending.pop_front() {
+                        if !self.overtaken(sink.feed(WsMessage::Binary(frame))).await {
+                            return None;
+                        }
+                        drop(permit);
+                    }
+                    if !self.overtaken(sink.flush()).await {
+                        return None;
+                    }
+                }
+                Wake::Tick => {
+                    if seen.last().elapsed() >= app.config.idle_timeout {
+                        return Some(CloseReason::new(close::GOING_AWAY, "idle timeout"));
+                    }
+                    if !self
+                        .overtaken(sink.send(WsMessage::Ping(Bytes::new())))
+                        .await
+                    {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gathers up to a burst of frames: the socket's queue first, then each document's in
+    /// turn. `Ready(false)` once the socket's queue has closed.
+    fn poll_gather(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        if !self.poll_cmds(cx) {
+            return Poll::Ready(false);
+        }
+        // The socket's queue first, read with `try_recv` (which the scheduler's budget does
+        // not cut short): an `Authenticated` queued before its document was added is taken
+        // before anything of the document's. Then polled, for the wake-up.
+        while self.pending.len() < MAX_FRAMES_PER_FLUSH {
+            let next = match self.rx.try_recv() {
+                Ok(next) => Some(next),
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+                Err(mpsc::error::TryRecvError::Empty) => match self.rx.poll_recv(cx) {
+                    Poll::Ready(next) => next,
+                    Poll::Pending => break,
+                },
+            };
+            let Some((frame, permit)) = next else {
+                return Poll::Ready(false);
+            };
+            self.pending.push_back((frame, Some(permit)));
+        }
+        let n = self.direct.len();
+        let mut ended = Vec::new();
+        for i in 0..n {
+            let at = (self.turn + i) % n;
+            let direct = &self.direct[at];
+            let to = (direct.address.as_str(), &*direct.acks);
+            while self.pending.len() < MAX_FRAMES_PER_FLUSH {
+                // The acknowledgements owed first, as many as the burst has room for.
+                if let Some(status) = next_status(to) {
+                    self.pending.push_back((status, None));
+                    continue;
+                }
+                match direct.out_rx.poll_next(cx) {
+                    Poll::Ready(Next::Frame(frame)) => {
+                        let pending = &mut self.pending;
+                        translate(to, &self.metrics, &frame, |f| pending.push_back((f, None)));
+                    }
+                    // The room's keep-alive tick: the socket pings for all its documents.
+                    Poll::Ready(Next::Ping) => {}
+                    Poll::Ready(Next::Kill(reason)) => {
+                        ended.push((at, reason));
+                        break;
+                    }
+                    Poll::Ready(Next::Closed) => {
+                        ended.push((at, queue::closed_reason()));
+                        break;
+                    }
+                    Poll::Pending => break,
+                }
+            }
+        }
+        if n > 0 {
+            self.turn = (self.turn + 1) % n;
+        }
+        ended.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+        for (at, reason) in ended {
+            let direct = self.direct.remove(at);
+            self.ended(direct, reason);
+        }
+        if self.pending.is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(true)
+        }
+    }
+
+    /// Takes the reader's commands. False once the reader is gone (so is the socket).
+    fn poll_cmds(&mut self, cx: &mut Context<'_>) -> bool {
+        while let Poll::Ready(cmd) = self.cmds.poll_recv(cx) {
+            match cmd {
+                Some(WriterCmd::Add(direct)) => self.direct.push(*direct),
+                Some(WriterCmd::Remove(generation)) => {
+                    self.direct.retain(|d| d.generation != generation)
+                }
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Drives a write to the client; while it waits (a client that does not read), a room's
+    /// close order for one of the documents (one joined meanwhile too) still gets through.
+    /// False if the socket failed.
+    async fn overtaken<F>(&mut self, write: F) -> bool
+    where
+        F: Future<Output = Result<(), transport::WsError>>,
+    {
+        let mut write = std::pin::pin!(write);
+        loop {
+            let step = poll_fn(|cx| {
+                if let Poll::Ready(done) = write.as_mut().poll(cx) {
+                    return Poll::Ready(Err(done.is_ok()));
+                }
+                // (The reader gone ends the socket anyway: the write is left to finish.)
+                let _ = self.poll_cmds(cx);
+                for (at, direct) in self.direct.iter().enumerate() {
+                    if let Poll::Ready(reason) = direct.out_rx.poll_killed(cx) {
+                        return Poll::Ready(Ok((at, reason)));
+                    }
+                }
+                Poll::Pending
+            })
+            .await;
+            match step {
+                Err(written) => return written,
+                Ok((at, reason)) => {
+                    let direct = self.direct.remove(at);
+                    self.ended(direct, reason);
+                }
+            }
+        }
+    }
+
+    /// A document's room closed it (or went away): the reader decides what that closes.
+    fn ended(&self, direct: Direct, reason: CloseReason) {
+        let _ = self.events.send(Event::Ended(Ended {
+            address: direct.address,
+            generation: direct.generation,
+            outcome: Some(reason),
+        }));
+    }
+}
+
+/// Turns a frame a room queued for a peer (y-websocket messages) into Hocuspocus frames for
+/// the document's address, one per message: Sync, Awareness and QueryAwareness as they are
+/// after the address; a refused update as `SyncStatus(false)`; a stateless message as
+/// `Stateless`. A durable acknowledgement makes one `SyncStatus(true)` owed for each update
+/// it covers ([`next_status`]).
+pub(super) fn translate(
+    (address, acks): (&str, &Acks),
+    metrics: &Metrics,
+    frame: &Bytes,
+    mut emit: impl FnMut(Bytes),
+) {
+    let Ok(messages) = protocol::split_frame(frame) else {
+        debug!("dropping a frame that does not split into messages");
+        return;
+    };
+    for (tag, message) in messages {
+        match tag {
+            0 | 1 | 3 => emit(hp::wrap(address, &message)),
+            // The room refused a read-only client's update: Hocuspocus says so with
+            // SyncStatus(false).
+            2 if message.get(1) == Some(&0) => {
+                acks.refused.fetch_add(1, Ordering::Relaxed);
+                emit(hp::encode_sync_status(address, false));
+            }
+            t if t == u64::from(MSG_DURABLE_ACK) => {
+                // Everything up to update `n` is committed: one SyncStatus(true) is owed for
+                // each update not yet answered (refusals were answered already; counting them
+                // here before their turn only delays an answer, never sends one early). They
+                // are made by `next_status`, as the writer has room for them.
+                let Some(n) = protocol::read_durable_ack(&message) else {
+                    continue;
+                };
+                let n = n.min(acks.requested.load(Ordering::Relaxed));
+                let target = n.saturating_sub(acks.refused.load(Ordering::Relaxed));
+                acks.owed.fetch_max(target, Ordering::Relaxed);
+            }
+            t if t == u64::from(MSG_STATELESS) => {
+                if let Some(payload) = protocol::read_stateless(&message) {
+                    metrics.stateless_sent.inc();
+                    emit(hp::encode_stateless(address, &payload));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The next `SyncStatus(true)` owed to a document, if any.
+pub(super) fn next_status((address, acks): (&str, &Acks)) -> Option<Bytes> {
+    if acks.issued.load(Ordering::Relaxed) >= acks.owed.load(Ordering::Relaxed) {
+        return None;
+    }
+    acks.issued.fetch_add(1, Ordering::Relaxed);
+    Some(hp::encode_sync_status(address, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One echo covering many updates (the room coalesces acknowledgement requests) makes no
+    /// frames by itself: each `SyncStatus(true)` is made when the writer has room for it, so
+    /// an echo for a million updates to a client that does not read costs a counter.
+    #[test]
+    fn an_echo_covering_many_updates_owes_their_answers_and_makes_them_one_at_a_time() {
+        let metrics = Metrics::new();
+        let acks = Acks::default();
+        acks.requested.store(1_000_000, Ordering::Relaxed);
+        acks.refused.store(2, Ordering::Relaxed);
+        let mut frames = Vec::new();
+        let echo = protocol::encode_durable_ack(1_000_000);
+        translate(("doc", &acks), &metrics, &echo, |f| frames.push(f));
+        assert!(frames.is_empty(), "{} frames made at once", frames.len());
+        assert_eq!(acks.owed.load(Ordering::Relaxed), 999_998);
+        let status = next_status(("doc", &acks)).expect("one owed");
+        assert_eq!(status, hp::encode_sync_status("doc", true));
+        assert_eq!(acks.issued.load(Ordering::Relaxed), 1);
+        // An echo claiming more than was requested is not believed, and an older echo
+        // owes nothing more.
+        let more = protocol::encode_durable_ack(5_000_000);
+        let older = protocol::encode_durable_ack(10);
+        translate(("doc", &acks), &metrics, &more, |f| frames.push(f));
+        translate(("doc", &acks), &metrics, &older, |f| frames.push(f));
+        assert_eq!(acks.owed.load(Ordering::Relaxed), 999_998);
+        let made = std::iter::from_fn(|| next_status(("doc", &acks))).count();
+        assert_eq!(made, 999_997);
+        assert!(next_status(("doc", &acks)).is_none());
+    }
+}
