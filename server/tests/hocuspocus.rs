@@ -134,6 +134,30 @@ impl GatedStore {
     }
 }
 
+/// A server in this process over a [`GatedStore`] in `dir`: the store, the address, and the
+/// token that stops the server.
+async fn start_gated(
+    dir: &std::path::Path,
+) -> (Arc<GatedStore>, std::net::SocketAddr, CancellationToken) {
+    let real = open_test_stores(dir).await;
+    let store = Arc::new(GatedStore::over(real.docs.clone()));
+    let stores = quire_server::Stores {
+        docs: store.clone(),
+        api: real.api,
+        events_written: real.events_written,
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let shutdown = CancellationToken::new();
+    tokio::spawn(quire_server::run_with_stores(
+        listener,
+        test_config(dir),
+        stores,
+        shutdown.clone(),
+    ));
+    (store, addr, shutdown)
+}
+
 #[async_trait]
 impl DocStore for GatedStore {
     fn shared(&self) -> &dyn SharedStatements {
@@ -192,23 +216,7 @@ impl DocStore for GatedStore {
 async fn has_unsynced_changes_clears_only_after_the_commit() {
     let dir = tempfile::tempdir().expect("tempdir");
     init_tracing();
-    let real = open_test_stores(dir.path()).await;
-    let store = Arc::new(GatedStore::over(real.docs.clone()));
-    let stores = quire_server::Stores {
-        docs: store.clone(),
-        api: real.api,
-        events_written: real.events_written,
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let shutdown = CancellationToken::new();
-    let cfg = test_config(dir.path());
-    tokio::spawn(quire_server::run_with_stores(
-        listener,
-        cfg,
-        stores,
-        shutdown.clone(),
-    ));
+    let (store, addr, shutdown) = start_gated(dir.path()).await;
 
     let mut js = scenario("unsynced", addr, &[]);
     let mut out = lines(&mut js);
@@ -935,23 +943,7 @@ async fn until_rooms_loaded(server: &TestServer, want: f64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn documents_gone_while_their_rooms_load_leave_them() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let real = open_test_stores(dir.path()).await;
-    let store = Arc::new(GatedStore::over(real.docs.clone()));
-    let stores = quire_server::Stores {
-        docs: store.clone(),
-        api: real.api,
-        events_written: real.events_written,
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let shutdown = CancellationToken::new();
-    let cfg = test_config(dir.path());
-    tokio::spawn(quire_server::run_with_stores(
-        listener,
-        cfg,
-        stores,
-        shutdown.clone(),
-    ));
+    let (store, addr, shutdown) = start_gated(dir.path()).await;
     let until_loads_held = |n: u32| {
         let store = store.clone();
         async move {
