@@ -236,6 +236,12 @@ pub struct Settings {
     /// least 16 bytes, the same on every node); required with --bus
     #[arg(long, env = "QUIRE_CLUSTER_KEY")]
     pub cluster_key: Option<Secret>,
+    /// A node publishes at most one bus message per other node per tick, carrying every frame
+    /// that waited for that node: a frame after a quiet tick leaves at once, a busy pair of
+    /// nodes exchanges one message per tick; 0 publishes whatever waits as soon as it can
+    /// [default: 2ms]
+    #[arg(long, env = "QUIRE_BUS_TICK")]
+    pub bus_tick: Option<HumanDuration>,
     /// Deadline of each storage operation of a room (load, append, snapshot, lease); past it
     /// the room stops taking updates (1013, retry) until storage answers again [default: 10s]
     #[arg(long, env = "QUIRE_STORAGE_TIMEOUT")]
@@ -422,6 +428,8 @@ pub struct Config {
     pub bus_credentials: Option<PathBuf>,
     /// Signs bus messages (required with `bus_url`).
     pub cluster_key: Option<Secret>,
+    /// At most one bus message per destination node per tick.
+    pub bus_tick: Duration,
     /// This node's name in room leases.
     pub node_id: String,
     pub lease_ttl: Duration,
@@ -605,6 +613,7 @@ impl Settings {
             bus_url,
             bus_credentials,
             cluster_key,
+            bus_tick,
             storage_timeout,
             node_id,
             lease_ttl,
@@ -749,6 +758,7 @@ impl Settings {
             bus_url: self.bus_url,
             bus_credentials: self.bus_credentials,
             cluster_key: self.cluster_key,
+            bus_tick: d(self.bus_tick, Duration::from_millis(2)).min(Duration::from_millis(100)),
             node_id: self
                 .node_id
                 .unwrap_or_else(|| format!("node-{:08x}", rand::random::<u32>())),

@@ -322,6 +322,7 @@ async fn start_bus(
         url: url.clone(),
         credentials: config.bus_credentials.clone(),
         key: bus::ClusterKey::new(key.expose())?,
+        tick: config.bus_tick,
         faults: hooks.bus_faults.clone(),
     };
     let (bus, inbound) = bus::Bus::start(

@@ -40,18 +40,23 @@ struct Pair {
 }
 
 async fn pair(dir: &std::path::Path) -> Pair {
-    pair_with(dir, 0).await
+    pair_with(dir, 0, None).await
 }
 
-/// A pair whose node A buffers only `a_capacity` messages per subscription (0: the default).
-async fn pair_with(dir: &std::path::Path, a_capacity: usize) -> Pair {
+/// A pair whose node A buffers only `a_capacity` messages per subscription (0: the default),
+/// with the bus tick `tick` (`None`: the default).
+async fn pair_with(dir: &std::path::Path, a_capacity: usize, tick: Option<Duration>) -> Pair {
     let nats = Nats::start().await;
     let node = |id: &str, faults: &Arc<Faults>| {
         let hooks = TestHooks {
             bus_faults: Some(faults.clone()),
             ..TestHooks::default()
         };
-        (node_config(dir, id, &nats.url), hooks)
+        let mut config = node_config(dir, id, &nats.url);
+        if let Some(tick) = tick {
+            config.bus_tick = tick;
+        }
+        (config, hooks)
     };
     let (a_faults, b_faults): (Arc<Faults>, Arc<Faults>) = (Arc::default(), Arc::default());
     a_faults.set_subscription_capacity(a_capacity);
@@ -196,6 +201,49 @@ async fn a_burst_of_frames_travels_batched_and_each_is_applied_once() {
     p.stop().await;
 }
 
+/// A busy pair of nodes exchanges one message per tick: a relayed client's frames, sent
+/// further apart than a link takes to publish one (without the tick each would travel
+/// alone), reach the owner a tick's worth per message, each applied once and in order.
+#[tokio::test]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
+async fn frames_sent_within_a_tick_travel_in_one_message() {
+    require_postgres();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = pair_with(dir.path(), 0, Some(Duration::from_millis(500))).await;
+    let mut on_a = Client::connect(&p.a.url("tick"), 1).await;
+    let mut on_b = Client::connect(&p.b.url("tick"), 2).await;
+    let messages = p.b.metric("quire_bus_messages_total").await;
+    let envelopes = p.b.metric("quire_bus_envelopes_total").await;
+    let mut expected = String::new();
+    for i in 0..30 {
+        let part = format!("<{i}>");
+        on_b.insert(expected.len() as u32, &part).await;
+        expected.push_str(&part);
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    on_b.durable_ack(1).await;
+    let messages = p.b.metric("quire_bus_messages_total").await - messages;
+    let envelopes = p.b.metric("quire_bus_envelopes_total").await - envelopes;
+    assert!(
+        envelopes >= 31.0,
+        "30 frames and the ack request: {envelopes}"
+    );
+    assert!(
+        messages * 4.0 <= envelopes,
+        "{envelopes} envelopes in {messages} messages: frames within a tick travelled apart"
+    );
+    assert!(on_b.closed.is_none());
+    assert_eq!(fresh_text(&p.a.url("tick")).await, expected);
+    assert_eq!(
+        log_rows(dir.path(), "tick").await,
+        30,
+        "each update logged once"
+    );
+    let seen = on_a.pump_until(PATIENCE, |c| c.text() == expected).await;
+    assert!(seen, "the owner's client has {:?}", on_a.text());
+    p.stop().await;
+}
+
 /// A frame NATS will not take (longer than the server's `max_payload`) is never published,
 /// and its relayed connection is closed with 1012 instead of going on past it: the durable
 /// ack asked after it never comes, and a fresh client does not have the update.
@@ -270,7 +318,7 @@ async fn a_lost_frame_to_a_relayed_client_closes_it_so_it_resyncs() {
 async fn a_slow_consumer_owner_closes_its_relayed_connections_so_they_resync() {
     require_postgres();
     let dir = tempfile::tempdir().expect("tempdir");
-    let p = pair_with(dir.path(), 4).await;
+    let p = pair_with(dir.path(), 4, None).await;
     let _on_a = Client::connect(&p.a.url("slow"), 1).await;
     let mut on_b = Client::connect(&p.b.url("slow"), 2).await;
     on_b.insert(0, "start.").await;

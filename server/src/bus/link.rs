@@ -1,9 +1,14 @@
 //! What a node publishes, batched: one task per destination (another node's subject, or
 //! every node's) takes the envelopes sent to it in order and publishes all those waiting as
 //! one signed message, so a burst of frames between two nodes costs one signature, one NATS
-//! message and one wake-up on the receiving node instead of one each. Nothing waits for a
-//! batch to fill: a link publishes as soon as it has looked once more for envelopes queued
-//! meanwhile, so a lone frame leaves at once and batches grow only under load.
+//! message and one wake-up on the receiving node instead of one each.
+//!
+//! A link publishes at most one message per tick ([`super::BusConfig::tick`]): an envelope
+//! that comes after a quiet tick leaves at once (after one look for envelopes queued
+//! meanwhile), so a lone frame waits for nothing; one that comes less than a tick after the
+//! link's last message waits for that tick to end, and whatever else comes meanwhile leaves
+//! with it. A busy pair of nodes thus exchanges one message per tick rather than one per
+//! frame, and a frame waits at most one tick. A full batch leaves at once.
 //!
 //! A message that cannot be published takes its envelopes' connections down with it (see
 //! [`Bus::undelivered`]): a relayed connection never goes on past a frame that was not sent.
@@ -15,6 +20,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::{lock, subject, Bus, Envelope, FaultAction, Faults, RemoteIn, ALL};
 use crate::bus::BatchWriter;
@@ -42,6 +48,7 @@ pub(super) fn start(bus: &Bus, subject: String, node: Option<String>) -> LinkTx 
         faults: bus.faults.clone(),
         client: bus.client.clone(),
         key: bus.key.clone(),
+        tick: bus.tick,
         subject,
         node,
     };
@@ -57,6 +64,7 @@ struct Link {
     faults: Option<Arc<Faults>>,
     client: async_nats::Client,
     key: super::ClusterKey,
+    tick: Duration,
     subject: String,
     node: Option<String>,
 }
@@ -67,6 +75,8 @@ impl Link {
         // An envelope that did not fit in the previous message.
         let mut carried: Option<Envelope> = None;
         let mut batch: Vec<Envelope> = Vec::new();
+        // When the last message left: the next one leaves no sooner than a tick later.
+        let mut last: Option<Instant> = None;
         loop {
             let first = match carried.take() {
                 Some(env) => env,
@@ -88,13 +98,8 @@ impl Link {
             let mut writer = BatchWriter::with_capacity(4096);
             writer.push(&first, limit);
             batch.push(first);
-            while let Ok(env) = rx.try_recv() {
-                if !writer.push(&env, limit) {
-                    carried = Some(env);
-                    break;
-                }
-                batch.push(env);
-            }
+            let until = tick_end(last, self.tick, Instant::now());
+            carried = gather(&mut rx, (&mut writer, &mut batch), limit, until).await;
             let count = writer.count() as u64;
             let payload = writer.seal(&self.key, &self.subject);
             match self.client.publish(subject.clone(), payload).await {
@@ -112,6 +117,7 @@ impl Link {
                 }
             }
             batch.clear();
+            last = Some(Instant::now());
         }
     }
 
@@ -129,6 +135,39 @@ impl Link {
             }
             None => tokio::task::yield_now().await,
         }
+    }
+}
+
+/// When a message whose link last published at `last` may leave: `None` at once (no message
+/// in the last `tick`), or the end of the tick that message began.
+fn tick_end(last: Option<Instant>, tick: Duration, now: Instant) -> Option<Instant> {
+    last.map(|at| at + tick).filter(|end| *end > now)
+}
+
+/// Adds to the message being written what is queued now and, with `until`, what comes
+/// before then; stops early when the message is full. The envelope that did not fit, if any.
+async fn gather(
+    rx: &mut mpsc::Receiver<Envelope>,
+    (writer, batch): (&mut BatchWriter, &mut Vec<Envelope>),
+    limit: usize,
+    until: Option<Instant>,
+) -> Option<Envelope> {
+    loop {
+        let env = match rx.try_recv() {
+            Ok(env) => env,
+            Err(mpsc::error::TryRecvError::Disconnected) => return None,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                let until = until?;
+                match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(Some(env)) => env,
+                    Ok(None) | Err(_) => return None,
+                }
+            }
+        };
+        if !writer.push(&env, limit) {
+            return Some(env);
+        }
+        batch.push(env);
     }
 }
 
@@ -240,5 +279,109 @@ impl Bus {
             | Envelope::Changed { .. }
             | Envelope::Response { .. } => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn frame(seq: u64, len: usize) -> Envelope {
+        Envelope::Frame {
+            from: "n".into(),
+            conn: 1,
+            seq,
+            data: Bytes::from(vec![0u8; len]),
+        }
+    }
+
+    fn seqs(batch: &[Envelope]) -> Vec<u64> {
+        batch
+            .iter()
+            .map(|env| match env {
+                Envelope::Frame { seq, .. } => *seq,
+                _ => 0,
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_after_a_quiet_tick_leaves_at_once_and_a_sooner_one_waits_for_its_end() {
+        let tick = Duration::from_millis(2);
+        let now = Instant::now();
+        assert_eq!(tick_end(None, tick, now), None, "the link's first message");
+        let quiet = now - Duration::from_millis(3);
+        assert_eq!(tick_end(Some(quiet), tick, now), None, "a tick passed");
+        let recent = now - Duration::from_millis(1);
+        assert_eq!(
+            tick_end(Some(recent), tick, now),
+            Some(now + Duration::from_millis(1)),
+            "the rest of the tick the last message began"
+        );
+        assert_eq!(tick_end(Some(recent), Duration::ZERO, now), None, "no tick");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_takes_what_comes_before_its_tick_ends_and_nothing_after() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let start = Instant::now();
+        tx.send(frame(2, 10)).await.ok();
+        let late = tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            late.send(frame(3, 10)).await.ok();
+            tokio::time::sleep(Duration::from_millis(4)).await;
+            late.send(frame(4, 10)).await.ok();
+        });
+        let (mut writer, mut batch) = (BatchWriter::with_capacity(64), vec![frame(1, 10)]);
+        writer.push(&batch[0], BATCH_BYTES);
+        let until = Some(start + Duration::from_millis(2));
+        let carried = gather(&mut rx, (&mut writer, &mut batch), BATCH_BYTES, until).await;
+        assert!(carried.is_none());
+        assert_eq!(seqs(&batch), [1, 2, 3], "what came within the tick");
+        assert_eq!(writer.count(), 3);
+        assert_eq!(
+            Instant::now(),
+            start + Duration::from_millis(2),
+            "left at its end"
+        );
+        // What came after the tick's end waits for the next message.
+        let next = rx.recv().await.map(|env| seqs(&[env]));
+        assert_eq!(next, Some(vec![4]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_tick_or_with_a_full_message_nothing_waits() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let start = Instant::now();
+        for seq in 2..=3 {
+            tx.send(frame(seq, 100)).await.ok();
+        }
+        let (mut writer, mut batch) = (BatchWriter::with_capacity(64), vec![frame(1, 100)]);
+        writer.push(&batch[0], BATCH_BYTES);
+        let carried = gather(&mut rx, (&mut writer, &mut batch), BATCH_BYTES, None).await;
+        assert!(carried.is_none());
+        assert_eq!(seqs(&batch), [1, 2, 3], "everything queued, nothing more");
+        assert_eq!(Instant::now(), start);
+
+        // A message that is full leaves at once, even within a tick; the envelope that did
+        // not fit starts the next one.
+        for seq in 5..=6 {
+            tx.send(frame(seq, 100)).await.ok();
+        }
+        let (mut writer, mut batch) = (BatchWriter::with_capacity(64), vec![frame(4, 100)]);
+        // (Two 100-byte frames and their heads fit, three do not.)
+        let limit = 300;
+        writer.push(&batch[0], limit);
+        let until = Some(start + Duration::from_secs(1));
+        let carried = gather(&mut rx, (&mut writer, &mut batch), limit, until).await;
+        assert_eq!(seqs(&batch), [4, 5]);
+        assert_eq!(carried.map(|env| seqs(&[env])), Some(vec![6]));
+        assert_eq!(
+            Instant::now(),
+            start,
+            "a full message does not wait for the tick"
+        );
     }
 }

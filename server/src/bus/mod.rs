@@ -13,8 +13,9 @@
 //! **Batching.** What a node sends to another node leaves through one link task per
 //! destination (`link.rs`), which publishes every envelope waiting for that node as one
 //! signed message (a batch, at most [`BATCH_BYTES`] and [`BATCH_ENVELOPES`]), in the order
-//! they were sent; the receiver checks the signature once and hands the envelopes on in
-//! order. Nothing waits for a batch to fill, so a lone frame costs no latency.
+//! they were sent, at most one message per tick ([`BusConfig::tick`]); the receiver checks
+//! the signature once and hands the envelopes on in order. A frame after a quiet tick leaves
+//! at once, so a lone frame costs no latency.
 //!
 //! **Delivery.** NATS delivers at most once: a message may be lost (a slow subscriber, a
 //! dropped link), and [`Faults`] can also duplicate, delay or reorder one in tests. Each
@@ -88,6 +89,8 @@ pub struct BusConfig {
     /// A NATS credentials file (`.creds`: a user JWT and its NKey seed), if the server wants one.
     pub credentials: Option<PathBuf>,
     pub key: ClusterKey,
+    /// At most one message per destination node per tick (`link.rs`); zero: as soon as it can.
+    pub tick: Duration,
     /// Tests only: faults to inject into what this node publishes.
     pub faults: Option<Arc<Faults>>,
 }
@@ -179,6 +182,8 @@ pub struct Bus {
     everyone: Mutex<Option<link::LinkTx>>,
     pub node: Arc<str>,
     key: ClusterKey,
+    /// See [`BusConfig::tick`].
+    tick: Duration,
     faults: Option<Arc<Faults>>,
     /// Added to this process's connection ids to name relayed connections on the bus, so a
     /// restarted node's ids never meet its previous life's on an owner.
@@ -356,6 +361,7 @@ impl Bus {
             everyone: Mutex::new(None),
             node,
             key: config.key,
+            tick: config.tick,
             faults: config.faults,
             conn_base: rand::random::<u64>() & !0xFFFF_FFFF,
             relays: Mutex::new(HashMap::new()),
