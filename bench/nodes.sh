@@ -7,13 +7,18 @@
 # (`--by-document`), and a document's clients on different nodes (client c of room r on node
 # (r + c) mod n), so the owner relays to the others. Then, on fresh nodes, a fixed rate
 # (FIXED_RATE updates/s per client, default 10: 2,000 updates/s) for 12 s: the nodes' CPU per
-# update, which the p99 bound does not show. Appends to target/bench/results.jsonl (labels
-# "nodes<N>-<how>", with "-q<QUOTA>" when the quota is not 0.4; the fixed-rate rows have
-# scenario "nodes-cpu").
+# update, which the p99 bound does not show. With DOCS_PER_SOCKET=K (default 1; K must divide
+# the 50 rooms) the clients speak Hocuspocus to each node's /hocuspocus endpoint and one socket
+# carries client c of K rooms (`--docs-per-socket`; rooms in groups of K, the socket of group g
+# on node g mod n with `--by-document`, (g + c) mod n spread); each room is first opened on the
+# node meant to own it: its group's node with `--by-document` (nothing relayed), node r mod n
+# spread (a socket's documents owned by different nodes). Appends to target/bench/results.jsonl
+# (labels "nodes<N>-<how>", with "-q<QUOTA>" when the quota is not 0.4 and "-hp<K>" when K is
+# not 1; the fixed-rate rows have scenario "nodes-cpu").
 # Needs root, the cgroup v1 cpu controller, PostgreSQL (QUIRE_BENCH_PG, default
 # postgres://postgres@127.0.0.1:5432) and NATS (QUIRE_BENCH_NATS, default nats://127.0.0.1:4222).
 # Usage: bench/nodes.sh [QUOTA_CORES] [STEPS] [REFINE]; NODES="1 2 3" and HOWS="by-document
-# spread" choose the configurations.
+# spread" choose the configurations, DOCS_PER_SOCKET the documents per socket.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/servers.sh
@@ -29,6 +34,17 @@ fi
 quota_us=$(python3 -c "print(int($QUOTA * 100000))")
 # Labels name the quota when it is not the default 0.4 core.
 suffix=; [ "$QUOTA" = 0.4 ] || suffix="-q$QUOTA"
+# Several documents per socket: Hocuspocus (Quire serves it at /hocuspocus), labels "-hp<K>".
+DOCS_PER_SOCKET="${DOCS_PER_SOCKET:-1}"
+mux=; url_path=
+if [ "$DOCS_PER_SOCKET" -gt 1 ]; then
+  if [ $((50 % DOCS_PER_SOCKET)) -ne 0 ]; then
+    echo "nodes.sh: DOCS_PER_SOCKET=$DOCS_PER_SOCKET does not divide the 50 rooms" >&2
+    exit 1
+  fi
+  mux="--flavor hocuspocus --docs-per-socket $DOCS_PER_SOCKET"; url_path=/hocuspocus
+  suffix="$suffix-hp$DOCS_PER_SOCKET"
+fi
 pids=(); cgroups=()
 stop_nodes() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -54,7 +70,7 @@ start_nodes() { # n: fresh database, n nodes each inside its cgroup; sets url
       --cluster-key "bench-nodes-cluster-key" --node-id "bench-$i" --log warn >"$dir/log" 2>&1 &
     pids+=("$!")
     wait_port "$port" "node $i"
-    urls+=("ws://127.0.0.1:$port")
+    urls+=("ws://127.0.0.1:$port$url_path")
   done
   url=$(IFS=,; echo "${urls[*]}")
 }
@@ -71,7 +87,7 @@ fixed_rate() { # n how flag: FIXED_RATE per client for 12 s; the nodes' CPU per 
   local rate="${FIXED_RATE:-10}" before after out
   out=$(mktemp)
   "$BENCH" typing --rooms 50 --clients 4 --rate "$rate" --duration 12s --warmup 3s \
-    --prefix "f$1$2" $3 --url "$url" --label "nodes$1-$2$suffix" >"$out" 2>>"$OUT/log.txt" &
+    --prefix "f$1$2" $3 $mux --url "$url" --label "nodes$1-$2$suffix" >"$out" 2>>"$OUT/log.txt" &
   local bench=$!
   sleep 5; before=$(nodes_cpu_ticks); sleep 10; after=$(nodes_cpu_ticks)
   wait "$bench" || true
@@ -95,7 +111,7 @@ for n in ${NODES:-1 2 3}; do
     echo "=== $n node(s), $QUOTA core each, clients $how ===" >&2
     start_nodes "$n"
     "$BENCH" search --rooms 50 --clients 4 --rate 3 --step 1.6 --steps "$STEPS" \
-      --refine "$REFINE" --duration 8s --warmup 2s --prefix "n$n$how" $flag --url "$url" \
+      --refine "$REFINE" --duration 8s --warmup 2s --prefix "n$n$how" $flag $mux --url "$url" \
       --label "nodes$n-$how$suffix" 2>&1 | tee -a "$OUT/log.txt" | grep '^{' >> "$RESULTS" || true
     stop_nodes
     start_nodes "$n"

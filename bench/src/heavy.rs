@@ -170,6 +170,7 @@ pub async fn heavy(args: HeavyArgs) -> anyhow::Result<()> {
         samples: "soak.jsonl".into(),
         seed_mb: None,
         by_document: false,
+        docs_per_socket: 1,
     };
     let typed = crate::typing(&typing).await;
     stop.store(true, Ordering::Relaxed);

@@ -5,7 +5,8 @@
 //! Scenarios:
 //! - `typing`: R rooms × C clients, W of them typing at a fixed rate; every other client of the
 //!   room records delivery latency. `--ack` adds a durable-ack request (tag 102) per update.
-//!   Fan-out is `typing --rooms 1 --clients N+1 --writers 1`.
+//!   Fan-out is `typing --rooms 1 --clients N+1 --writers 1`. `--docs-per-socket K`
+//!   (Hocuspocus) carries the clients of K rooms on one socket (`multiplex`).
 //! - `search`: repeated `typing` runs at rising rates (× `--step`), then `--refine`
 //!   bisections between the last passing and the first failing rate; the highest with p99
 //!   under a bound and every update delivered.
@@ -40,9 +41,11 @@ mod heavy;
 mod items;
 mod large;
 mod memory;
+mod multiplex;
 mod presence;
 mod reads;
 mod sessions;
+mod typist;
 mod wire;
 
 use std::collections::HashMap;
@@ -58,8 +61,9 @@ use futures_util::{SinkExt, StreamExt};
 use hdrhistogram::Histogram;
 use quire_protocol as protocol;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
+use typist::{frame_data, Typist};
 use wire::{Flavor, Incoming};
-use yrs::{Doc, GetString, ReadTxn, StateVector, Text, Transact};
+use yrs::{Doc, GetString, Text, Transact};
 
 #[derive(Parser)]
 #[command(name = "quire-bench", about = "Load generator for y-websocket servers")]
@@ -177,6 +181,12 @@ struct TypingArgs {
     /// spreading a document's clients over the nodes
     #[arg(long)]
     by_document: bool,
+    /// Documents per socket (Hocuspocus only; --rooms a multiple of it): rooms in groups of K,
+    /// one socket per group and client index carrying that client of each room of the group.
+    /// With several URLs, every room is first opened on the node meant to own it: its group's
+    /// (--by-document), or room r on URL r mod n, so a socket's rooms have different owners
+    #[arg(long, default_value_t = 1)]
+    docs_per_socket: usize,
 }
 
 #[derive(clap::Args, Clone)]
@@ -334,6 +344,7 @@ struct TypingResult {
     rooms: usize,
     clients: usize,
     writers: usize,
+    docs_per_socket: usize,
     rate: f64,
     secs: f64,
     sent: u64,
@@ -402,6 +413,7 @@ impl TypingResult {
         let json = serde_json::json!({
             "scenario": "typing", "label": self.label, "rooms": self.rooms,
             "clients": self.clients, "writers": self.writers, "rate": self.rate,
+            "docs_per_socket": self.docs_per_socket,
             "offered_per_s": self.rate * (self.rooms * self.writers) as f64,
             "sent": self.sent, "delivered": self.delivered, "expected": self.expected,
             "errors": self.errors, "complete": self.complete(),
@@ -420,6 +432,7 @@ impl TypingResult {
 async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
     let c = &args.common;
     let writers = args.writers.unwrap_or(args.clients).min(args.clients);
+    multiplex::check(args)?;
     if let Some(mb) = args.seed_mb {
         let (updates, _, size) = large::seeded_updates((mb * 1048576.0) as usize, 512 * 1024, 1);
         let expect = size * 95 / 100;
@@ -432,30 +445,11 @@ async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
     }
     let cpu_start = own_cpu_seconds();
     let connect_started = Instant::now();
-    let mut sockets = Vec::with_capacity(args.rooms * args.clients);
-    for room in 0..args.rooms {
-        let doc = format!("{}-{room}", c.prefix);
-        for client in 0..args.clients {
-            let urls: Vec<&str> = c.url.split(',').collect();
-            let url = if args.by_document {
-                urls[room % urls.len()]
-            } else {
-                urls[(room + client) % urls.len()]
-            };
-            let ws = wire::connect(url, &doc, c.flavor)
-                .await
-                .with_context(|| format!("connect {url} {doc}"))?;
-            sockets.push((room, client, doc.clone(), ws));
-        }
-    }
-    // Every client is synced before the clock starts: a client whose initial Step 2 arrived
-    // after the first sends would receive them twice (in the Step 2 and as updates) and be
-    // credited twice. The Step 2s are already on their way, so waiting in turn costs little.
-    for (_, _, doc, ws) in &mut sockets {
-        wire::wait_synced(ws, c.flavor, doc, &[0, 0])
-            .await
-            .with_context(|| format!("sync {doc}"))?;
-    }
+    // A socket per client, or (--docs-per-socket) per client index of a group of rooms.
+    let (sockets, mux) = match args.docs_per_socket {
+        1 => (connect_clients(args).await?, None),
+        _ => (Vec::new(), Some(multiplex::connect(args).await?)),
+    };
     let connect = connect_started.elapsed();
     let start = Instant::now() + args.warmup;
     let shared = Arc::new(Shared {
@@ -506,6 +500,9 @@ async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
             }
         }));
     }
+    if let Some(mux) = mux {
+        tasks.extend(mux.spawn(args, writers, &shared, &room_maps, stop_at));
+    }
     for t in tasks {
         let _ = t.await;
     }
@@ -532,6 +529,7 @@ async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
         rooms: args.rooms,
         clients: args.clients,
         writers,
+        docs_per_socket: args.docs_per_socket,
         rate: args.rate,
         secs: args.duration.as_secs_f64(),
         sent,
@@ -549,6 +547,38 @@ async fn typing(args: &TypingArgs) -> anyhow::Result<TypingResult> {
         server_cpu,
         server_rss_kib: c.server_pid.and_then(process_rss_kib),
     })
+}
+
+/// Every client's socket, connected and synced: (room, client, document, socket).
+async fn connect_clients(
+    args: &TypingArgs,
+) -> anyhow::Result<Vec<(usize, usize, String, wire::Ws)>> {
+    let c = &args.common;
+    let mut sockets = Vec::with_capacity(args.rooms * args.clients);
+    for room in 0..args.rooms {
+        let doc = format!("{}-{room}", c.prefix);
+        for client in 0..args.clients {
+            let urls: Vec<&str> = c.url.split(',').collect();
+            let url = if args.by_document {
+                urls[room % urls.len()]
+            } else {
+                urls[(room + client) % urls.len()]
+            };
+            let ws = wire::connect(url, &doc, c.flavor)
+                .await
+                .with_context(|| format!("connect {url} {doc}"))?;
+            sockets.push((room, client, doc.clone(), ws));
+        }
+    }
+    // Every client is synced before the clock starts: a client whose initial Step 2 arrived
+    // after the first sends would receive them twice (in the Step 2 and as updates) and be
+    // credited twice. The Step 2s are already on their way, so waiting in turn costs little.
+    for (_, _, doc, ws) in &mut sockets {
+        wire::wait_synced(ws, c.flavor, doc, &[0, 0])
+            .await
+            .with_context(|| format!("sync {doc}"))?;
+    }
+    Ok(sockets)
 }
 
 struct ClientPlan {
@@ -569,110 +599,34 @@ async fn run_client(
     shared: Arc<Shared>,
 ) -> anyhow::Result<()> {
     let (mut sink, mut stream) = ws.split();
-    let doc = Doc::with_client_id(plan.client_id);
-    let text = doc.get_or_insert_text("text");
-    let period = Duration::from_secs_f64(1.0 / plan.rate);
-    // Spread the clients' phases over one period.
-    let phase = period.mul_f64((plan.index as f64 * 0.618_034) % 1.0);
-    let mut tick = tokio::time::interval_at((Instant::now() + phase).into(), period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut measured = Measured::new(shared.clone());
-    let mut pending_acks: HashMap<u64, Instant> = HashMap::new();
-    let mut ack_seq = 0u64;
-    let mut n = 0u32;
-    let send_until = plan.stop_at - Duration::from_secs(2);
+    let (writes, flavor, stop_at) = (plan.writes, plan.flavor, plan.stop_at);
+    let mut typist = Typist::new(plan, times, shared);
+    let mut tick = typist.timer();
+    let send_until = stop_at - Duration::from_secs(2);
     // Readers have no timer of their own but this one: a reader woken every period for
     // nothing would cost the generator CPU and add noise to every delivery it measures.
-    let stop = tokio::time::sleep_until(plan.stop_at.into());
+    let stop = tokio::time::sleep_until(stop_at.into());
     tokio::pin!(stop);
     loop {
         tokio::select! {
             _ = &mut stop => break,
-            _ = tick.tick(), if plan.writes => {
+            _ = tick.tick(), if writes => {
                 let now = Instant::now();
-                if now >= plan.stop_at { break; }
+                if now >= stop_at { break; }
                 if now >= send_until { continue; }
-                let update = {
-                    let mut txn = doc.transact_mut();
-                    text.insert(&mut txn, 0, "x");
-                    txn.encode_update_v1()
-                };
-                // Keyed by the insert's start clock, which receivers read back from the update.
-                times.write().map_err(|_| anyhow::anyhow!("poisoned"))?.insert((plan.client_id, n), now);
-                n += 1;
-                let frame = wire::wrap(plan.flavor, &plan.doc, protocol::encode_update(&update));
-                sink.send(WsMessage::Binary(frame)).await?;
-                if shared.measuring(now) {
-                    shared.sent.fetch_add(1, Ordering::Relaxed);
-                }
-                if plan.ack {
-                    ack_seq += 1;
-                    pending_acks.insert(ack_seq, now);
-                    let frame = wire::wrap(plan.flavor, &plan.doc, protocol::encode_durable_ack(ack_seq));
-                    sink.send(WsMessage::Binary(frame)).await?;
-                }
+                typist.send_update(&mut sink, now).await?;
             }
             frame = stream.next() => {
-                let Some(frame) = frame else { anyhow::bail!("server closed the connection") };
-                let data: Bytes = match frame? {
-                    WsMessage::Binary(b) => b,
-                    WsMessage::Close(f) => anyhow::bail!("closed by server: {f:?}"),
-                    _ => continue,
-                };
+                let Some(data) = frame_data(frame)? else { continue };
                 let now = Instant::now();
-                for msg in wire::parse(plan.flavor, &data) {
-                    match msg {
-                        Incoming::Step1 => {
-                            // Answer with what we have (only our own edits).
-                            let diff = doc.transact().encode_diff_v1(&StateVector::default());
-                            let frame = wire::wrap(plan.flavor, &plan.doc, protocol::encode_step2(&diff));
-                            sink.send(WsMessage::Binary(frame)).await?;
-                        }
-                        Incoming::Update(u) | Incoming::Step2(u) => {
-                            record_delivery(&u, plan.client_id, &times, &mut measured, now)
-                        }
-                        Incoming::Ack(raw) => {
-                            let seq = protocol::read_durable_ack(&raw).unwrap_or(0);
-                            if let Some(sent) = pending_acks.remove(&seq) {
-                                if shared.measuring(sent) {
-                                    shared.acks.fetch_add(1, Ordering::Relaxed);
-                                    if let Ok(mut h) = shared.ack_latency.lock() {
-                                        let _ = h.record(now.duration_since(sent).as_micros().max(1) as u64);
-                                    }
-                                }
-                            }
-                        }
-                        Incoming::Other => {}
-                    }
+                for msg in wire::parse(flavor, &data) {
+                    typist.receive(msg, &mut sink, now).await?;
                 }
             }
         }
     }
     let _ = sink.close().await;
     Ok(())
-}
-
-/// Records the latency of every send in `update` made by another client. Servers that echo
-/// updates to their sender (the reference server does) are not credited for the echo.
-fn record_delivery(
-    update: &[u8],
-    me: u64,
-    times: &SendTimes,
-    measured: &mut Measured,
-    now: Instant,
-) {
-    let ids = wire::update_ids(update);
-    let Ok(map) = times.read() else { return };
-    for key in ids {
-        if key.0 == me {
-            continue;
-        }
-        if let Some(sent) = map.get(&key).copied() {
-            if measured.shared.measuring(sent) {
-                measured.record(now.duration_since(sent));
-            }
-        }
-    }
 }
 
 async fn search(args: SearchArgs) -> anyhow::Result<()> {

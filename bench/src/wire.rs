@@ -2,6 +2,8 @@
 //! reference server) and Hocuspocus' (every message prefixed with the document name, and an
 //! Auth message first).
 
+use std::collections::HashSet;
+
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use quire_protocol::{self as protocol, hocuspocus, Message};
@@ -70,20 +72,39 @@ pub async fn connect_with(
         Flavor::YWebsocket => format!("{base}/{doc}"),
         Flavor::Hocuspocus => base.to_owned(),
     };
+    let mut ws = handshake(&url, read_buffer).await?;
+    open_doc(&mut ws, doc, flavor).await?;
+    Ok(ws)
+}
+
+/// A Hocuspocus socket (the base URL, as [`connect`] opens for that flavour) with no document
+/// opened yet: [`open_doc`] opens each.
+pub async fn connect_hocuspocus(base: &str) -> anyhow::Result<Ws> {
+    handshake(base.trim_end_matches('/'), READ_BUFFER).await
+}
+
+/// The WebSocket handshake to `url`.
+async fn handshake(url: &str, read_buffer: usize) -> anyhow::Result<Ws> {
     // TCP_NODELAY, as browsers do for WebSockets.
-    let (mut ws, _) = tokio::time::timeout(
+    let (ws, _) = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
-        tokio_tungstenite::connect_async_with_config(&url, Some(client_config(read_buffer)), true),
+        tokio_tungstenite::connect_async_with_config(url, Some(client_config(read_buffer)), true),
     )
     .await
     .map_err(|_| anyhow::anyhow!("{url}: no WebSocket handshake within {HANDSHAKE_TIMEOUT:?}"))??;
+    Ok(ws)
+}
+
+/// Sends the opening messages of `doc` on an open socket: Auth for Hocuspocus (a Hocuspocus
+/// socket may carry several documents, each opened so), then Sync step 1.
+pub async fn open_doc(ws: &mut Ws, doc: &str, flavor: Flavor) -> anyhow::Result<()> {
     if flavor == Flavor::Hocuspocus {
         let auth = hocuspocus::encode_auth(doc, "");
         ws.send(WsMessage::Binary(auth)).await?;
     }
     let step1 = protocol::encode_step1(&StateVector::default());
     ws.send(WsMessage::Binary(wrap(flavor, doc, step1))).await?;
-    Ok(ws)
+    Ok(())
 }
 
 /// A y-websocket message as the flavour sends it.
@@ -100,19 +121,24 @@ pub fn parse(flavor: Flavor, frame: &Bytes) -> Vec<Incoming> {
         Flavor::YWebsocket => protocol::decode_frame(frame)
             .map(|msgs| msgs.into_iter().map(incoming).collect())
             .unwrap_or_default(),
-        Flavor::Hocuspocus => {
-            // varString(doc), varUint(type), body; one message per frame.
-            let Some((_doc, rest)) = hocuspocus::unwrap(frame) else {
-                return Vec::new();
-            };
-            match rest.first() {
-                Some(0) => protocol::decode_frame(&rest)
-                    .map(|msgs| msgs.into_iter().map(incoming).collect())
-                    .unwrap_or_default(),
-                _ => vec![Incoming::Other],
-            }
-        }
+        Flavor::Hocuspocus => parse_hocuspocus(frame)
+            .map(|(_doc, msgs)| msgs)
+            .unwrap_or_default(),
     }
+}
+
+/// A Hocuspocus frame's address (the document's name) and its messages; `None` for a frame
+/// without a readable address (a bare Ping or Pong).
+pub fn parse_hocuspocus(frame: &Bytes) -> Option<(String, Vec<Incoming>)> {
+    // varString(doc), varUint(type), body; one message per frame.
+    let (doc, rest) = hocuspocus::unwrap(frame)?;
+    let msgs = match rest.first() {
+        Some(0) => protocol::decode_frame(&rest)
+            .map(|msgs| msgs.into_iter().map(incoming).collect())
+            .unwrap_or_default(),
+        _ => vec![Incoming::Other],
+    };
+    Some((doc, msgs))
 }
 
 fn incoming(m: Message) -> Incoming {
@@ -153,6 +179,52 @@ pub async fn wait_synced(
         }
     }
     anyhow::bail!("closed before sync")
+}
+
+/// [`wait_synced`] for the Hocuspocus documents `docs` of one socket: reads frames until each
+/// has had its initial Step 2, answering each Step 1 with `answer` for its document. What
+/// else arrives (for a document already synced, or for none of `docs`) is dropped: nobody
+/// types before every socket is synced.
+pub async fn wait_synced_all(ws: &mut Ws, docs: &[String], answer: &[u8]) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+    let mut waiting: HashSet<&str> = docs.iter().map(String::as_str).collect();
+    while !waiting.is_empty() {
+        let frame = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "{} of {} documents not synced within {HANDSHAKE_TIMEOUT:?}",
+                    waiting.len(),
+                    docs.len()
+                )
+            })?;
+        let Some(frame) = frame else {
+            anyhow::bail!("closed before sync")
+        };
+        let WsMessage::Binary(data) = frame? else {
+            continue;
+        };
+        let Some((address, msgs)) = parse_hocuspocus(&data) else {
+            continue;
+        };
+        let name = hocuspocus::doc_name(&address);
+        let Some(doc) = docs.iter().find(|d| d.as_str() == name) else {
+            continue;
+        };
+        for m in msgs {
+            match m {
+                Incoming::Step1 => {
+                    let reply = wrap(Flavor::Hocuspocus, doc, protocol::encode_step2(answer));
+                    ws.send(WsMessage::Binary(reply)).await?;
+                }
+                Incoming::Step2(_) => {
+                    waiting.remove(doc.as_str());
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The (client, start clock) pairs of the structs in an update.

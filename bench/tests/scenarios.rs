@@ -45,11 +45,16 @@ impl Server {
 /// Runs quire-bench with the arguments of `command_line` (split at spaces; on a blocking
 /// thread: the server runs on this test's runtime) and returns its JSON result lines.
 async fn bench(addr: SocketAddr, command_line: &str) -> Vec<Value> {
+    bench_at(&format!("ws://{addr}"), command_line).await
+}
+
+/// [`bench`] against the server at `url`.
+async fn bench_at(url: &str, command_line: &str) -> Vec<Value> {
     let args: Vec<String> = command_line.split_whitespace().map(str::to_owned).collect();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_quire-bench"));
     cmd.args(&args).args([
         "--url",
-        &format!("ws://{addr}"),
+        url,
         "--server-pid",
         &std::process::id().to_string(),
         "--label",
@@ -155,6 +160,21 @@ async fn every_scenario_runs_against_quire_and_reports() {
         "every send reaches the four readers: {f}"
     );
     all.extend(fan);
+
+    // One Hocuspocus socket per client index carrying that client of two rooms: every
+    // client's sends reach the other clients of its room.
+    let mux = bench_at(
+        &format!("ws://{}/hocuspocus", server.addr),
+        "typing --rooms 4 --clients 3 --rate 10 --duration 2s --warmup 0s --flavor hocuspocus \
+         --docs-per-socket 2 --prefix mux",
+    )
+    .await;
+    let m = one(&mux, "typing");
+    assert_eq!(m["docs_per_socket"], 2, "{m}");
+    assert_eq!(m["complete"], true, "{m}");
+    assert!(m["sent"].as_u64().unwrap_or(0) > 0, "{m}");
+    assert_eq!(m["delivered"], m["expected"], "{m}");
+    assert_eq!(m["errors"], 0, "{m}");
 
     // A latency bound no working run misses: this test checks the search's mechanics, not the
     // machine's speed.
