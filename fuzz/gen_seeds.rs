@@ -335,7 +335,7 @@ fn awareness_seeds(seeds: &mut Seeds, edits: &[(u32, u32, String)]) {
 }
 
 fn bus_seeds(seeds: &mut Seeds, fixtures: &[(String, Bytes)]) {
-    let from = "node-0a1b2c3d".to_owned();
+    let from: std::sync::Arc<str> = "node-0a1b2c3d".into();
     let frame = fixtures
         .iter()
         .find(|(n, _)| n == "batched")

@@ -5,7 +5,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use hmac::Mac;
 
 use super::envelope::{BATCH, MAC_LEN};
-use super::{ClusterKey, Envelope};
+use super::{ClusterKey, Envelope, Names};
 
 /// Most envelopes in one message.
 pub const BATCH_ENVELOPES: usize = 1024;
@@ -113,6 +113,8 @@ pub fn decode_message(mut b: Bytes, max_envelope: usize) -> Option<(Vec<Envelope
     }
     let mut envelopes = Vec::with_capacity(count as usize);
     let mut refused = 0;
+    // The sending node's name is read once, however many envelopes carry it.
+    let mut names = Names::default();
     for _ in 0..count {
         if b.remaining() < LEN {
             return None;
@@ -123,7 +125,7 @@ pub fn decode_message(mut b: Bytes, max_envelope: usize) -> Option<(Vec<Envelope
         }
         let one = b.split_to(len);
         match (len <= max_envelope)
-            .then(|| Envelope::decode(one))
+            .then(|| Envelope::decode_with(one, &mut names))
             .flatten()
         {
             Some(env) => envelopes.push(env),
@@ -143,6 +145,37 @@ mod tests {
             seq,
             data: Bytes::from(vec![seq as u8; len]),
         }
+    }
+
+    #[test]
+    fn the_envelopes_of_one_message_share_their_node_name() {
+        let frame = |seq| Envelope::Frame {
+            from: "node-a".into(),
+            conn: 1,
+            seq,
+            data: Bytes::from_static(b"x"),
+        };
+        let mut writer = BatchWriter::with_capacity(0);
+        for seq in 1..=3 {
+            assert!(writer.push(&frame(seq), 1 << 16));
+        }
+        let (envelopes, refused) = decode_message(writer.body(), 1 << 16).expect("a batch");
+        assert_eq!(refused, 0);
+        let names: Vec<super::super::NodeName> = envelopes
+            .iter()
+            .filter_map(|env| match env {
+                Envelope::Frame { from, .. } => Some(from.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names.len(), 3);
+        assert!(names.iter().all(|name| &**name == "node-a"));
+        assert!(
+            names
+                .windows(2)
+                .all(|pair| std::sync::Arc::ptr_eq(&pair[0], &pair[1])),
+            "one allocation for the message's name, not one per frame"
+        );
     }
 
     #[test]

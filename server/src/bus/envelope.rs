@@ -45,25 +45,25 @@ pub enum Envelope {
     /// A client of the sending node wants `doc`, which this node owns. `user` to `profile`
     /// are the client's [`Credential`] (see there).
     Open {
-        from: String,
+        from: NodeName,
         conn: u64,
         doc: String,
         auth: Credential,
     },
     Frame {
-        from: String,
+        from: NodeName,
         conn: u64,
         seq: u64,
         data: Bytes,
     },
     Alive {
-        from: String,
+        from: NodeName,
         conn: u64,
         /// The last `Frame` sequence number sent for this connection (0: none yet).
         sent: u64,
     },
     Close {
-        from: String,
+        from: NodeName,
         conn: u64,
     },
     Out {
@@ -83,7 +83,7 @@ pub enum Envelope {
     },
     /// To every node: a change to a document that its sockets must see.
     Changed {
-        from: String,
+        from: NodeName,
         /// When it was announced (milliseconds since the epoch, the sender's clock): a
         /// replayed announcement older than [`CHANGE_MAX_AGE`](super::CHANGE_MAX_AGE) is ignored.
         at_ms: i64,
@@ -96,7 +96,7 @@ pub enum Envelope {
     /// caller's credential, and is bound to a fresh `nonce` and the time it was sent: the
     /// owner refuses one older than `FORWARD_MAX_AGE` or whose nonce it has seen.
     Request {
-        from: String,
+        from: NodeName,
         id: u64,
         nonce: String,
         sent_at_ms: i64,
@@ -111,7 +111,7 @@ pub enum Envelope {
     /// `seen_change` are the client's new [`Credential`] (a refresh carries no flags or
     /// profile).
     Reauth {
-        from: String,
+        from: NodeName,
         conn: u64,
         /// Its `hocuspocus` and `profile` are not carried (a refresh changes neither).
         auth: Credential,
@@ -147,6 +147,36 @@ fn put_str(b: &mut BytesMut, s: &str) {
     let s = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
     b.put_u16(s.len() as u16);
     b.put_slice(s);
+}
+
+/// A node's name as envelopes carry it: shared, so that the envelopes of one message (every
+/// relayed frame names the node it comes from) share one allocation rather than one each.
+pub type NodeName = std::sync::Arc<str>;
+
+/// The node names met while decoding one message, each read once.
+#[derive(Default)]
+pub struct Names(Vec<NodeName>);
+
+/// Most names a [`Names`] keeps (a message names its sender, rarely another node).
+const NAMES: usize = 4;
+
+fn get_name(b: &mut Bytes, names: &mut Names) -> Option<NodeName> {
+    if b.remaining() < 2 {
+        return None;
+    }
+    let n = b.get_u16() as usize;
+    if b.remaining() < n {
+        return None;
+    }
+    let raw = b.split_to(n);
+    if let Some(known) = names.0.iter().find(|name| name.as_bytes() == &raw[..]) {
+        return Some(known.clone());
+    }
+    let name: NodeName = std::str::from_utf8(&raw).ok()?.into();
+    if names.0.len() < NAMES {
+        names.0.push(name.clone());
+    }
+    Some(name)
 }
 
 fn get_str(b: &mut Bytes) -> Option<String> {
@@ -471,7 +501,13 @@ impl Envelope {
     }
 
     /// Decodes a bus message (without its signature); `None` if it is malformed.
-    pub fn decode(mut b: Bytes) -> Option<Envelope> {
+    pub fn decode(b: Bytes) -> Option<Envelope> {
+        Envelope::decode_with(b, &mut Names::default())
+    }
+
+    /// [`Envelope::decode`], taking the node names it carries from `names` when they are
+    /// there (the envelopes of one message).
+    pub fn decode_with(mut b: Bytes, names: &mut Names) -> Option<Envelope> {
         if b.remaining() < 9 {
             return None;
         }
@@ -480,10 +516,10 @@ impl Envelope {
         let conn = b.get_u64();
         let b = &mut b;
         Some(match kind {
-            OPEN => decode_open(conn, b)?,
+            OPEN => decode_open(conn, b, names)?,
             FRAME => {
                 let seq = get_u64(b)?;
-                let from = get_str(b)?;
+                let from = get_name(b, names)?;
                 Envelope::Frame {
                     from,
                     conn,
@@ -494,13 +530,13 @@ impl Envelope {
             ALIVE => {
                 let sent = get_u64(b)?;
                 Envelope::Alive {
-                    from: get_str(b)?,
+                    from: get_name(b, names)?,
                     conn,
                     sent,
                 }
             }
             CLOSE => Envelope::Close {
-                from: get_str(b)?,
+                from: get_name(b, names)?,
                 conn,
             },
             OUT => {
@@ -523,9 +559,9 @@ impl Envelope {
                     reason: get_str(b)?,
                 }
             }
-            CHANGED => decode_changed(conn, b)?,
+            CHANGED => decode_changed(conn, b, names)?,
             REQUEST => Envelope::Request {
-                from: get_str(b)?,
+                from: get_name(b, names)?,
                 id: conn,
                 nonce: get_str(b)?,
                 sent_at_ms: (b.remaining() >= 8).then(|| b.get_i64())?,
@@ -535,7 +571,7 @@ impl Envelope {
                 headers: get_headers(b)?,
                 body: std::mem::take(b),
             },
-            REAUTH => decode_reauth(conn, b)?,
+            REAUTH => decode_reauth(conn, b, names)?,
             RESPONSE => {
                 if b.remaining() < 2 {
                     return None;
@@ -573,8 +609,8 @@ fn encode_changed(b: &mut BytesMut, from: &str, at_ms: i64, doc: &str, change: &
 }
 
 /// An `Open` after its header.
-fn decode_open(conn: u64, b: &mut Bytes) -> Option<Envelope> {
-    let from = get_str(b)?;
+fn decode_open(conn: u64, b: &mut Bytes, names: &mut Names) -> Option<Envelope> {
+    let from = get_name(b, names)?;
     let doc = get_str(b)?;
     let auth = Credential::decode_from(b, Layout::Open)?;
     Some(Envelope::Open {
@@ -586,16 +622,16 @@ fn decode_open(conn: u64, b: &mut Bytes) -> Option<Envelope> {
 }
 
 /// A `Reauth` after its header.
-fn decode_reauth(conn: u64, b: &mut Bytes) -> Option<Envelope> {
-    let from = get_str(b)?;
+fn decode_reauth(conn: u64, b: &mut Bytes, names: &mut Names) -> Option<Envelope> {
+    let from = get_name(b, names)?;
     let auth = Credential::decode_from(b, Layout::Reauth)?;
     Some(Envelope::Reauth { from, conn, auth })
 }
 
 /// A `Changed` after its header (`id`: the change's id, 0 for a delete).
-fn decode_changed(id: u64, b: &mut Bytes) -> Option<Envelope> {
+fn decode_changed(id: u64, b: &mut Bytes, names: &mut Names) -> Option<Envelope> {
     let at_ms = get_u64(b)? as i64;
-    let from = get_str(b)?;
+    let from = get_name(b, names)?;
     let doc = get_str(b)?;
     let change = match (b.remaining() >= 1).then(|| b.get_u8())? {
         1 => Change::Deleted,

@@ -133,7 +133,7 @@ pub struct Forwarded {
 pub struct RemoteOpen {
     pub name: DocName,
     /// The relaying node and its id for the connection.
-    pub from: String,
+    pub from: NodeName,
     pub conn: u64,
     pub auth: PeerAuth,
     pub inbox: RemoteInbox,
@@ -475,7 +475,7 @@ impl Bus {
         lock(&self.pending).insert(id, tx);
         request.id = id;
         let env = Envelope::Request {
-            from: self.node.to_string(),
+            from: self.node.clone(),
             id,
             nonce: request.nonce,
             sent_at_ms: request.sent_at_ms,
@@ -510,7 +510,7 @@ impl Bus {
     /// Tells every node (this one included) about a change its sockets must see.
     pub async fn announce(&self, doc: &DocName, change: Change) {
         let env = Envelope::Changed {
-            from: self.node.to_string(),
+            from: self.node.clone(),
             at_ms: crate::storage::now_ms(),
             doc: doc.as_str().to_owned(),
             change,
@@ -592,8 +592,8 @@ impl Bus {
                 data,
             } => self.on_frame(&from, conn, seq, data).await,
             Envelope::Alive { from, conn, sent } => self.on_alive(&from, conn, sent).await,
-            Envelope::Close { from, conn } => self.on_close(from, conn),
-            Envelope::Reauth { from, conn, auth } => self.on_reauth(from, conn, auth),
+            Envelope::Close { from, conn } => self.on_close(&from, conn),
+            Envelope::Reauth { from, conn, auth } => self.on_reauth(&from, conn, auth),
             Envelope::Request {
                 from,
                 id,
@@ -605,7 +605,7 @@ impl Bus {
                 headers,
                 body,
             } => self.on_request(Forwarded {
-                from,
+                from: from.to_string(),
                 id,
                 nonce,
                 sent_at_ms,
@@ -692,7 +692,7 @@ impl Bus {
 
     /// An `Open` from a relaying node: a remote peer for its client, handed on to join
     /// `doc`'s room (a duplicate is ignored).
-    fn on_open(&self, from: String, conn: u64, doc: &str, credential: Credential) {
+    fn on_open(&self, from: NodeName, conn: u64, doc: &str, credential: Credential) {
         let Ok(name) = DocName::parse(doc) else {
             return;
         };
@@ -710,7 +710,7 @@ impl Bus {
                 queued: queued.clone(),
                 order: InOrder::default(),
             };
-            remotes.insert(from.clone(), conn, remote);
+            remotes.insert(from.to_string(), conn, remote);
         }
         let inbox = RemoteInbox { rx, queued };
         let open = RemoteOpen {
@@ -754,15 +754,15 @@ impl Bus {
     }
 
     /// A `Close` from a relaying node: its client left.
-    fn on_close(&self, from: String, conn: u64) {
-        if let Some(remote) = lock(&self.remotes).remove(&from, conn) {
+    fn on_close(&self, from: &str, conn: u64) {
+        if let Some(remote) = lock(&self.remotes).remove(from, conn) {
             let _ = remote.tx.send(RemoteIn::Close);
         }
     }
 
     /// A `Reauth` from a relaying node: its client's new credential, for its remote peer.
-    fn on_reauth(&self, from: String, conn: u64, credential: Credential) {
-        if let Some(remote) = lock(&self.remotes).get_mut(&from, conn) {
+    fn on_reauth(&self, from: &str, conn: u64, credential: Credential) {
+        if let Some(remote) = lock(&self.remotes).get_mut(from, conn) {
             let _ = remote.tx.send(RemoteIn::Reauth(credential.into()));
         }
     }

@@ -20,7 +20,9 @@ use tokio::time::Instant;
 use super::transport::{WsError, WsMessage};
 use crate::app::AppState;
 use crate::bus::owners::Watching;
-use crate::bus::{lost_link, Bus, Credential, Envelope, RemoteIn, RemoteOpen, ALIVE_EVERY};
+use crate::bus::{
+    lost_link, Bus, Credential, Envelope, NodeName, RemoteIn, RemoteOpen, ALIVE_EVERY,
+};
 use crate::close;
 use crate::limits::PeerRates;
 use crate::room::join::{join_room, next_peer_id, peer_bounds, to_peer_msgs};
@@ -78,7 +80,7 @@ where
     let link = Link {
         bus,
         owner,
-        from: bus.node.to_string(),
+        from: bus.node.clone(),
         conn,
         sent: 0,
     };
@@ -108,7 +110,9 @@ where
 struct Link<'a> {
     bus: &'a Bus,
     owner: String,
-    from: String,
+    /// This node's name, as every envelope of the connection carries it (shared: no
+    /// allocation per frame).
+    from: NodeName,
     conn: u64,
     /// The last `Frame` sequence number published (the owner applies them in order, and an
     /// `Alive` tells it how many to expect).
