@@ -6,6 +6,8 @@
 # server's, the nodes' context switches, the bus messages and envelopes the nodes published
 # (their mean batch), the periods and time the nodes were throttled, the machine's idle cores,
 # and the delivery p99. One JSON line on stdout. Extra arguments go to `quire serve`.
+# CPU figures are per update offered (50 x 4 x RATE a second); a run that did not deliver
+# everything says so ("complete": false, and the generator's errors on stderr).
 # Needs root and the cgroup v1 cpu controller when QUOTA is not 0; BENCH_EXTRA adds
 # quire-bench arguments and URL_SUFFIX a path (`/hocuspocus`) to the nodes' URLs.
 # Usage: bench/relay.sh HOW RATE [QUOTA] [quire serve args...]
@@ -21,22 +23,24 @@ DB=quire_bench_relay
 CPU=/sys/fs/cgroup/cpu
 psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB" >/dev/null
 quota_us=$(python3 -c "print(int($QUOTA * 100000))")
-pids=(); urls=(); cgroups=()
+pids=(); urls=(); cgroups=(); temps=(); bench=
 cleanup() {
+  [ -n "$bench" ] && kill -TERM "$bench" 2>/dev/null || true
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   for cg in "${cgroups[@]}"; do rmdir "$cg" 2>/dev/null || true; done
+  rm -rf "${temps[@]}"
 }
 trap cleanup EXIT
 for i in 1 2 3; do
-  port=$((4900 + i)); dir=$(mktemp -d); cg=$CPU
+  port=$((4900 + i)); dir=$(mktemp -d); temps+=("$dir"); cg=
   if [ "$QUOTA" != 0 ]; then
     cg="$CPU/quire-bench-relay$i"; mkdir -p "$cg"; cgroups+=("$cg")
     echo 100000 > "$cg/cpu.cfs_period_us"
     echo "$quota_us" > "$cg/cpu.cfs_quota_us"
   fi
-  # The node's process joins its cgroup before it starts (exec keeps the pid).
-  bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
+  # With a quota the node's process joins its cgroup before it starts (exec keeps the pid).
+  bash -c '[ -z "$1" ] || echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
     "$QUIRE_BIN" serve --bind "127.0.0.1:$port" --database "$PG/$DB" --bus "$NATS" \
     --cluster-key bench-nodes-cluster-key --node-id "relay-$i" --log warn "${EXTRA[@]}" \
     >"$dir/log" 2>&1 &
@@ -48,7 +52,11 @@ ticks() { local t=0 p s; for p in "$@"; do s=($(cut -d' ' -f14,15 "/proc/$p/stat
 switches() {
   local t=0 p f
   for p in "${pids[@]}"; do
-    for f in /proc/"$p"/task/*/status; do t=$((t + $(awk '/ctxt_switches/{s+=$2} END{print s+0}' "$f"))); done
+    for f in /proc/"$p"/task/*/status; do
+      # (A thread that ended meanwhile counts nothing.)
+      v=$(awk '/ctxt_switches/{s+=$2} END{print s+0}' "$f" 2>/dev/null) || v=0
+      t=$((t + ${v:-0}))
+    done
   done
   echo "$t"
 }
@@ -70,18 +78,22 @@ published() { # messages, envelopes
   echo "$m $e"
 }
 idle() { awk '/^cpu /{print $5 + $6}' /proc/stat; }
-nats=$(pgrep -o nats-server)
-out=$(mktemp)
+# The NATS server's CPU, when it runs on this machine (none: 0).
+nats=$(pgrep -o nats-server || true)
+nats_ticks() { if [ -n "$nats" ]; then ticks "$nats"; else echo 0; fi; }
+out=$(mktemp); temps+=("$out" "$out.err")
 "$BENCH" typing --rooms 50 --clients 4 --rate "$RATE" --duration 12s --warmup 3s \
-  --prefix "r$HOW$RANDOM" $flag ${BENCH_EXTRA:-} --url "$url" --label relay >"$out" 2>/dev/null &
+  --prefix "r$HOW$RANDOM" $flag ${BENCH_EXTRA:-} --url "$url" --label relay >"$out" \
+  2>"$out.err" &
 bench=$!
 sleep 5
-t0=$(ticks "${pids[@]}"); n0=$(ticks "$nats"); c0=$(switches); read -r m0 e0 < <(published)
+t0=$(ticks "${pids[@]}"); n0=$(nats_ticks); c0=$(switches); read -r m0 e0 < <(published)
 read -r h0 k0 < <(throttled); i0=$(idle)
 sleep 10
-t1=$(ticks "${pids[@]}"); n1=$(ticks "$nats"); c1=$(switches); read -r m1 e1 < <(published)
+t1=$(ticks "${pids[@]}"); n1=$(nats_ticks); c1=$(switches); read -r m1 e1 < <(published)
 read -r h1 k1 < <(throttled); i1=$(idle)
-wait "$bench" || true
+wait "$bench" || cat "$out.err" >&2
+bench=
 python3 - "$out" "$HOW" "$RATE" "$QUOTA" "${EXTRA[*]:-}" $((t1 - t0)) $((n1 - n0)) $((c1 - c0)) \
   $((m1 - m0)) $((e1 - e0)) $((h1 - h0)) $((k1 - k0)) $((i1 - i0)) <<'PY'
 import json, sys
@@ -95,5 +107,6 @@ print(json.dumps({"scenario": "relay-probe", "how": how, "quota": quota, "extra"
                   "nats_us": round(n * 1e4 / updates, 1), "csw_per_update": round(c / updates, 2),
                   "msgs_per_s": m / 10, "env_per_s": e / 10, "batch": round(e / max(m, 1), 2),
                   "throttled_periods": h, "throttled_ms": k, "machine_idle_cores": round(i / 1000, 2),
-                  "p99": typing.get("p99_ms"), "complete": typing.get("complete")}))
+                  "p99": typing.get("p99_ms"), "sent": typing.get("sent"),
+                  "errors": typing.get("errors"), "complete": typing.get("complete")}))
 PY

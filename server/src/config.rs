@@ -236,10 +236,11 @@ pub struct Settings {
     /// least 16 bytes, the same on every node); required with --bus
     #[arg(long, env = "QUIRE_CLUSTER_KEY")]
     pub cluster_key: Option<Secret>,
-    /// A node publishes at most one bus message per other node per tick, carrying every frame
-    /// that waited for that node: a frame after a quiet tick leaves at once, a busy pair of
-    /// nodes exchanges one message per tick; 0 publishes whatever waits as soon as it can
-    /// [default: 2ms]
+    /// A node publishes at most one bus message per other node per tick (at most 100ms),
+    /// carrying every frame that waited for that node: a frame after a quiet tick leaves at
+    /// once, frames that come sooner wait for the tick's end (a full message leaves at once).
+    /// Fewer NATS messages and less NATS CPU under load, a higher delivery p99 for relayed
+    /// clients; 0 publishes whatever waits as soon as it can [default: 0]
     #[arg(long, env = "QUIRE_BUS_TICK")]
     pub bus_tick: Option<HumanDuration>,
     /// Deadline of each storage operation of a room (load, append, snapshot, lease); past it
@@ -758,7 +759,7 @@ impl Settings {
             bus_url: self.bus_url,
             bus_credentials: self.bus_credentials,
             cluster_key: self.cluster_key,
-            bus_tick: d(self.bus_tick, Duration::from_millis(2)).min(Duration::from_millis(100)),
+            bus_tick: d(self.bus_tick, Duration::ZERO).min(Duration::from_millis(100)),
             node_id: self
                 .node_id
                 .unwrap_or_else(|| format!("node-{:08x}", rand::random::<u32>())),

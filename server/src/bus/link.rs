@@ -3,12 +3,14 @@
 //! one signed message, so a burst of frames between two nodes costs one signature, one NATS
 //! message and one wake-up on the receiving node instead of one each.
 //!
-//! A link publishes at most one message per tick ([`super::BusConfig::tick`]): an envelope
-//! that comes after a quiet tick leaves at once (after one look for envelopes queued
-//! meanwhile), so a lone frame waits for nothing; one that comes less than a tick after the
-//! link's last message waits for that tick to end, and whatever else comes meanwhile leaves
-//! with it. A busy pair of nodes thus exchanges one message per tick rather than one per
-//! frame, and a frame waits at most one tick. A full batch leaves at once.
+//! Without a tick (the default) a link publishes as soon as it has looked once for envelopes
+//! queued meanwhile, so a lone frame leaves at once and batches grow only under load. With
+//! one ([`super::BusConfig::tick`]) a link publishes at most one message per tick: an
+//! envelope that comes after a quiet tick leaves at once; one that comes less than a tick
+//! after the link's last message waits for that tick to end, and whatever else comes
+//! meanwhile leaves with it. A busy pair of nodes then exchanges one message per tick rather
+//! than one per frame, and a frame waits up to a tick (a full message leaves at once). Fewer
+//! messages cost the NATS server less, the relayed clients' latency more (docs/cluster.md).
 //!
 //! A message that cannot be published takes its envelopes' connections down with it (see
 //! [`Bus::undelivered`]): a relayed connection never goes on past a frame that was not sent.
@@ -141,7 +143,9 @@ impl Link {
 /// When a message whose link last published at `last` may leave: `None` at once (no message
 /// in the last `tick`), or the end of the tick that message began.
 fn tick_end(last: Option<Instant>, tick: Duration, now: Instant) -> Option<Instant> {
-    last.map(|at| at + tick).filter(|end| *end > now)
+    // (A tick too long to add leaves at once rather than failing the link.)
+    last.and_then(|at| at.checked_add(tick))
+        .filter(|end| *end > now)
 }
 
 /// Adds to the message being written what is queued now and, with `until`, what comes
@@ -320,6 +324,11 @@ mod tests {
             "the rest of the tick the last message began"
         );
         assert_eq!(tick_end(Some(recent), Duration::ZERO, now), None, "no tick");
+        assert_eq!(
+            tick_end(Some(recent), Duration::MAX, now),
+            None,
+            "no overflow"
+        );
     }
 
     #[tokio::test(start_paused = true)]

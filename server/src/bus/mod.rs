@@ -13,9 +13,9 @@
 //! **Batching.** What a node sends to another node leaves through one link task per
 //! destination (`link.rs`), which publishes every envelope waiting for that node as one
 //! signed message (a batch, at most [`BATCH_BYTES`] and [`BATCH_ENVELOPES`]), in the order
-//! they were sent, at most one message per tick ([`BusConfig::tick`]); the receiver checks
-//! the signature once and hands the envelopes on in order. A frame after a quiet tick leaves
-//! at once, so a lone frame costs no latency.
+//! they were sent (with [`BusConfig::tick`] set, at most one message per tick); the receiver
+//! checks the signature once and hands the envelopes on in order. A frame after a quiet tick
+//! leaves at once, so a lone frame costs no latency.
 //!
 //! **Delivery.** NATS delivers at most once: a message may be lost (a slow subscriber, a
 //! dropped link), and [`Faults`] can also duplicate, delay or reorder one in tests. Each
@@ -89,7 +89,8 @@ pub struct BusConfig {
     /// A NATS credentials file (`.creds`: a user JWT and its NKey seed), if the server wants one.
     pub credentials: Option<PathBuf>,
     pub key: ClusterKey,
-    /// At most one message per destination node per tick (`link.rs`); zero: as soon as it can.
+    /// At most one message per destination node per tick (`link.rs`); zero (the default): as
+    /// soon as it can.
     pub tick: Duration,
     /// Tests only: faults to inject into what this node publishes.
     pub faults: Option<Arc<Faults>>,
