@@ -309,12 +309,8 @@ async fn reconnect(doc: yrs::Doc, urls: &[String]) -> Client {
 async fn fresh_has_all(urls: &[String], acked: &[String]) {
     let fresh = reconnect(yrs::Doc::with_client_id(999_999), urls).await;
     let text = fresh.text();
-    for m in acked {
-        assert!(
-            text.contains(m.as_str()),
-            "{m} acknowledged but lost: {text}"
-        );
-    }
+    let lost = lost_markers(&text, acked);
+    assert!(lost.is_empty(), "acknowledged but lost: {lost:?} in {text}");
     fresh.close().await;
 }
 

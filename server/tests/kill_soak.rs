@@ -36,12 +36,11 @@ fn start_editors(
 /// Every marker in `acked` is in what a fresh client gets through `live`.
 async fn check_fresh(live: &[String], acked: &[String], seed: u64, kill: usize) {
     let text = fresh_text_via(live).await;
-    for m in acked {
-        assert!(
-            text.contains(m.as_str()),
-            "seed {seed}, after kill {kill}: {m} was acknowledged, then lost"
-        );
-    }
+    let lost = lost_markers(&text, acked);
+    assert!(
+        lost.is_empty(),
+        "seed {seed}, after kill {kill}: acknowledged, then lost: {lost:?}"
+    );
 }
 
 async fn finish(

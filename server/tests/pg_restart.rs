@@ -65,12 +65,14 @@ async fn a_postgres_restart_under_load_loses_nothing_acknowledged() {
     let acked = log.lock().expect("log").clone();
     for doc in ["restart", "restart-2"] {
         let text = fresh_text_via(&[node.url(doc)]).await;
-        for m in acked.iter().filter(|m| {
-            let id: u64 = m[1..5].parse().unwrap_or(0);
-            id.is_multiple_of(2) == (doc == "restart")
-        }) {
-            assert!(text.contains(m.as_str()), "{m} acknowledged, then lost");
-        }
+        let lost = lost_markers(
+            &text,
+            acked.iter().filter(|m| {
+                let id: u64 = m[1..5].parse().unwrap_or(0);
+                id.is_multiple_of(2) == (doc == "restart")
+            }),
+        );
+        assert!(lost.is_empty(), "acknowledged, then lost: {lost:?}");
     }
     for (i, (_, u)) in editors.iter().enumerate() {
         *u.lock().expect("urls") = vec![live[i % 2].clone()];

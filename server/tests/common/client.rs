@@ -158,7 +158,7 @@ impl Client {
         let ok = self
             .pump_until(PATIENCE, |c| c.acks_received.contains(&frame))
             .await;
-        assert!(ok, "durable ack {n} echoed");
+        assert!(ok, "durable ack {n} not echoed (closed: {:?})", self.closed);
     }
 
     /// Handles incoming frames until `done` holds or `patience` passes. Returns whether `done`.

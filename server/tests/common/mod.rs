@@ -25,6 +25,32 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// The markers of `acked` (each a `[...]` token) that `text` lacks, found in one pass over
+/// the text. A `contains` per marker is quadratic: on a document of megabytes it holds the
+/// test's runtime, which the server under test shares, for seconds, long enough to starve
+/// the rooms' lease renewals.
+pub fn lost_markers<'a>(text: &str, acked: impl IntoIterator<Item = &'a String>) -> Vec<&'a str> {
+    let mut present = std::collections::HashSet::new();
+    let mut rest = text;
+    while let Some(open) = rest.find('[') {
+        rest = &rest[open..];
+        let Some(close) = rest[1..].find(['[', ']']) else {
+            break;
+        };
+        if rest.as_bytes()[close + 1] == b']' {
+            present.insert(&rest[..close + 2]);
+            rest = &rest[close + 2..];
+        } else {
+            rest = &rest[close + 1..];
+        }
+    }
+    acked
+        .into_iter()
+        .map(String::as_str)
+        .filter(|m| !present.contains(m))
+        .collect()
+}
+
 /// Generous bound for "this should happen": tests fail instead of hanging.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
