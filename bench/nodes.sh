@@ -14,7 +14,9 @@
 # node meant to own it: its group's node with `--by-document` (nothing relayed), node r mod n
 # spread (a socket's documents owned by different nodes). Appends to target/bench/results.jsonl
 # (labels "nodes<N>-<how>", with "-q<QUOTA>" when the quota is not 0.4 and "-hp<K>" when K is
-# not 1; the fixed-rate rows have scenario "nodes-cpu").
+# not 1; the fixed-rate rows have scenario "nodes-cpu"). With SERVER=floor the nodes are floor
+# processes sharing documents through NATS (bench/src/floor_relay.rs: the least relaying can
+# cost; labels "floor-nodes<N>-<how>"; y-websocket clients only).
 # Needs root, the cgroup v1 cpu controller, PostgreSQL (QUIRE_BENCH_PG, default
 # postgres://postgres@127.0.0.1:5432) and NATS (QUIRE_BENCH_NATS, default nats://127.0.0.1:4222).
 # Usage: bench/nodes.sh [QUOTA_CORES] [STEPS] [REFINE]; NODES="1 2 3" and HOWS="by-document
@@ -45,6 +47,12 @@ if [ "$DOCS_PER_SOCKET" -gt 1 ]; then
   mux="--flavor hocuspocus --docs-per-socket $DOCS_PER_SOCKET"; url_path=/hocuspocus
   suffix="$suffix-hp$DOCS_PER_SOCKET"
 fi
+SERVER="${SERVER:-quire}"
+label=nodes
+if [ "$SERVER" = floor ]; then
+  label=floor-nodes
+  [ "$DOCS_PER_SOCKET" -gt 1 ] && { echo "nodes.sh: the floor speaks y-websocket only" >&2; exit 1; }
+fi
 pids=(); cgroups=()
 stop_nodes() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -65,9 +73,18 @@ start_nodes() { # n: fresh database, n nodes each inside its cgroup; sets url
     cg="$CPU/quire-bench-node$i"; mkdir -p "$cg"; cgroups+=("$cg")
     echo 100000 > "$cg/cpu.cfs_period_us"; echo "$quota_us" > "$cg/cpu.cfs_quota_us"
     # The node's process joins its cgroup before it starts (exec keeps the pid).
-    bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
-      "$RELEASE/quire" serve --bind "127.0.0.1:$port" --database "$PG/$DB" --bus "$NATS" \
-      --cluster-key "bench-nodes-cluster-key" --node-id "bench-$i" --log warn >"$dir/log" 2>&1 &
+    if [ "$SERVER" = floor ]; then
+      # Node 1 keeps the directory of owners; one node alone needs no NATS.
+      local env=()
+      [ "$1" -gt 1 ] && env=(QUIRE_FLOOR_NATS="$NATS" QUIRE_FLOOR_NODE="floor-$i")
+      [ "$1" -gt 1 ] && [ "$i" = 1 ] && env+=(QUIRE_FLOOR_DIRECTORY=1)
+      bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
+        env "${env[@]}" "$RELEASE/quire-floor" "127.0.0.1:$port" >"$dir/log" 2>&1 &
+    else
+      bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
+        "$RELEASE/quire" serve --bind "127.0.0.1:$port" --database "$PG/$DB" --bus "$NATS" \
+        --cluster-key "bench-nodes-cluster-key" --node-id "bench-$i" --log warn >"$dir/log" 2>&1 &
+    fi
     pids+=("$!")
     wait_port "$port" "node $i"
     urls+=("ws://127.0.0.1:$port$url_path")
@@ -87,11 +104,11 @@ fixed_rate() { # n how flag: FIXED_RATE per client for 12 s; the nodes' CPU per 
   local rate="${FIXED_RATE:-10}" before after out
   out=$(mktemp)
   "$BENCH" typing --rooms 50 --clients 4 --rate "$rate" --duration 12s --warmup 3s \
-    --prefix "f$1$2" $3 $mux --url "$url" --label "nodes$1-$2$suffix" >"$out" 2>>"$OUT/log.txt" &
+    --prefix "f$1$2" $3 $mux --url "$url" --label "$label$1-$2$suffix" >"$out" 2>>"$OUT/log.txt" &
   local bench=$!
   sleep 5; before=$(nodes_cpu_ticks); sleep 10; after=$(nodes_cpu_ticks)
   wait "$bench" || true
-  python3 - "$out" "$((after - before))" "$rate" "nodes$1-$2$suffix" <<'PY' | tee -a "$OUT/log.txt" >> "$RESULTS"
+  python3 - "$out" "$((after - before))" "$rate" "$label$1-$2$suffix" <<'PY' | tee -a "$OUT/log.txt" >> "$RESULTS"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 typing = rows[-1] if rows else {}
@@ -112,7 +129,7 @@ for n in ${NODES:-1 2 3}; do
     start_nodes "$n"
     "$BENCH" search --rooms 50 --clients 4 --rate 3 --step 1.6 --steps "$STEPS" \
       --refine "$REFINE" --duration 8s --warmup 2s --prefix "n$n$how" $flag $mux --url "$url" \
-      --label "nodes$n-$how$suffix" 2>&1 | tee -a "$OUT/log.txt" | grep '^{' >> "$RESULTS" || true
+      --label "$label$n-$how$suffix" 2>&1 | tee -a "$OUT/log.txt" | grep '^{' >> "$RESULTS" || true
     stop_nodes
     start_nodes "$n"
     fixed_rate "$n" "$how" "$flag"

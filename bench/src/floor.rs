@@ -25,6 +25,11 @@
 //! With `QUIRE_FLOOR_LOAD=DIR`, a room whose document has a file `DIR/NAME.v1` (its encoded
 //! state, Yjs v1) starts from it when its first client opens it: the floor of a server
 //! loading a document from storage (decode and integrate, nothing else).
+//!
+//! With `QUIRE_FLOOR_NATS` and `QUIRE_FLOOR_NODE`, several floor processes share their
+//! documents through NATS: the floor of relaying (`floor_relay.rs`).
+
+mod floor_relay;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,19 +48,30 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use yrs::updates::decoder::Decode;
 use yrs::{Doc, ReadTxn, Transact, Update};
 
-/// One document: its `Doc` and the outbound queues of its connections.
+/// One document: its `Doc` and its connections.
 #[derive(Default)]
 struct Room {
+    name: String,
     doc: Doc,
-    peers: HashMap<u64, mpsc::UnboundedSender<Bytes>>,
+    peers: HashMap<u64, Peer>,
     /// The Sync Step 2 answering an empty state vector, until the document changes.
     whole: Option<Bytes>,
+}
+
+/// A connection to a room: this process's (its outbound queue), or a client of another node
+/// (`floor_relay.rs`).
+enum Peer {
+    Local(mpsc::UnboundedSender<Bytes>),
+    Remote { node: Arc<str>, conn: u64 },
 }
 
 impl Room {
     /// An empty room, or one holding the state in `$QUIRE_FLOOR_LOAD/NAME.v1`.
     fn load(name: &str) -> Room {
-        let room = Room::default();
+        let room = Room {
+            name: name.to_owned(),
+            ..Room::default()
+        };
         let Some(dir) = std::env::var_os("QUIRE_FLOOR_LOAD") else {
             return room;
         };
@@ -117,6 +133,7 @@ async fn main() -> anyhow::Result<()> {
     let listener = TcpListener::bind(&addr).await?;
     eprintln!("quire-floor listening on ws://{addr}");
     let rooms: Rooms = Arc::default();
+    floor_relay::start(rooms.clone()).await?;
     loop {
         let (tcp, _) = listener.accept().await?;
         let rooms = rooms.clone();
@@ -161,6 +178,12 @@ async fn serve(
         Ok(resp)
     };
     let ws = tokio_tungstenite::accept_hdr_async_with_config(tcp, callback, config).await?;
+    if let Some(cluster) = floor_relay::cluster() {
+        let owner = cluster.owner(&path).await?;
+        if owner != cluster.node {
+            return cluster.relay(ws, path, owner).await;
+        }
+    }
     let room = lock(&rooms)
         .entry(path)
         .or_insert_with_key(|name| Arc::new(Mutex::new(Room::load(name))))
@@ -169,7 +192,7 @@ async fn serve(
     let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
     let hello = {
         let mut r = lock(&room);
-        r.peers.insert(peer, tx);
+        r.peers.insert(peer, Peer::Local(tx));
         let sv = r.doc.transact().state_vector();
         protocol::encode_step1(&sv)
     };
@@ -245,10 +268,33 @@ fn on_frame(room: &Mutex<Room>, peer: u64, frame: &Bytes) -> anyhow::Result<Vec<
     Ok(replies)
 }
 
+/// Queues `frame` to every peer of `room` but `from`: one message per other node with peers
+/// there, which hands it to each (except `from`, when it is one of them).
 fn broadcast(room: &Room, from: u64, frame: Bytes) {
-    for (id, tx) in &room.peers {
-        if *id != from {
-            let _ = tx.send(frame.clone());
+    let sender = match room.peers.get(&from) {
+        Some(Peer::Remote { node, conn }) => Some((node, *conn)),
+        _ => None,
+    };
+    let mut nodes: Vec<(&Arc<str>, u64)> = Vec::new();
+    for (id, peer) in &room.peers {
+        if *id == from {
+            continue;
+        }
+        match peer {
+            Peer::Local(tx) => {
+                let _ = tx.send(frame.clone());
+            }
+            Peer::Remote { node, .. } => {
+                if !nodes.iter().any(|(n, _)| *n == node) {
+                    let except = sender.filter(|(n, _)| *n == node).map_or(0, |(_, c)| c);
+                    nodes.push((node, except));
+                }
+            }
+        }
+    }
+    if let Some(cluster) = floor_relay::cluster() {
+        for (node, except) in nodes {
+            cluster.fan(node, &room.name, except, &frame);
         }
     }
 }

@@ -380,3 +380,63 @@ async fn the_floor_relays_and_answers_a_join_storm() {
     assert_eq!(p["delivered"], p["expected"], "{p}");
     let _ = floor.kill().await;
 }
+
+/// Waits until something listens on `addr` (at most 10 s).
+async fn wait_listening(addr: SocketAddr, what: &str) {
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{what} did not start listening on {addr}");
+}
+
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+}
+
+/// The floor of relaying: three floor processes sharing documents through a private NATS
+/// server, each document's clients spread over the three; every send reaches every other
+/// client of its document (a node that served its clients a room of its own instead of
+/// relaying them to the owner would deliver a third of that).
+#[tokio::test]
+async fn floor_nodes_relay_a_documents_clients_through_nats() {
+    let nats_addr = free_port();
+    let mut nats = tokio::process::Command::new("nats-server")
+        .args(["-a", "127.0.0.1", "-p", &nats_addr.port().to_string()])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nats-server is installed (Debian package nats-server)");
+    wait_listening(nats_addr, "nats-server").await;
+    let mut nodes = Vec::new();
+    let mut urls = Vec::new();
+    for i in 1..=3 {
+        let addr = free_port();
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_quire-floor"));
+        cmd.arg(addr.to_string())
+            .env("QUIRE_FLOOR_NATS", format!("nats://{nats_addr}"))
+            .env("QUIRE_FLOOR_NODE", format!("floor-{i}"))
+            .kill_on_drop(true);
+        if i == 1 {
+            cmd.env("QUIRE_FLOOR_DIRECTORY", "1");
+        }
+        nodes.push(cmd.spawn().expect("spawn quire-floor"));
+        wait_listening(addr, "quire-floor").await;
+        urls.push(format!("ws://{addr}"));
+    }
+    let typing = bench_at(
+        &urls.join(","),
+        "typing --rooms 4 --clients 4 --rate 10 --duration 1s --warmup 0s --prefix spread",
+    )
+    .await;
+    let t = one(&typing, "typing");
+    assert_eq!(t["complete"], true, "{t}");
+    assert_eq!(t["delivered"], t["expected"], "{t}");
+    for mut node in nodes {
+        let _ = node.kill().await;
+    }
+    let _ = nats.kill().await;
+}
