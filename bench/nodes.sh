@@ -7,8 +7,8 @@
 # (`--by-document`), and a document's clients on different nodes (client c of room r on node
 # (r + c) mod n), so the owner relays to the others. Then, on fresh nodes, a fixed rate
 # (FIXED_RATE updates/s per client, default 10: 2,000 updates/s) for 12 s: the nodes' CPU per
-# update, which the p99 bound does not show. With DOCS_PER_SOCKET=K (default 1; K must divide
-# the 50 rooms) the clients speak Hocuspocus to each node's /hocuspocus endpoint and one socket
+# update, which the p99 bound does not show, and the NATS server's (it shares the cores).
+# With DOCS_PER_SOCKET=K (default 1; K must divide the 50 rooms) the clients speak Hocuspocus to each node's /hocuspocus endpoint and one socket
 # carries client c of K rooms (`--docs-per-socket`; rooms in groups of K, the socket of group g
 # on node g mod n with `--by-document`, (g + c) mod n spread); each room is first opened on the
 # node meant to own it: its group's node with `--by-document` (nothing relayed), node r mod n
@@ -100,22 +100,32 @@ nodes_cpu_ticks() { # the CPU ticks (1/100 s) the running nodes have used
   echo "$t"
 }
 
-fixed_rate() { # n how flag: FIXED_RATE per client for 12 s; the nodes' CPU per update
-  local rate="${FIXED_RATE:-10}" before after out
+# The NATS server's CPU ticks, when it runs on this machine (none: 0): it shares the cores.
+nats_pid=$(pgrep -o nats-server || true)
+nats_ticks() {
+  if [ -n "$nats_pid" ] && [ -r "/proc/$nats_pid/stat" ]; then
+    local s; s=($(cut -d' ' -f14,15 "/proc/$nats_pid/stat")); echo $((s[0] + s[1]))
+  else echo 0; fi
+}
+
+fixed_rate() { # n how flag: FIXED_RATE per client for 12 s; the nodes' and NATS's CPU per update
+  local rate="${FIXED_RATE:-10}" before after nats_before nats_after out
   out=$(mktemp)
   "$BENCH" typing --rooms 50 --clients 4 --rate "$rate" --duration 12s --warmup 3s \
     --prefix "f$1$2" $3 $mux --url "$url" --label "$label$1-$2$suffix" >"$out" 2>>"$OUT/log.txt" &
   local bench=$!
-  sleep 5; before=$(nodes_cpu_ticks); sleep 10; after=$(nodes_cpu_ticks)
+  sleep 5; before=$(nodes_cpu_ticks); nats_before=$(nats_ticks)
+  sleep 10; after=$(nodes_cpu_ticks); nats_after=$(nats_ticks)
   wait "$bench" || true
-  python3 - "$out" "$((after - before))" "$rate" "$label$1-$2$suffix" <<'PY' | tee -a "$OUT/log.txt" >> "$RESULTS"
+  python3 - "$out" "$((after - before))" "$rate" "$label$1-$2$suffix" "$((nats_after - nats_before))" <<'PY' | tee -a "$OUT/log.txt" >> "$RESULTS"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 typing = rows[-1] if rows else {}
-ticks, rate, label = int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+ticks, rate, label, nats = int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 offered = 50 * 4 * rate
 print(json.dumps({"scenario": "nodes-cpu", "label": label, "offered_per_s": offered,
                   "nodes_cpu_s_per_10s": ticks / 100, "cpu_us_per_update": ticks / 100 / (10 * offered) * 1e6,
+                  "nats_cpu_us_per_update": nats / 100 / (10 * offered) * 1e6,
                   "p99_ms": typing.get("p99_ms"), "complete": typing.get("complete")}))
 PY
   rm -f "$out"
