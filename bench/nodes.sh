@@ -8,11 +8,12 @@
 # (r + c) mod n), so the owner relays to the others. Then, on fresh nodes, a fixed rate
 # (FIXED_RATE updates/s per client, default 10: 2,000 updates/s) for 12 s: the nodes' CPU per
 # update, which the p99 bound does not show, and the NATS server's (it shares the cores).
-# With DOCS_PER_SOCKET=K (default 1; K must divide the 50 rooms) the clients speak Hocuspocus to each node's /hocuspocus endpoint and one socket
-# carries client c of K rooms (`--docs-per-socket`; rooms in groups of K, the socket of group g
-# on node g mod n with `--by-document`, (g + c) mod n spread); each room is first opened on the
-# node meant to own it: its group's node with `--by-document` (nothing relayed), node r mod n
-# spread (a socket's documents owned by different nodes). Appends to target/bench/results.jsonl
+# With DOCS_PER_SOCKET=K (default 1; K must divide the 50 rooms) the clients speak
+# Hocuspocus to each node's /hocuspocus endpoint and one socket carries client c of K rooms
+# (`--docs-per-socket`; rooms in groups of K, the socket of group g on node g mod n with
+# `--by-document`, (g + c) mod n spread); each room is first opened on the node meant to own
+# it: its group's node with `--by-document` (nothing relayed), node r mod n spread (a socket's
+# documents owned by different nodes). Appends to target/bench/results.jsonl
 # (labels "nodes<N>-<how>", with "-q<QUOTA>" when the quota is not 0.4 and "-hp<K>" when K is
 # not 1; the fixed-rate rows have scenario "nodes-cpu"). With SERVER=floor the nodes are floor
 # processes sharing documents through NATS (bench/src/floor_relay.rs: the least relaying can
@@ -75,8 +76,8 @@ start_nodes() { # n: fresh database, n nodes each inside its cgroup; sets url
     # The node's process joins its cgroup before it starts (exec keeps the pid).
     if [ "$SERVER" = floor ]; then
       # Node 1 keeps the directory of owners; one node alone needs no NATS.
-      local env=()
-      [ "$1" -gt 1 ] && env=(QUIRE_FLOOR_NATS="$NATS" QUIRE_FLOOR_NODE="floor-$i")
+      local env=(-u QUIRE_FLOOR_NATS -u QUIRE_FLOOR_NODE -u QUIRE_FLOOR_DIRECTORY)
+      [ "$1" -gt 1 ] && env+=(QUIRE_FLOOR_NATS="$NATS" QUIRE_FLOOR_NODE="floor-$i")
       [ "$1" -gt 1 ] && [ "$i" = 1 ] && env+=(QUIRE_FLOOR_DIRECTORY=1)
       bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
         env "${env[@]}" "$RELEASE/quire-floor" "127.0.0.1:$port" >"$dir/log" 2>&1 &

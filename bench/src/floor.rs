@@ -130,10 +130,11 @@ async fn main() -> anyhow::Result<()> {
         Some(n) => Some(WebSocketConfig::default().read_buffer_size(n.parse()?)),
         None => None,
     };
-    let listener = TcpListener::bind(&addr).await?;
-    eprintln!("quire-floor listening on ws://{addr}");
+    // Joined before listening: a client that finds the port open finds the cluster too.
     let rooms: Rooms = Arc::default();
     floor_relay::start(rooms.clone()).await?;
+    let listener = TcpListener::bind(&addr).await?;
+    eprintln!("quire-floor listening on ws://{addr}");
     loop {
         let (tcp, _) = listener.accept().await?;
         let rooms = rooms.clone();

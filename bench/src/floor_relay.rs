@@ -10,7 +10,10 @@
 //! per answer, and an update or awareness change reaches each other node with clients of the
 //! document as **one** message, which that node hands to each of its clients (except the
 //! sender). Nothing else: no signing, no numbering or loss detection, no heartbeats, no
-//! batching, no bounds. What Quire does beyond this is what it pays for being safe.
+//! batching (so under load it publishes more NATS messages than Quire, which batches per pair
+//! of nodes), no bounds. A message over the NATS server's `max_payload` (1 MiB by default) is
+//! not sent (a relayed client is closed when it sends such a frame; an answer that large is
+//! dropped): the floor of relaying is for the typing scenarios, not for large documents.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -140,10 +143,10 @@ fn take_u64(p: &mut Bytes) -> Option<u64> {
 }
 
 fn take_name(p: &mut Bytes) -> Option<Arc<str>> {
-    let len = usize::from(*p.first()?);
-    let name = p.get(1..1 + len)?;
+    let len = usize::from(u16::from_be_bytes([*p.first()?, *p.get(1)?]));
+    let name = p.get(2..2 + len)?;
     let name = std::str::from_utf8(name).ok()?.into();
-    p.advance(1 + len);
+    p.advance(2 + len);
     Some(name)
 }
 
@@ -152,9 +155,9 @@ fn message(tag: u8, conn: u64, from: Option<&str>, room: Option<&str>, data: &[u
     m.put_u8(tag);
     m.put_u64(conn);
     for name in [from, room].into_iter().flatten() {
-        let name = &name.as_bytes()[..name.len().min(255)];
-        m.put_u8(name.len() as u8);
-        m.put_slice(name);
+        // (Names are checked to fit on the way in: `Cluster::relay`, and node names are ours.)
+        m.put_u16(name.len() as u16);
+        m.put_slice(name.as_bytes());
     }
     m.put_slice(data);
     m.freeze()
@@ -272,6 +275,10 @@ impl Cluster {
         room: String,
         owner: Arc<str>,
     ) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            room.len() <= usize::from(u16::MAX),
+            "document name too long"
+        );
         let conn = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
         let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
         {
@@ -297,7 +304,12 @@ impl Cluster {
                     }
                     msg = stream.next() => match msg {
                         Some(Ok(WsMessage::Binary(frame))) => {
-                            self.send(&owner, message(FRAME, conn, Some(&self.node), None, &frame));
+                            let frame = message(FRAME, conn, Some(&self.node), None, &frame);
+                            anyhow::ensure!(
+                                frame.len() <= self.client.max_payload(),
+                                "a frame larger than the NATS server takes"
+                            );
+                            self.send(&owner, frame);
                         }
                         Some(Ok(WsMessage::Close(_))) | None => return Ok(()),
                         Some(Ok(_)) => {}

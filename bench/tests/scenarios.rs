@@ -399,14 +399,18 @@ fn free_port() -> SocketAddr {
 }
 
 /// The floor of relaying: three floor processes sharing documents through a private NATS
-/// server, each document's clients spread over the three; every send reaches every other
-/// client of its document (a node that served its clients a room of its own instead of
-/// relaying them to the owner would deliver a third of that).
+/// server, each document's five clients spread over the three (two on the owner, two on the
+/// next node, one on the last: an update of one of the two relayed together reaches the
+/// other through the owner); every send reaches every other client of its document (a node
+/// that served its clients a room of its own instead of relaying them to the owner would
+/// deliver a fraction of that).
 #[tokio::test]
 async fn floor_nodes_relay_a_documents_clients_through_nats() {
     let nats_addr = free_port();
     let mut nats = tokio::process::Command::new("nats-server")
         .args(["-a", "127.0.0.1", "-p", &nats_addr.port().to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .expect("nats-server is installed (Debian package nats-server)");
@@ -429,7 +433,7 @@ async fn floor_nodes_relay_a_documents_clients_through_nats() {
     }
     let typing = bench_at(
         &urls.join(","),
-        "typing --rooms 4 --clients 4 --rate 10 --duration 1s --warmup 0s --prefix spread",
+        "typing --rooms 4 --clients 5 --rate 10 --duration 1s --warmup 0s --prefix spread",
     )
     .await;
     let t = one(&typing, "typing");
