@@ -117,6 +117,22 @@ where
     Ok(())
 }
 
+/// Writes `frame` and whatever else is queued on `rx` in one flush.
+async fn write_queued<S>(
+    sink: &mut S,
+    frame: Bytes,
+    rx: &mut mpsc::UnboundedReceiver<Bytes>,
+) -> Result<(), S::Error>
+where
+    S: futures_util::Sink<WsMessage> + Unpin,
+{
+    feed(sink, frame).await?;
+    while let Ok(frame) = rx.try_recv() {
+        feed(sink, frame).await?;
+    }
+    sink.flush().await
+}
+
 type Rooms = Arc<Mutex<HashMap<String, Arc<Mutex<Room>>>>>;
 
 static NEXT_PEER: AtomicU64 = AtomicU64::new(1);
@@ -204,12 +220,7 @@ async fn serve(
             tokio::select! {
                 out = rx.recv() => {
                     let Some(frame) = out else { return Ok(()) };
-                    feed(&mut sink, frame).await?;
-                    // Whatever else is queued goes out in the same flush.
-                    while let Ok(frame) = rx.try_recv() {
-                        feed(&mut sink, frame).await?;
-                    }
-                    sink.flush().await?;
+                    write_queued(&mut sink, frame, &mut rx).await?;
                 }
                 msg = stream.next() => match msg {
                     Some(Ok(WsMessage::Binary(frame))) => {

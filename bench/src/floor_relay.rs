@@ -20,14 +20,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::WebSocketStream;
 use yrs::{ReadTxn, Transact};
 
-use crate::{feed, lock, on_frame, Peer, Room, Rooms};
+use crate::{lock, on_frame, write_queued, Peer, Room, Rooms};
 
 /// A relayed client opens document ROOM: `[OPEN][conn][from][room]`.
 const OPEN: u8 = 1;
@@ -296,11 +296,7 @@ impl Cluster {
                 tokio::select! {
                     out = rx.recv() => {
                         let Some(frame) = out else { return Ok(()) };
-                        feed(&mut sink, frame).await?;
-                        while let Ok(frame) = rx.try_recv() {
-                            feed(&mut sink, frame).await?;
-                        }
-                        sink.flush().await?;
+                        write_queued(&mut sink, frame, &mut rx).await?;
                     }
                     msg = stream.next() => match msg {
                         Some(Ok(WsMessage::Binary(frame))) => {
