@@ -4,11 +4,13 @@
 //! PostgreSQL runs concurrent writers itself, so there is no single writer task. What is kept
 //! from the SQLite design is group commit across rooms: appends go to a queue served by a few
 //! writer tasks; each takes every request waiting (up to [`MAX_APPENDS_PER_TRANSACTION`]) and
-//! commits them in one transaction with one multi-row INSERT (arrays bound as parameters) and
-//! one outbox upsert. If anything in that transaction fails (a taken log position), it is rolled
-//! back and the batch runs again with one savepoint per request, so only the failing request
-//! fails. A lone request runs directly in its own transaction.
-//!
+//! commits them with one statement outside a transaction (arrays bound as parameters; the log
+//! rows only if every one may be written, their client ids and one outbox upsert), which
+//! PostgreSQL commits whole or not at all: one round trip for the batch (pooled connections in
+//! steady use are not pinged first). If the statement writes nothing (a taken log position, a
+//! stale fence), the batch runs again in a transaction with one savepoint per request, so only
+//! the failing request fails.
+
 //! Concurrency between writers (rooms, a second node, a stale owner) is settled by row locks:
 //! - An append locks its documents' rows `FOR SHARE` in the statement that inserts the log rows
 //!   and only inserts above each document's `snapshot_seq` as it is once locked (PostgreSQL
@@ -51,6 +53,11 @@ const WRITERS: usize = 4;
 const POOL_SIZE: u32 = 16;
 /// How long an operation waits for a free connection before failing.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A pooled connection idle for longer than this is checked (a round trip) before it is
+/// handed out, so one broken while idle (the server restarted) is replaced rather than
+/// failing its next statement. One in steady use is not: sqlx's default checks every time,
+/// which cost an append a fourth round trip (one statement is one round trip, see `writer.rs`).
+const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// SQLSTATE of "database does not exist".
 const INVALID_CATALOG_NAME: &str = "3D000";
@@ -93,6 +100,15 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(ACQUIRE_TIMEOUT)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > CHECK_IDLE_AFTER {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(opts)
             .await?;
         migrate(&pool).await?;

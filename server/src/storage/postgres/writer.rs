@@ -1,6 +1,8 @@
-//! PostgreSQL's append queue: a few writer tasks, each committing every request waiting in one
-//! transaction (one multi-row INSERT, one outbox upsert), or request by request with a
-//! savepoint each when that fails.
+//! PostgreSQL's append queue: a few writer tasks, each committing every request waiting
+//! together. A batch of distinct documents that fits one statement is committed by that one
+//! statement (its log rows, client ids and `document.updated` events; a statement outside a
+//! transaction commits as a whole or not at all): one round trip. A batch that does not fit, or
+//! whose statement fails, runs in a transaction, request by request with a savepoint each.
 
 use std::sync::Arc;
 
@@ -11,7 +13,7 @@ use tokio::sync::{mpsc, oneshot, Mutex, Notify};
 use crate::storage::dialect::each_in_a_savepoint;
 use crate::storage::sql_api::SqlApi;
 use crate::storage::{
-    answer_batch, client_rows, now_ms, take_queued, DocId, Epoch, LogEntry, StorageError,
+    answer_batch, client_rows, clone_err, now_ms, take_queued, DocId, Epoch, LogEntry, StorageError,
 };
 
 /// Most append requests folded into one transaction.
@@ -21,6 +23,136 @@ pub(super) const WRITE_QUEUE: usize = 4096;
 /// Most log rows (and bytes) bound to one INSERT statement.
 const ROWS_PER_INSERT: usize = 1000;
 const BYTES_PER_INSERT: usize = 64 << 20;
+
+// The SQL both ways of appending share (`concat!` fragments; parameters by position).
+
+/// The rows of the documents `$1` and of their leases, locked `FOR SHARE` in a fixed order: a
+/// grant to another node (which updates a lease row) waits for the append, or the append sees
+/// the new epoch and writes nothing.
+macro_rules! locked_documents {
+    () => {
+        "locked AS ( \
+           SELECT id, snapshot_seq, deleted_at FROM documents \
+           WHERE id = ANY($1::bigint[]) ORDER BY id FOR SHARE \
+         ), leases AS ( \
+           SELECT doc_id, epoch FROM room_leases \
+           WHERE doc_id = ANY($1::bigint[]) ORDER BY doc_id FOR SHARE \
+         )"
+    };
+}
+
+/// The log rows to insert (`$2` documents, `$3` positions, `$4` data, `$6` fences, `$7`
+/// authors, `$8`/`$9` inserted/deleted counts) that may be: above their document's
+/// `snapshot_seq`, of a document not deleted, under the lease's current epoch when fenced.
+macro_rules! passing_log_rows {
+    () => {
+        "unnest($2::bigint[], $3::bigint[], $4::bytea[], $6::bigint[], \
+                $7::text[], $8::bigint[], $9::bigint[]) \
+           AS v(doc_id, seq, data, fence, author, inserted, deleted) \
+         JOIN locked d ON d.id = v.doc_id \
+         LEFT JOIN leases l ON l.doc_id = v.doc_id \
+         WHERE d.snapshot_seq < v.seq AND d.deleted_at IS NULL \
+           AND (v.fence IS NULL OR l.epoch = v.fence)"
+    };
+}
+
+/// [`append_at_once`]'s statement: the log rows (`passing_log_rows!`, `$10` their count)
+/// only if every one passes, then the given data-modifying `WITH` items (each starting with a
+/// comma), which run only if so too; it answers whether they did.
+macro_rules! append_at_once_sql {
+    ($($item:expr),*) => {
+        concat!(
+            "WITH ",
+            locked_documents!(),
+            ", passing AS ( \
+               SELECT v.doc_id, v.seq, v.data, v.author, v.inserted, v.deleted FROM ",
+            passing_log_rows!(),
+            "), verdict AS (SELECT count(*) = $10 AS ok FROM passing), \
+             log_rows AS ( \
+               INSERT INTO doc_updates \
+                 (doc_id, seq, data, created_at, author, inserted, deleted) \
+               SELECT doc_id, seq, data, $5, author, inserted, deleted FROM passing \
+               WHERE (SELECT ok FROM verdict) \
+             )",
+            $($item,)*
+            " SELECT ok FROM verdict"
+        )
+    };
+}
+
+/// A `WITH` item of [`append_at_once_sql!`] mapping client ids to authors (the arrays
+/// [`Clients`] binds, at the given positions).
+macro_rules! append_clients_sql {
+    ($docs:literal, $ids:literal, $authors:literal, $seqs:literal) => {
+        concat!(
+            ", clients AS ( \
+               INSERT INTO doc_clients (doc_id, client_id, author, first_seq) \
+               SELECT * FROM unnest(",
+            $docs,
+            "::bigint[], ",
+            $ids,
+            "::bigint[], ",
+            $authors,
+            "::text[], ",
+            $seqs,
+            "::bigint[]) \
+               WHERE (SELECT ok FROM verdict) \
+               ON CONFLICT DO NOTHING \
+             )"
+        )
+    };
+}
+
+/// A `WITH` item of [`append_at_once_sql!`] folding `document.updated` events (the arrays
+/// [`Events`] binds, at the given positions).
+macro_rules! append_events_sql {
+    ($docs:literal, $seqs:literal, $available:literal, $ids:literal) => {
+        concat!(
+            ", events AS (",
+            fold_updated_events_sql!(
+                concat!(
+                    "unnest(",
+                    $docs,
+                    "::bigint[], ",
+                    $seqs,
+                    "::bigint[], ",
+                    $available,
+                    "::bigint[], ",
+                    $ids,
+                    "::text[])"
+                ),
+                "$5",
+                "WHERE (SELECT ok FROM verdict)"
+            ),
+            ")"
+        )
+    };
+}
+
+/// Folds one pending `document.updated` per document from `$source` (columns `doc_id`,
+/// `last_seq`, `available_at`, `event_id`), created at `$now`, rows kept by `$filter`.
+macro_rules! fold_updated_events_sql {
+    ($source:expr, $now:literal, $filter:literal) => {
+        concat!(
+            "INSERT INTO outbox (event_id, type, payload, coalesce_key, available_at, created_at) \
+             SELECT e.event_id, 'document.updated', \
+                    '{\"id\":' || d.id || ',\"name\":' || to_json(d.name)::text \
+                      || ',\"seq\":' || e.last_seq || '}', \
+                    'document.updated:' || d.id, e.available_at, ",
+            $now,
+            " FROM ",
+            $source,
+            " AS e(doc_id, last_seq, available_at, event_id) \
+             JOIN documents d ON d.id = e.doc_id ",
+            $filter,
+            " ORDER BY d.id \
+             ON CONFLICT (coalesce_key) WHERE status = 'pending' DO UPDATE SET \
+               payload = excluded.payload, event_id = excluded.event_id, \
+               revision = outbox.revision + 1, delivered_urls = '[]', attempts = 0, \
+               last_error = NULL"
+        )
+    };
+}
 pub(super) struct AppendRequest {
     pub(super) doc: DocId,
     pub(super) fence: Option<Epoch>,
@@ -67,81 +199,182 @@ pub(super) async fn writer_loop(
 }
 
 /// Commits every request of `batch` and returns one result per request, or the error that made
-/// the whole transaction fail (the connection broke, say).
+/// the whole batch fail before anything was committed (the connection broke, say).
 ///
-/// A lone request runs in its own transaction. A batch first tries one transaction with one
-/// INSERT for all its rows; if that fails (a taken log position above all), or two requests
-/// concern the same document (one upsert statement cannot fold both events), the batch runs
-/// again in order with a savepoint per request, so only the failing request fails.
+/// Requests of distinct documents are committed in groups that each fit one statement
+/// ([`append_at_once`]): one round trip per group. Should a group's statement fail (a taken
+/// log position, a stale fence), or two requests concern the same document (one upsert cannot
+/// fold both events), those requests run again in order in a transaction with a savepoint per
+/// request, so only the failing request fails. A request too large for one statement runs in
+/// a transaction of its own, its rows in several statements.
 async fn commit_batch(
     pool: &PgPool,
     batch: &[AppendRequest],
 ) -> Result<Vec<Result<(), StorageError>>, sqlx::Error> {
     let now = now_ms();
     let mut conn = pool.acquire().await?;
-    if let [req] = batch {
-        let mut tx = conn.begin().await?;
-        let result = append_one(&mut tx, req, now).await;
-        if result.is_ok() {
-            tx.commit().await?;
-        } else {
-            tx.rollback().await?;
-        }
-        return Ok(vec![result]);
-    }
     let mut docs: Vec<DocId> = batch.iter().map(|r| r.doc).collect();
     docs.sort_unstable();
     docs.dedup();
-    if docs.len() == batch.len() {
-        let mut tx = conn.begin().await?;
-        match fast_path(&mut tx, batch, now).await {
-            Ok(()) => {
-                tx.commit().await?;
-                return Ok(batch.iter().map(|_| Ok(())).collect());
-            }
+    if docs.len() < batch.len() {
+        return each_in_a_savepoint!(conn, batch, |sp, req| append_one(&mut sp, req, now));
+    }
+    let mut results = Vec::with_capacity(batch.len());
+    let mut rest = batch;
+    while !rest.is_empty() {
+        let (group, after) = rest.split_at(one_statement(rest));
+        rest = after;
+        match commit_group(&mut conn, group, now).await {
+            Ok(done) => results.extend(done),
+            Err(e) if results.is_empty() => return Err(e),
+            // Earlier groups are committed: only this one and the later ones failed.
             Err(e) => {
-                tracing::debug!(error = %e, "group commit failed; retrying request by request");
-                tx.rollback().await?;
+                tracing::error!(error = %e, "commit failed; part of the batch is not durable");
+                let failed = group.len() + rest.len();
+                results.extend((0..failed).map(|_| Err(StorageError::Database(clone_err(&e)))));
+                break;
             }
         }
     }
-    each_in_a_savepoint!(conn, batch, |sp, req| append_one(&mut sp, req, now))
+    Ok(results)
 }
 
-/// Every request of the batch (one per document) with as few statements as possible: the log
-/// rows of all of them, then one upsert folding their `document.updated` events.
-async fn fast_path(
+/// How many requests from the start of `batch` go into one statement: as many as fit in one
+/// chunk of rows and bytes, and at least one.
+fn one_statement(batch: &[AppendRequest]) -> usize {
+    let (mut rows, mut bytes) = (0, 0);
+    for (i, req) in batch.iter().enumerate() {
+        rows += req.updates.len();
+        bytes += req.updates.iter().map(|u| u.data.len()).sum::<usize>();
+        if rows > ROWS_PER_INSERT || bytes > BYTES_PER_INSERT {
+            return i.max(1);
+        }
+    }
+    batch.len()
+}
+
+/// Commits one group of requests of distinct documents (see [`commit_batch`]).
+async fn commit_group(
+    conn: &mut PgConnection,
+    group: &[AppendRequest],
+    now: i64,
+) -> Result<Vec<Result<(), StorageError>>, sqlx::Error> {
+    if let [req] = group {
+        if !fits_one_statement(group) {
+            let mut tx = conn.begin().await?;
+            let result = append_one(&mut tx, req, now).await;
+            if result.is_ok() {
+                tx.commit().await?;
+            } else {
+                tx.rollback().await?;
+            }
+            return Ok(vec![result]);
+        }
+    }
+    match (append_at_once(conn, group, now).await, group) {
+        (Ok(true), _) => Ok(group.iter().map(|_| Ok(())).collect()),
+        // A lone request's refusal is its answer: which one (deleted, fenced, a covered
+        // position) is read after the statement, which wrote nothing.
+        (Ok(false), [req]) => {
+            let why =
+                SqlApi::<Postgres>::why_refused(conn, req.doc, req.fence, StorageError::Conflict)
+                    .await;
+            Ok(vec![Err(why)])
+        }
+        (Err(e), [_]) => Ok(vec![Err(e)]),
+        // Several requests: again one by one, so only the refused one fails.
+        (done, _) => {
+            if let Err(e) = done {
+                tracing::debug!(error = %e, "group commit failed; retrying request by request");
+            }
+            each_in_a_savepoint!(conn, group, |sp, req| append_one(&mut sp, req, now))
+        }
+    }
+}
+
+/// True when every log row of `batch` goes into one statement (see [`insert_rows`]'s chunks).
+fn fits_one_statement(batch: &[AppendRequest]) -> bool {
+    let rows: usize = batch.iter().map(|r| r.updates.len()).sum();
+    let bytes: usize = batch
+        .iter()
+        .flat_map(|r| r.updates.iter().map(|u| u.data.len()))
+        .sum();
+    rows <= ROWS_PER_INSERT && bytes <= BYTES_PER_INSERT
+}
+
+/// Commits every request of `batch` (one per document, every row in one chunk) with one
+/// statement outside a transaction, which PostgreSQL commits whole or not at all: its log rows
+/// only if every one of them passes [`insert_rows`]'s checks, their client ids and one upsert
+/// folding their `document.updated` events. Ok(false): some row was refused (a covered
+/// position, a stale fence, a deleted document) and nothing was written; `Err(Conflict)`: a
+/// position was taken.
+async fn append_at_once(
     conn: &mut PgConnection,
     batch: &[AppendRequest],
     now: i64,
-) -> Result<(), StorageError> {
-    let mut rows: Vec<LogRow> = batch
-        .iter()
-        .flat_map(|r| {
-            r.updates
-                .iter()
-                .enumerate()
-                .map(move |(i, entry)| (r.doc, r.fence, r.first_seq + i as i64, entry))
-        })
-        .collect();
-    // A fixed order (the key's) for every writer's inserts.
-    rows.sort_unstable_by_key(|(doc, _, seq, _)| (*doc, *seq));
-    if !insert_rows(conn, &rows, now).await? {
-        // The batch is re-run request by request, which tells a fence from a conflict.
-        return Err(StorageError::Conflict);
+) -> Result<bool, StorageError> {
+    let mut entries: Vec<LogRow> = Vec::new();
+    let mut client_ids = Vec::new();
+    let mut events = Vec::new();
+    for req in batch {
+        let seqs = req.first_seq..;
+        entries.extend(
+            seqs.zip(&req.updates)
+                .map(|(seq, e)| (req.doc, req.fence, seq, e)),
+        );
+        client_ids.extend(client_rows(req.doc, req.first_seq, &req.updates));
+        if let Some(debounce) = req.event_debounce_ms {
+            events.push((req.doc, req.last_seq(), now + debounce));
+        }
     }
-    for r in batch {
-        insert_clients(conn, &client_rows(r.doc, r.first_seq, &r.updates)).await?;
+    let rows = Rows::of(&entries);
+    let clients = Clients::of(&client_ids);
+    let events = Events::of(&events);
+    let mut docs: Vec<DocId> = batch.iter().map(|r| r.doc).collect();
+    docs.sort_unstable();
+    let expected = entries.len() as i64;
+    // The statement names the client and event tables only when it writes to them: each
+    // table a statement names costs PostgreSQL its set-up on every execution.
+    let sql = match (clients.docs.is_empty(), events.docs.is_empty()) {
+        (true, true) => append_at_once_sql!(""),
+        (false, true) => append_at_once_sql!(append_clients_sql!("$11", "$12", "$13", "$14")),
+        (true, false) => append_at_once_sql!(append_events_sql!("$11", "$12", "$13", "$14")),
+        (false, false) => append_at_once_sql!(
+            append_clients_sql!("$11", "$12", "$13", "$14"),
+            append_events_sql!("$15", "$16", "$17", "$18")
+        ),
+    };
+    let mut statement = sqlx::query_scalar(sql)
+        .bind(&docs)
+        .bind(&rows.docs)
+        .bind(&rows.seqs)
+        .bind(&rows.data)
+        .bind(now)
+        .bind(&rows.fences)
+        .bind(&rows.authors)
+        .bind(&rows.inserted)
+        .bind(&rows.deleted)
+        .bind(expected);
+    if !clients.docs.is_empty() {
+        statement = statement
+            .bind(&clients.docs)
+            .bind(&clients.ids)
+            .bind(&clients.authors)
+            .bind(&clients.seqs);
     }
-    let events: Vec<(DocId, i64, i64)> = batch
-        .iter()
-        .filter_map(|r| {
-            r.event_debounce_ms
-                .map(|debounce| (r.doc, r.last_seq(), now + debounce))
-        })
-        .collect();
-    fold_updated_events(conn, &events, now).await?;
-    Ok(())
+    if !events.docs.is_empty() {
+        statement = statement
+            .bind(&events.docs)
+            .bind(&events.seqs)
+            .bind(&events.available)
+            .bind(&events.ids);
+    }
+    let done: Result<bool, sqlx::Error> = statement.fetch_one(&mut *conn).await;
+    match done {
+        Ok(ok) => Ok(ok),
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(StorageError::Conflict),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// One request: its log rows, then its `document.updated` event.
@@ -183,19 +416,16 @@ async fn insert_clients(
     if rows.is_empty() {
         return Ok(());
     }
-    let docs: Vec<DocId> = rows.iter().map(|r| r.0).collect();
-    let clients: Vec<i64> = rows.iter().map(|r| r.1).collect();
-    let authors: Vec<&str> = rows.iter().map(|r| r.2.as_str()).collect();
-    let seqs: Vec<i64> = rows.iter().map(|r| r.3).collect();
+    let clients = Clients::of(rows);
     sqlx::query(
         "INSERT INTO doc_clients (doc_id, client_id, author, first_seq) \
          SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[]) \
          ON CONFLICT DO NOTHING",
     )
-    .bind(&docs)
-    .bind(&clients)
-    .bind(&authors)
-    .bind(&seqs)
+    .bind(&clients.docs)
+    .bind(&clients.ids)
+    .bind(&clients.authors)
+    .bind(&clients.seqs)
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -203,6 +433,73 @@ async fn insert_clients(
 
 /// One log row to insert: document, fence, sequence number, the entry.
 type LogRow<'a> = (DocId, Option<Epoch>, i64, &'a LogEntry);
+
+/// Log rows as the arrays a statement binds (`passing_log_rows!`).
+struct Rows<'a> {
+    docs: Vec<DocId>,
+    fences: Vec<Option<Epoch>>,
+    seqs: Vec<i64>,
+    data: Vec<&'a [u8]>,
+    authors: Vec<Option<&'a str>>,
+    inserted: Vec<i64>,
+    deleted: Vec<i64>,
+}
+
+impl<'a> Rows<'a> {
+    fn of(rows: &[LogRow<'a>]) -> Rows<'a> {
+        Rows {
+            docs: rows.iter().map(|r| r.0).collect(),
+            fences: rows.iter().map(|r| r.1).collect(),
+            seqs: rows.iter().map(|r| r.2).collect(),
+            data: rows.iter().map(|r| r.3.data.as_ref()).collect(),
+            authors: rows.iter().map(|r| r.3.author.as_deref()).collect(),
+            inserted: rows.iter().map(|r| r.3.inserted).collect(),
+            deleted: rows.iter().map(|r| r.3.deleted).collect(),
+        }
+    }
+}
+
+/// Client ids and their authors (`client_rows`) as the arrays a statement binds.
+struct Clients<'a> {
+    docs: Vec<DocId>,
+    ids: Vec<i64>,
+    authors: Vec<&'a str>,
+    seqs: Vec<i64>,
+}
+
+impl<'a> Clients<'a> {
+    fn of(rows: &'a [(DocId, i64, String, i64)]) -> Clients<'a> {
+        Clients {
+            docs: rows.iter().map(|r| r.0).collect(),
+            ids: rows.iter().map(|r| r.1).collect(),
+            authors: rows.iter().map(|r| r.2.as_str()).collect(),
+            seqs: rows.iter().map(|r| r.3).collect(),
+        }
+    }
+}
+
+/// `document.updated` events, `(doc, last_seq, available_at)`, as the arrays
+/// `fold_updated_events_sql!` binds, each with a fresh event id (receivers dedupe by id).
+struct Events {
+    docs: Vec<DocId>,
+    seqs: Vec<i64>,
+    available: Vec<i64>,
+    ids: Vec<String>,
+}
+
+impl Events {
+    fn of(events: &[(DocId, i64, i64)]) -> Events {
+        Events {
+            docs: events.iter().map(|e| e.0).collect(),
+            seqs: events.iter().map(|e| e.1).collect(),
+            available: events.iter().map(|e| e.2).collect(),
+            ids: events
+                .iter()
+                .map(|_| uuid::Uuid::new_v4().to_string())
+                .collect(),
+        }
+    }
+}
 
 /// Inserts log rows, all or none (the caller rolls back on error). One statement per chunk
 /// locks the chunk's document rows and inserts only rows above their document's
@@ -233,43 +530,24 @@ async fn insert_rows(
         start = end;
         let mut docs: Vec<DocId> = chunk.iter().map(|(d, _, _, _)| *d).collect();
         docs.dedup(); // rows are grouped by document
-        let doc_ids: Vec<DocId> = chunk.iter().map(|(d, _, _, _)| *d).collect();
-        let fences: Vec<Option<Epoch>> = chunk.iter().map(|(_, f, _, _)| *f).collect();
-        let seqs: Vec<i64> = chunk.iter().map(|(_, _, s, _)| *s).collect();
-        let data: Vec<&[u8]> = chunk.iter().map(|(_, _, _, e)| e.data.as_ref()).collect();
-        let authors: Vec<Option<&str>> = chunk.iter().map(|r| r.3.author.as_deref()).collect();
-        let inserted: Vec<i64> = chunk.iter().map(|r| r.3.inserted).collect();
-        let deleted: Vec<i64> = chunk.iter().map(|r| r.3.deleted).collect();
-        // The lease rows are locked too: a grant to another node (which updates the row) waits
-        // for this transaction, or this statement sees the new epoch and writes nothing.
-        let done = sqlx::query(
-            "WITH locked AS ( \
-               SELECT id, snapshot_seq, deleted_at FROM documents \
-               WHERE id = ANY($1::bigint[]) ORDER BY id FOR SHARE \
-             ), leases AS ( \
-               SELECT doc_id, epoch FROM room_leases \
-               WHERE doc_id = ANY($1::bigint[]) ORDER BY doc_id FOR SHARE \
-             ) \
-             INSERT INTO doc_updates \
+        let cols = Rows::of(chunk);
+        let done = sqlx::query(concat!(
+            "WITH ",
+            locked_documents!(),
+            " INSERT INTO doc_updates \
                (doc_id, seq, data, created_at, author, inserted, deleted) \
-             SELECT v.doc_id, v.seq, v.data, $5, v.author, v.inserted, v.deleted \
-             FROM unnest($2::bigint[], $3::bigint[], $4::bytea[], $6::bigint[], \
-                         $7::text[], $8::bigint[], $9::bigint[]) \
-               AS v(doc_id, seq, data, fence, author, inserted, deleted) \
-             JOIN locked d ON d.id = v.doc_id \
-             LEFT JOIN leases l ON l.doc_id = v.doc_id \
-             WHERE d.snapshot_seq < v.seq AND d.deleted_at IS NULL \
-               AND (v.fence IS NULL OR l.epoch = v.fence)",
-        )
+             SELECT v.doc_id, v.seq, v.data, $5, v.author, v.inserted, v.deleted FROM ",
+            passing_log_rows!()
+        ))
         .bind(&docs)
-        .bind(&doc_ids)
-        .bind(&seqs)
-        .bind(&data)
+        .bind(&cols.docs)
+        .bind(&cols.seqs)
+        .bind(&cols.data)
         .bind(now)
-        .bind(&fences)
-        .bind(&authors)
-        .bind(&inserted)
-        .bind(&deleted)
+        .bind(&cols.fences)
+        .bind(&cols.authors)
+        .bind(&cols.inserted)
+        .bind(&cols.deleted)
         .execute(&mut *conn)
         .await;
         match done {
@@ -296,32 +574,16 @@ async fn fold_updated_events(
     if events.is_empty() {
         return Ok(());
     }
-    let docs: Vec<DocId> = events.iter().map(|e| e.0).collect();
-    let seqs: Vec<i64> = events.iter().map(|e| e.1).collect();
-    let available: Vec<i64> = events.iter().map(|e| e.2).collect();
-    let ids: Vec<String> = events
-        .iter()
-        .map(|_| uuid::Uuid::new_v4().to_string())
-        .collect();
-    sqlx::query(
-        "INSERT INTO outbox (event_id, type, payload, coalesce_key, available_at, created_at) \
-         SELECT e.event_id, 'document.updated', \
-                '{\"id\":' || d.id || ',\"name\":' || to_json(d.name)::text \
-                  || ',\"seq\":' || e.last_seq || '}', \
-                'document.updated:' || d.id, e.available_at, $5 \
-         FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[]) \
-              AS e(doc_id, last_seq, available_at, event_id) \
-         JOIN documents d ON d.id = e.doc_id \
-         ORDER BY d.id \
-         ON CONFLICT (coalesce_key) WHERE status = 'pending' DO UPDATE SET \
-           payload = excluded.payload, event_id = excluded.event_id, \
-           revision = outbox.revision + 1, delivered_urls = '[]', attempts = 0, \
-           last_error = NULL",
-    )
-    .bind(&docs)
-    .bind(&seqs)
-    .bind(&available)
-    .bind(&ids)
+    let events = Events::of(events);
+    sqlx::query(fold_updated_events_sql!(
+        "unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[])",
+        "$5",
+        ""
+    ))
+    .bind(&events.docs)
+    .bind(&events.seqs)
+    .bind(&events.available)
+    .bind(&events.ids)
     .bind(now)
     .execute(&mut *conn)
     .await?;
@@ -331,191 +593,4 @@ async fn fold_updated_events(
 /// The batches a writer commits, on PostgreSQL when `QUIRE_TEST_DATABASE=postgres` (see the
 /// store's tests).
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use bytes::Bytes;
-
-    use super::*;
-    use crate::storage::postgres::tests::{test_db, TestDb};
-    use crate::storage::sql_api::EventSettings;
-    use crate::storage::{DocStore, SnapshotOutcome, StoredDoc};
-
-    fn request(doc: DocId, first_seq: i64, n: usize, events: bool) -> AppendRequest {
-        AppendRequest {
-            doc,
-            fence: None,
-            first_seq,
-            updates: (0..n)
-                .map(|i| Bytes::from(vec![doc as u8, (first_seq as usize + i) as u8]).into())
-                .collect(),
-            event_debounce_ms: events.then_some(1000),
-            reply: oneshot::channel().0,
-        }
-    }
-
-    async fn outcomes(pool: &PgPool, batch: &[AppendRequest]) -> Vec<&'static str> {
-        let results = commit_batch(pool, batch).await.expect("batch");
-        results.iter().map(outcome).collect()
-    }
-
-    fn outcome(r: &Result<(), StorageError>) -> &'static str {
-        match r {
-            Ok(()) => "ok",
-            Err(StorageError::Conflict) => "conflict",
-            Err(_) => "error",
-        }
-    }
-
-    #[tokio::test]
-    async fn a_batch_fails_only_its_conflicting_requests() {
-        let events = EventSettings {
-            enabled: true,
-            debounce: Duration::from_secs(1),
-        };
-        let Some(db) = test_db(events).await else {
-            return;
-        };
-        let s = &db.store;
-        let d1 = s.load("d1").await.expect("load").id;
-        let d2 = s.load("d2").await.expect("load").id;
-        let d3 = s.load("d3").await.expect("load").id;
-        // d1: row 1 covered by a snapshot (and deleted).
-        s.append(d1, None, 1, vec![Bytes::from_static(b"x")])
-            .await
-            .expect("append");
-        let written = s
-            .write_snapshot(d1, None, 0, b"snap".to_vec().into(), 1)
-            .await;
-        assert_eq!(
-            written.expect("snapshot"),
-            SnapshotOutcome::Written { new_version: 1 }
-        );
-
-        // Distinct documents: the one-statement path fails on the covered position and the
-        // batch runs again request by request.
-        let batch = [
-            request(d2, 1, 2, true),
-            request(d1, 1, 1, true),
-            request(d3, 1, 1, true),
-        ];
-        let got = outcomes(s.api().pool(), &batch).await;
-        assert_eq!(got, ["ok", "conflict", "ok"]);
-
-        // A taken position (unique violation) fails alone too.
-        let batch = [request(d3, 1, 1, true), request(d2, 3, 1, true)];
-        let got = outcomes(s.api().pool(), &batch).await;
-        assert_eq!(got, ["conflict", "ok"]);
-
-        // Two requests of one document in one batch (savepoint path), in order.
-        let batch = [request(d2, 4, 1, true), request(d2, 5, 2, true)];
-        let got = outcomes(s.api().pool(), &batch).await;
-        assert_eq!(got, ["ok", "ok"]);
-
-        // The fast path proper: distinct documents, nothing stale.
-        let batch = [request(d2, 7, 3, true), request(d3, 2, 1, false)];
-        let got = outcomes(s.api().pool(), &batch).await;
-        assert_eq!(got, ["ok", "ok"]);
-
-        let seqs = |d: StoredDoc| d.updates.iter().map(|(s, _)| *s).collect::<Vec<_>>();
-        assert_eq!(
-            seqs(s.load("d2").await.expect("load")),
-            (1..=9).collect::<Vec<_>>()
-        );
-        assert_eq!(seqs(s.load("d3").await.expect("load")), vec![1, 2]);
-        let d1_loaded = s.load("d1").await.expect("load");
-        assert!(d1_loaded.updates.is_empty());
-        assert_eq!(d1_loaded.snapshot.as_deref(), Some(&b"snap"[..]));
-
-        // One pending `document.updated` per document, folded, with SQLite's compact payload.
-        let pending: Vec<(String, String, i64)> = sqlx::query_as(
-            "SELECT coalesce_key, payload, revision FROM outbox \
-             WHERE type = 'document.updated' AND status = 'pending' ORDER BY coalesce_key",
-        )
-        .fetch_all(s.api().pool())
-        .await
-        .expect("outbox");
-        assert_eq!(
-            pending,
-            vec![
-                (
-                    format!("document.updated:{d1}"),
-                    format!(r#"{{"id":{d1},"name":"d1","seq":1}}"#),
-                    1
-                ),
-                (
-                    format!("document.updated:{d2}"),
-                    format!(r#"{{"id":{d2},"name":"d2","seq":9}}"#),
-                    5
-                ),
-                (
-                    format!("document.updated:{d3}"),
-                    format!(r#"{{"id":{d3},"name":"d3","seq":1}}"#),
-                    1
-                ),
-            ]
-        );
-        db.drop_db().await;
-    }
-
-    #[tokio::test]
-    async fn concurrent_appends_commit_in_groups_and_stale_ones_fail_alone() {
-        let Some(db) = test_db(EventSettings::default()).await else {
-            return;
-        };
-        let store = Arc::new(db.store);
-        let stale = store.load("stale").await.expect("load");
-        store
-            .append(stale.id, None, 1, vec![Bytes::from_static(b"a")])
-            .await
-            .expect("append");
-        store
-            .write_snapshot(
-                stale.id,
-                None,
-                stale.snapshot_version,
-                b"s".to_vec().into(),
-                1,
-            )
-            .await
-            .expect("snapshot");
-        let mut ids = Vec::new();
-        for i in 0..50 {
-            ids.push(store.load(&format!("d{i}")).await.expect("load").id);
-        }
-        let mut tasks = Vec::new();
-        for round in 0..5i64 {
-            for id in ids.iter().copied() {
-                let store = store.clone();
-                tasks.push(tokio::spawn(async move {
-                    store
-                        .append(id, None, round * 1000 + 1, vec![Bytes::from_static(b"u")])
-                        .await
-                }));
-            }
-            let s = store.clone();
-            let id = stale.id;
-            tasks.push(tokio::spawn(async move {
-                match s
-                    .append(id, None, 1, vec![Bytes::from_static(b"late")])
-                    .await
-                {
-                    Err(StorageError::Conflict) => Ok(()),
-                    other => panic!("stale append: {other:?}"),
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.expect("join").expect("append commits");
-        }
-        for i in 0..50 {
-            let d = store.load(&format!("d{i}")).await.expect("load");
-            assert_eq!(d.updates.len(), 5, "d{i}");
-        }
-        let db = TestDb {
-            store: Arc::into_inner(store).expect("last reference"),
-            ..db
-        };
-        db.drop_db().await;
-    }
-}
+mod tests;
