@@ -4,9 +4,10 @@
 # each for 12 s, a document's clients spread over the nodes (HOW=spread) or on its owner
 # (HOW=by-document). Measured over 10 s after 5 s: the nodes' CPU per update, the NATS
 # server's, PostgreSQL's (all its processes; the nodes' pooled backends live through the
-# run), the nodes' context switches, the bus messages and envelopes the nodes published
-# (their mean batch), the periods and time the nodes were throttled, the machine's idle cores,
-# and the delivery p99. One JSON line on stdout. Extra arguments go to `quire serve`.
+# run) and the transactions it committed in the nodes' database (append batches, lease
+# renewals and reads), the nodes' context switches, the bus messages and envelopes the nodes
+# published (their mean batch), the periods and time the nodes were throttled, the machine's
+# idle cores and the delivery p99. One JSON line on stdout. Extra arguments go to `quire serve`.
 # CPU figures are per update offered (50 x 4 x RATE a second); a run that did not deliver
 # everything says so ("complete": false, and the generator's errors on stderr).
 # Needs root and the cgroup v1 cpu controller when QUOTA is not 0; BENCH_EXTRA adds
@@ -84,31 +85,34 @@ nats=$(pgrep -o nats-server || true)
 nats_ticks() { if [ -n "$nats" ]; then ticks "$nats"; else echo 0; fi; }
 # PostgreSQL's processes (its backends come and go; those alive at both ends are counted).
 pg_ticks() { ticks $(pgrep -u postgres postgres || true); }
+# Transactions PostgreSQL committed in the nodes' database (each append batch is one).
+pg_commits() { psql "$PG/postgres" -Atc "SELECT xact_commit FROM pg_stat_database WHERE datname = '$DB'"; }
 out=$(mktemp); temps+=("$out" "$out.err")
 "$BENCH" typing --rooms 50 --clients 4 --rate "$RATE" --duration 12s --warmup 3s \
   --prefix "r$HOW$RANDOM" $flag ${BENCH_EXTRA:-} --url "$url" --label relay >"$out" \
   2>"$out.err" &
 bench=$!
 sleep 5
-t0=$(ticks "${pids[@]}"); n0=$(nats_ticks); g0=$(pg_ticks); c0=$(switches); read -r m0 e0 < <(published)
+t0=$(ticks "${pids[@]}"); n0=$(nats_ticks); g0=$(pg_ticks); x0=$(pg_commits); c0=$(switches); read -r m0 e0 < <(published)
 read -r h0 k0 < <(throttled); i0=$(idle)
 sleep 10
-t1=$(ticks "${pids[@]}"); n1=$(nats_ticks); g1=$(pg_ticks); c1=$(switches); read -r m1 e1 < <(published)
+t1=$(ticks "${pids[@]}"); n1=$(nats_ticks); g1=$(pg_ticks); x1=$(pg_commits); c1=$(switches); read -r m1 e1 < <(published)
 read -r h1 k1 < <(throttled); i1=$(idle)
 wait "$bench" || cat "$out.err" >&2
 bench=
 python3 - "$out" "$HOW" "$RATE" "$QUOTA" "${EXTRA[*]:-}" $((t1 - t0)) $((n1 - n0)) $((c1 - c0)) \
-  $((m1 - m0)) $((e1 - e0)) $((h1 - h0)) $((k1 - k0)) $((i1 - i0)) $((g1 - g0)) <<'PY'
+  $((m1 - m0)) $((e1 - e0)) $((h1 - h0)) $((k1 - k0)) $((i1 - i0)) $((g1 - g0)) $((x1 - x0)) <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 typing = rows[-1] if rows else {}
 how, rate, quota, extra = sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5]
-t, n, c, m, e, h, k, i, g = map(int, sys.argv[6:15])
+t, n, c, m, e, h, k, i, g, x = map(int, sys.argv[6:16])
 updates = 50 * 4 * rate * 10
 print(json.dumps({"scenario": "relay-probe", "how": how, "quota": quota, "extra": extra,
                   "offered": updates / 10, "nodes_us": round(t * 1e4 / updates, 1),
                   "nats_us": round(n * 1e4 / updates, 1),
-                  "pg_us": round(g * 1e4 / updates, 1), "csw_per_update": round(c / updates, 2),
+                  "pg_us": round(g * 1e4 / updates, 1),
+                  "pg_commits_per_update": round(x / updates, 3), "csw_per_update": round(c / updates, 2),
                   "msgs_per_s": m / 10, "env_per_s": e / 10, "batch": round(e / max(m, 1), 2),
                   "throttled_periods": h, "throttled_ms": k, "machine_idle_cores": round(i / 1000, 2),
                   "p99": typing.get("p99_ms"), "sent": typing.get("sent"),
