@@ -71,10 +71,11 @@ impl<'de> Deserialize<'de> for Secret {
     }
 }
 
-/// The SQLite writer's group-commit window: when writes of other documents are expected soon
-/// (judged from the recent rate of writes and how many documents made them), the writer holds
-/// a commit open until `siblings` of them are expected, at most `delay`, so they share the
-/// transaction and its fsync. It does not wait when not even one is expected within `delay`;
+/// A writer's group-commit window (SQLite's writer; PostgreSQL's writers share one): when
+/// writes of other documents are expected soon (judged from the recent rate of writes and how
+/// many documents made them), the writer holds a commit open until `siblings` of them are
+/// expected, at most `delay`, so they share the transaction and its fsync (on PostgreSQL also
+/// its statement). It does not wait when not even one is expected within `delay`;
 /// a lone busy document never waits (its next write cannot come before this commit answers),
 /// nor does a quiet store. The busier the store, the shorter the wait: at 800 writes/s over
 /// 200 documents the default holds a commit 10 ms, at 4,000 writes/s 2 ms.
@@ -149,6 +150,14 @@ pub struct Settings {
     /// the commit delay [default: 8]
     #[arg(long, env = "QUIRE_SQLITE_COMMIT_SIBLINGS")]
     pub sqlite_commit_siblings: Option<u32>,
+    /// Longest a PostgreSQL writer holds a commit open for other documents' writes to share
+    /// its statement and commit; 0 commits at once [default: 10ms]
+    #[arg(long, env = "QUIRE_POSTGRES_COMMIT_DELAY")]
+    pub postgres_commit_delay: Option<HumanDuration>,
+    /// Writes of other documents the PostgreSQL writers wait for before committing, at most
+    /// the commit delay [default: 8]
+    #[arg(long, env = "QUIRE_POSTGRES_COMMIT_SIBLINGS")]
+    pub postgres_commit_siblings: Option<u32>,
     /// Log format [default: text]
     #[arg(long, env = "QUIRE_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
@@ -402,6 +411,7 @@ pub struct Config {
     pub database_url: Secret,
     pub sqlite_synchronous: SqliteSync,
     pub sqlite_commit: CommitWindowSettings,
+    pub postgres_commit: CommitWindowSettings,
     pub log_format: LogFormat,
     pub log: String,
     pub limits: Limits,
@@ -591,6 +601,8 @@ impl Settings {
             sqlite_synchronous,
             sqlite_commit_delay,
             sqlite_commit_siblings,
+            postgres_commit_delay,
+            postgres_commit_siblings,
             log_format,
             log,
             max_message_size,
@@ -676,6 +688,15 @@ impl Settings {
                 ),
                 siblings: self
                     .sqlite_commit_siblings
+                    .unwrap_or(CommitWindowSettings::default().siblings),
+            },
+            postgres_commit: CommitWindowSettings {
+                delay: d(
+                    self.postgres_commit_delay,
+                    CommitWindowSettings::default().delay,
+                ),
+                siblings: self
+                    .postgres_commit_siblings
                     .unwrap_or(CommitWindowSettings::default().siblings),
             },
             log_format: self.log_format.unwrap_or(LogFormat::Text),
@@ -789,6 +810,7 @@ mod tests {
             ping_interval = "5s"
             snapshot_updates = 10
             sqlite_commit_delay = "3ms"
+            postgres_commit_siblings = 4
             "#,
         )
         .expect("valid toml");
@@ -804,6 +826,8 @@ mod tests {
         assert_eq!(cfg.sqlite_synchronous, SqliteSync::Full);
         assert_eq!(cfg.sqlite_commit.delay, Duration::from_millis(3));
         assert_eq!(cfg.sqlite_commit.siblings, 8);
+        assert_eq!(cfg.postgres_commit.delay, Duration::from_millis(10));
+        assert_eq!(cfg.postgres_commit.siblings, 4);
     }
 
     #[test]

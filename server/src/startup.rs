@@ -61,7 +61,8 @@ pub async fn open_stores(config: &Config) -> Result<Stores, StorageError> {
     };
     let url = config.database_url.expose();
     if is_postgres_url(url) {
-        let store = Arc::new(PgStore::connect_with_events(url, events).await?);
+        let store =
+            Arc::new(PgStore::connect_with_events(url, events, config.postgres_commit).await?);
         return Ok(Stores {
             events_written: store.api().events_notify(),
             api: Arc::new(store.api().clone()),

@@ -18,6 +18,7 @@
 
 pub mod api;
 pub mod branches;
+mod commit_window;
 mod dialect;
 pub mod history;
 pub mod postgres;

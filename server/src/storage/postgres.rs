@@ -29,6 +29,7 @@
 mod writer;
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,12 +40,13 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection, Postgres};
 use tokio::sync::{mpsc, oneshot, Mutex, Notify};
 
-use self::writer::{writer_loop, AppendRequest, WRITE_QUEUE};
+use self::writer::{writer_loop, AppendRequest, WriteQueue, WRITE_QUEUE};
 use super::sql_api::{EventSettings, SqlApi};
 use super::{
     DocId, DocStore, Epoch, LogEntry, SharedStatements, SnapshotBytes, SnapshotOutcome,
     StorageError,
 };
+use crate::config::CommitWindowSettings;
 
 /// Writer tasks, each committing one batch at a time. While all are busy, requests queue up
 /// and the next batches grow: group commit.
@@ -72,6 +74,8 @@ pub fn is_postgres_url(url: &str) -> bool {
 /// The PostgreSQL document store. Cheap to share behind an `Arc`.
 pub struct PgStore {
     writer: mpsc::Sender<AppendRequest>,
+    /// Append batches the writers committed (tests).
+    commits: Arc<AtomicU64>,
     /// The API rows and the statements both databases share.
     pub(super) api: SqlApi<Postgres>,
 }
@@ -80,13 +84,20 @@ impl PgStore {
     /// Connects to the database at `url` (creating the database if it does not exist, as the
     /// SQLite store creates its file) and applies the migrations.
     pub async fn connect(url: &str) -> Result<PgStore, StorageError> {
-        PgStore::connect_with_events(url, EventSettings::default()).await
+        PgStore::connect_with_events(
+            url,
+            EventSettings::default(),
+            CommitWindowSettings::default(),
+        )
+        .await
     }
 
-    /// [`PgStore::connect`], writing webhook events to the outbox as configured.
+    /// [`PgStore::connect`], writing webhook events to the outbox as configured, its writers
+    /// holding commits open as `window` says (`writer.rs`).
     pub async fn connect_with_events(
         url: &str,
         events: EventSettings,
+        window: CommitWindowSettings,
     ) -> Result<PgStore, StorageError> {
         if !is_postgres_url(url) {
             return Err(StorageError::UnsupportedUrl(crate::storage::redact_url(
@@ -113,24 +124,32 @@ impl PgStore {
             .await?;
         migrate(&pool).await?;
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
-        let rx = Arc::new(Mutex::new(rx));
+        let queue = Arc::new(Mutex::new(WriteQueue::new(rx, window)));
         let events_written = Arc::new(Notify::new());
+        let commits = Arc::new(AtomicU64::new(0));
         for _ in 0..WRITERS {
             tokio::spawn(writer_loop(
                 pool.clone(),
-                rx.clone(),
+                queue.clone(),
                 events_written.clone(),
+                commits.clone(),
             ));
         }
         Ok(PgStore {
             api: SqlApi::new(pool, events, events_written),
             writer: tx,
+            commits,
         })
     }
 
     /// The store's API rows (metadata, access, idempotency keys, outbox), cheap to clone.
     pub fn api(&self) -> &SqlApi<Postgres> {
         &self.api
+    }
+
+    /// Append batches committed so far (each one round trip, see `writer.rs`).
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
     }
 }
 
@@ -281,6 +300,14 @@ mod tests {
     }
 
     pub(super) async fn test_db(events: EventSettings) -> Option<TestDb> {
+        test_db_with(events, CommitWindowSettings::default()).await
+    }
+
+    /// [`test_db`] with the writers' commit window `window`.
+    pub(super) async fn test_db_with(
+        events: EventSettings,
+        window: CommitWindowSettings,
+    ) -> Option<TestDb> {
         if !matches!(
             std::env::var("QUIRE_TEST_DATABASE").as_deref(),
             Ok("postgres") | Ok("postgresql")
@@ -298,7 +325,7 @@ mod tests {
             uuid::Uuid::new_v4().simple()
         );
         // The store creates the missing database itself.
-        let store = PgStore::connect_with_events(&format!("{base}/{name}"), events)
+        let store = PgStore::connect_with_events(&format!("{base}/{name}"), events, window)
             .await
             .expect("store");
         Some(TestDb { store, admin, name })

@@ -7,9 +7,8 @@
 //! WAL mode lets them run beside the writer.
 //!
 //! This file opens the store and hands its writes to the writer task (`sqlite/writer.rs`),
-//! which holds a commit open as its window (`sqlite/commit_window.rs`) says.
+//! which holds a commit open as its window (`commit_window.rs`) says.
 
-mod commit_window;
 mod writer;
 
 use std::str::FromStr;

@@ -170,6 +170,8 @@ const STORE: &[&str] = &[
     "sqlite_synchronous",
     "sqlite_commit_delay",
     "sqlite_commit_siblings",
+    "postgres_commit_delay",
+    "postgres_commit_siblings",
     "log_format",
     "log",
 ];

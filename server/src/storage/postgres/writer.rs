@@ -1,15 +1,19 @@
 //! PostgreSQL's append queue: a few writer tasks, each committing every request waiting
-//! together. A batch of distinct documents that fits one statement is committed by that one
+//! together, held open as long as their shared commit window (`commit_window.rs`) says. A batch of distinct documents that fits one statement is committed by that one
 //! statement (its log rows, client ids and `document.updated` events; a statement outside a
 //! transaction commits as a whole or not at all): one round trip. A batch that does not fit, or
 //! whose statement fails, runs in a transaction, request by request with a savepoint each.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Connection, Postgres};
 use tokio::sync::{mpsc, oneshot, Mutex, Notify};
 
+use crate::config::CommitWindowSettings;
+use crate::storage::commit_window::CommitWindow;
 use crate::storage::dialect::each_in_a_savepoint;
 use crate::storage::sql_api::SqlApi;
 use crate::storage::{
@@ -169,21 +173,45 @@ impl AppendRequest {
     }
 }
 
-/// One writer: takes every queued request (up to the batch limit) and commits them together.
+/// The writers' queue of append requests and the commit window they share: the writer holding
+/// it takes the next batch, after holding the batch open as long as the window says.
+pub(super) struct WriteQueue {
+    rx: mpsc::Receiver<AppendRequest>,
+    window: CommitWindow,
+}
+
+impl WriteQueue {
+    pub(super) fn new(rx: mpsc::Receiver<AppendRequest>, window: CommitWindowSettings) -> Self {
+        WriteQueue {
+            rx,
+            window: CommitWindow::new(window, Instant::now()),
+        }
+    }
+}
+
+/// One writer: takes every queued request (up to the batch limit, once the commit window has
+/// passed) and commits them together, while the others may commit theirs.
 pub(super) async fn writer_loop(
     pool: PgPool,
-    rx: Arc<Mutex<mpsc::Receiver<AppendRequest>>>,
+    queue: Arc<Mutex<WriteQueue>>,
     events_written: Arc<Notify>,
+    commits: Arc<AtomicU64>,
 ) {
     let mut batch = Vec::with_capacity(MAX_APPENDS_PER_TRANSACTION);
     loop {
         {
-            let mut rx = rx.lock().await;
+            let mut queue = queue.lock().await;
+            let WriteQueue { rx, window } = &mut *queue;
             let Some(first) = rx.recv().await else {
                 return; // the store was dropped
             };
-            take_queued(first, &mut rx, &mut batch, MAX_APPENDS_PER_TRANSACTION);
+            if let Some(delay) = window.wait(Instant::now()) {
+                tokio::time::sleep(delay).await;
+            }
+            take_queued(first, rx, &mut batch, MAX_APPENDS_PER_TRANSACTION);
+            window.record(Instant::now(), batch.iter().map(|r| r.doc));
         }
+        commits.fetch_add(1, Ordering::Relaxed);
         let committed = commit_batch(&pool, &batch).await;
         let wrote_events = committed.as_ref().is_ok_and(|results| {
             batch

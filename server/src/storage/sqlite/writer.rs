@@ -11,8 +11,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{Connection, Sqlite};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use super::commit_window::CommitWindow;
 use crate::config::CommitWindowSettings;
+use crate::storage::commit_window::CommitWindow;
 use crate::storage::dialect::each_in_a_savepoint;
 use crate::storage::sql_api::SqlApi;
 use crate::storage::{

@@ -1,12 +1,13 @@
 //! The batches a writer commits, on PostgreSQL when `QUIRE_TEST_DATABASE=postgres` (see the
 //! store's tests).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use super::*;
-use crate::storage::postgres::tests::{test_db, TestDb};
+use crate::storage::postgres::tests::{test_db, test_db_with, TestDb};
+use crate::storage::postgres::PgStore;
 use crate::storage::sql_api::EventSettings;
 use crate::storage::{DocStore, SnapshotOutcome, StoredDoc};
 
@@ -286,5 +287,79 @@ async fn concurrent_appends_commit_in_groups_and_stale_ones_fail_alone() {
         store: Arc::into_inner(store).expect("last reference"),
         ..db
     };
+    db.drop_db().await;
+}
+
+fn window(delay_ms: u64, siblings: u32) -> CommitWindowSettings {
+    CommitWindowSettings {
+        delay: Duration::from_millis(delay_ms),
+        siblings,
+    }
+}
+
+/// Appends to `doc` one after another until `until`; how long each took.
+async fn append_until(store: &PgStore, doc: DocId, until: Instant) -> Vec<Duration> {
+    let mut took = Vec::new();
+    let mut seq = 1;
+    while Instant::now() < until {
+        let t = Instant::now();
+        store
+            .append(doc, None, seq, vec![Bytes::from_static(b"u")])
+            .await
+            .expect("append");
+        took.push(t.elapsed());
+        seq += 1;
+    }
+    took
+}
+
+#[tokio::test]
+async fn a_busy_store_holds_its_commits_open_for_other_documents() {
+    // Siblings far beyond what four documents can send: every wait is the whole delay.
+    let Some(db) = test_db_with(EventSettings::default(), window(200, 1000)).await else {
+        return;
+    };
+    let store = &db.store;
+    let mut docs = Vec::new();
+    for name in ["a", "b", "c", "d"] {
+        docs.push(store.load(name).await.expect("load").id);
+    }
+    let until = Instant::now() + Duration::from_millis(1200);
+    let took =
+        futures_util::future::join_all(docs.iter().map(|d| append_until(store, *d, until))).await;
+    // The first period (100 ms) runs unheld; once the writers have seen four documents
+    // writing, each commit waits 200 ms for the others.
+    for t in &took {
+        let last = t.last().copied().unwrap_or_default();
+        assert!(
+            last >= Duration::from_millis(150),
+            "the last append took {last:?}: {t:?}"
+        );
+    }
+    let requests: usize = took.iter().map(Vec::len).sum();
+    assert!(
+        store.commits() < requests as u64,
+        "some commits were shared: {} for {requests}",
+        store.commits()
+    );
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_lone_busy_document_is_never_held() {
+    // The most eager window: any expected sibling would hold the commit for 10 s.
+    let Some(db) = test_db_with(EventSettings::default(), window(10_000, 0)).await else {
+        return;
+    };
+    let store = &db.store;
+    let doc = store.load("alone").await.expect("load").id;
+    let took = append_until(store, doc, Instant::now() + Duration::from_millis(400)).await;
+    let slowest = took.iter().max().copied().unwrap_or_default();
+    assert!(took.len() > 10, "{took:?}");
+    assert!(
+        slowest < Duration::from_secs(5),
+        "an append was held for {slowest:?}"
+    );
+    assert_eq!(store.commits(), took.len() as u64, "one commit per append");
     db.drop_db().await;
 }

@@ -1,5 +1,5 @@
-//! The group-commit window of the SQLite writer: how long to hold a commit open for other
-//! documents' writes, from the load the writer has seen.
+//! The group-commit window of both stores' writers: how long to hold a commit open for other
+//! documents' writes, from the load the writers have seen.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ const LOAD_PERIOD: Duration = Duration::from_millis(100);
 /// The writer's recent load, from which it decides whether to hold a commit open for other
 /// documents' writes ([`CommitWindowSettings`]). Pure bookkeeping over the instants it is
 /// given, so the rule is tested without a clock.
-pub(super) struct CommitWindow {
+pub(crate) struct CommitWindow {
     settings: CommitWindowSettings,
     /// Start of the period being counted, its requests and their documents.
     since: Instant,
@@ -25,7 +25,7 @@ pub(super) struct CommitWindow {
 }
 
 impl CommitWindow {
-    pub(super) fn new(settings: CommitWindowSettings, now: Instant) -> CommitWindow {
+    pub(crate) fn new(settings: CommitWindowSettings, now: Instant) -> CommitWindow {
         CommitWindow {
             settings,
             since: now,
@@ -37,7 +37,7 @@ impl CommitWindow {
     }
 
     /// Counts the requests of a batch about to commit.
-    pub(super) fn record(&mut self, now: Instant, docs: impl Iterator<Item = DocId>) {
+    pub(crate) fn record(&mut self, now: Instant, docs: impl Iterator<Item = DocId>) {
         for doc in docs {
             self.requests += 1;
             self.docs.insert(doc);
@@ -57,7 +57,7 @@ impl CommitWindow {
     /// delay; not at all if fewer than one is expected within the delay. Each document has
     /// one write in flight at a time, so a write's own document cannot add to the batch: only
     /// the others can, in proportion (docs - 1) / docs.
-    pub(super) fn wait(&self, now: Instant) -> Option<Duration> {
+    pub(crate) fn wait(&self, now: Instant) -> Option<Duration> {
         let delay = self.settings.delay;
         if delay.is_zero() {
             return None;
