@@ -54,6 +54,13 @@ if [ "$SERVER" = floor ]; then
   label=floor-nodes
   [ "$DOCS_PER_SOCKET" -gt 1 ] && { echo "nodes.sh: the floor speaks y-websocket only" >&2; exit 1; }
 fi
+# Each search step opens 50 fresh rooms; a room unloads (with a last snapshot) 30 s after its
+# clients leave, which would land the unloads of one step's 50 rooms together inside the step
+# three steps later, and a burst of snapshot writes under a 0.25-core quota costs that step's
+# p99 more than its own load (docs/benchmarks.md, "Round three, fifth step"). The rooms of
+# earlier steps stay loaded instead (as the floor's documents do): UNLOAD=30s measures with
+# the unloads.
+UNLOAD="${UNLOAD:-10m}"
 pids=(); cgroups=()
 stop_nodes() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -84,7 +91,8 @@ start_nodes() { # n: fresh database, n nodes each inside its cgroup; sets url
     else
       bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' _ "$cg" \
         "$RELEASE/quire" serve --bind "127.0.0.1:$port" --database "$PG/$DB" --bus "$NATS" \
-        --cluster-key "bench-nodes-cluster-key" --node-id "bench-$i" --log warn >"$dir/log" 2>&1 &
+        --cluster-key "bench-nodes-cluster-key" --node-id "bench-$i" --log warn \
+        --room-unload-delay "$UNLOAD" >"$dir/log" 2>&1 &
     fi
     pids+=("$!")
     wait_port "$port" "node $i"

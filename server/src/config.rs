@@ -74,10 +74,11 @@ impl<'de> Deserialize<'de> for Secret {
 /// A writer's group-commit window (SQLite's writer; PostgreSQL's writers share one): when
 /// writes of other documents are expected soon (judged from the recent rate of writes and how
 /// many documents made them), the writer holds a commit open until `siblings` of them are
-/// expected, at most `delay`, so they share the transaction and its fsync (on PostgreSQL also
-/// its statement). It does not wait when not even one is expected within `delay`;
-/// a lone busy document never waits (its next write cannot come before this commit answers),
-/// nor does a quiet store. The busier the store, the shorter the wait: at 800 writes/s over
+/// expected (those already waiting count), at most `delay`, so they share the transaction and
+/// its fsync (on PostgreSQL also its statement). It does not wait when not even one is
+/// expected within `delay`; a busy document never waits for itself (its next write cannot come
+/// before this commit answers; the others' rate leaves out the busiest document's), nor does a
+/// quiet store. The busier the store, the shorter the wait: at 800 writes/s over
 /// 200 documents the default holds a commit 10 ms, at 4,000 writes/s 2 ms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommitWindowSettings {

@@ -1,7 +1,7 @@
 //! The group-commit window of both stores' writers: how long to hold a commit open for other
 //! documents' writes, from the load the writers have seen.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::config::CommitWindowSettings;
@@ -15,13 +15,11 @@ const LOAD_PERIOD: Duration = Duration::from_millis(100);
 /// given, so the rule is tested without a clock.
 pub(crate) struct CommitWindow {
     settings: CommitWindowSettings,
-    /// Start of the period being counted, its requests and their documents.
+    /// Start of the period being counted and its requests by document.
     since: Instant,
-    requests: u32,
-    docs: HashSet<DocId>,
-    /// The last complete period: requests per second and distinct documents.
-    rate: f64,
-    active_docs: usize,
+    requests: HashMap<DocId, u32>,
+    /// The last complete period's requests per second, leaving out its busiest document's.
+    others_rate: f64,
 }
 
 impl CommitWindow {
@@ -29,59 +27,60 @@ impl CommitWindow {
         CommitWindow {
             settings,
             since: now,
-            requests: 0,
-            docs: HashSet::new(),
-            rate: 0.0,
-            active_docs: 0,
+            requests: HashMap::new(),
+            others_rate: 0.0,
         }
     }
 
     /// Counts the requests of a batch about to commit.
     pub(crate) fn record(&mut self, now: Instant, docs: impl Iterator<Item = DocId>) {
         for doc in docs {
-            self.requests += 1;
-            self.docs.insert(doc);
+            *self.requests.entry(doc).or_default() += 1;
         }
         let elapsed = now.saturating_duration_since(self.since);
         if elapsed >= LOAD_PERIOD {
-            self.rate = f64::from(self.requests) / elapsed.as_secs_f64();
-            self.active_docs = self.docs.len();
+            self.others_rate = others_rate(&self.requests, elapsed);
             self.since = now;
-            self.requests = 0;
-            self.docs = HashSet::new();
+            self.requests.clear();
         }
     }
 
-    /// How long to hold the commit of a batch whose first request arrived at `now`: until
-    /// `siblings` writes of documents other than one in flight are expected, at most the
-    /// delay; not at all if fewer than one is expected within the delay. Each document has
-    /// one write in flight at a time, so a write's own document cannot add to the batch: only
-    /// the others can, in proportion (docs - 1) / docs.
-    pub(crate) fn wait(&self, now: Instant) -> Option<Duration> {
+    /// How long to hold the commit of a batch whose first request arrived at `now`, with
+    /// `queued` more requests already waiting: until `siblings` writes of documents other
+    /// than one in flight are expected (those waiting count), at most the delay; not at all
+    /// if fewer than one is expected within the delay. Each document has one write in flight
+    /// at a time, so a write's own document cannot add to the batch: only the others can. The
+    /// rate of the others leaves out the busiest document's, so a busy document beside quiet
+    /// ones (a bulk import) is not held for writes that will not come.
+    pub(crate) fn wait(&self, now: Instant, queued: usize) -> Option<Duration> {
         let delay = self.settings.delay;
         if delay.is_zero() {
             return None;
         }
-        let elapsed = now.saturating_duration_since(self.since);
-        // After a quiet spell the last period's rate is stale: judge by what came since.
-        let (rate, docs) = if elapsed >= LOAD_PERIOD {
-            (
-                f64::from(self.requests) / elapsed.as_secs_f64(),
-                self.docs.len(),
-            )
-        } else {
-            (self.rate, self.active_docs)
-        };
-        if docs < 2 {
+        let missing = (self.settings.siblings.max(1) as usize).checked_sub(queued)?;
+        if missing == 0 {
             return None;
         }
-        let others = rate * (1.0 - 1.0 / docs as f64);
+        let elapsed = now.saturating_duration_since(self.since);
+        // After a quiet spell the last period's rate is stale: judge by what came since.
+        let others = if elapsed >= LOAD_PERIOD {
+            others_rate(&self.requests, elapsed)
+        } else {
+            self.others_rate
+        };
         if others * delay.as_secs_f64() < 1.0 {
             return None;
         }
-        let wanted = f64::from(self.settings.siblings.max(1)) / others;
+        let wanted = missing as f64 / others;
         Some(Duration::from_secs_f64(wanted).min(delay))
     }
+}
+
+/// Requests per second over `elapsed`, but for the busiest document's.
+fn others_rate(requests: &HashMap<DocId, u32>, elapsed: Duration) -> f64 {
+    let all: u32 = requests.values().sum();
+    let busiest = requests.values().copied().max().unwrap_or(0);
+    f64::from(all - busiest) / elapsed.as_secs_f64()
 }
 
 #[cfg(test)]
@@ -114,7 +113,7 @@ mod tests {
 
     /// `wait`'s answer in whole microseconds (the rates are measured, so not exact).
     fn wait_us(w: &CommitWindow, at: Instant) -> Option<u128> {
-        w.wait(at).map(|d| d.as_micros())
+        w.wait(at, 0).map(|d| d.as_micros())
     }
 
     #[test]
@@ -122,7 +121,7 @@ mod tests {
         let t0 = Instant::now();
         // Before a full period has been measured: commit at once.
         let w = CommitWindow::new(window(10, 8), t0);
-        assert_eq!(w.wait(t0 + 5 * MS), None);
+        assert_eq!(w.wait(t0 + 5 * MS, 0), None);
 
         // 4,000 writes/s from 200 documents: eight others are expected within about 2 ms.
         let mut w = CommitWindow::new(window(10, 8), t0);
@@ -131,19 +130,39 @@ mod tests {
         // 800 writes/s: eight would take 10.05 ms, so the delay caps the wait.
         let mut w = CommitWindow::new(window(10, 8), t0);
         busy(&mut w, t0, 1..201, 80);
-        assert_eq!(w.wait(t0 + 101 * MS), Some(10 * MS));
+        assert_eq!(w.wait(t0 + 101 * MS, 0), Some(10 * MS));
         // 50 writes/s: not even one expected within 10 ms, so no wait at all.
         let mut w = CommitWindow::new(window(10, 8), t0);
         busy(&mut w, t0, 1..201, 5);
-        assert_eq!(w.wait(t0 + 101 * MS), None);
+        assert_eq!(w.wait(t0 + 101 * MS, 0), None);
         // ... unless the window is wider.
         let mut w = CommitWindow::new(window(30, 8), t0);
         busy(&mut w, t0, 1..201, 5);
-        assert_eq!(w.wait(t0 + 101 * MS), Some(30 * MS));
+        assert_eq!(w.wait(t0 + 101 * MS, 0), Some(30 * MS));
         // Two documents at 3,000 writes/s: only the other one can join, 1,500 a second.
         let mut w = CommitWindow::new(window(10, 8), t0);
         busy(&mut w, t0, 1..3, 300);
         assert_eq!(wait_us(&w, t0 + 101 * MS), Some(5333));
+    }
+
+    #[test]
+    fn writes_already_waiting_count_and_a_busy_document_beside_quiet_ones_is_not_held() {
+        let t0 = Instant::now();
+        // 4,000 writes/s from 200 documents: with three others already queued, five more are
+        // awaited (1.26 ms); with eight queued, none.
+        let mut w = CommitWindow::new(window(10, 8), t0);
+        busy(&mut w, t0, 1..201, 400);
+        assert_eq!(w.wait(t0 + 101 * MS, 3).map(|d| d.as_micros()), Some(1256));
+        assert_eq!(w.wait(t0 + 101 * MS, 8), None);
+        // A bulk import at 1,000 writes/s beside a document writing 10 times a second: the
+        // others' rate is the quiet one's, not half the total, so the import is not held.
+        let mut w = CommitWindow::new(window(10, 8), t0);
+        let mut docs = vec![1; 100];
+        docs.push(2);
+        for (i, chunk) in docs.chunks(11).enumerate() {
+            w.record(t0 + 10 * MS * (i as u32 + 1), chunk.iter().copied());
+        }
+        assert_eq!(w.wait(t0 + 101 * MS, 0), None);
     }
 
     #[test]
@@ -152,16 +171,16 @@ mod tests {
         // One document at 10,000 writes/s: its next write cannot come before this commit.
         let mut w = CommitWindow::new(window(10, 1), t0);
         busy(&mut w, t0, 7..8, 1000);
-        assert_eq!(w.wait(t0 + 101 * MS), None);
+        assert_eq!(w.wait(t0 + 101 * MS, 0), None);
         // A busy store that went quiet: the last period's rate is stale.
         let mut w = CommitWindow::new(window(10, 8), t0);
         busy(&mut w, t0, 1..201, 400);
         assert_eq!(wait_us(&w, t0 + 101 * MS), Some(2010));
-        assert_eq!(w.wait(t0 + 1300 * MS), None);
+        assert_eq!(w.wait(t0 + 1300 * MS, 0), None);
         // Delay 0 turns the window off.
         let mut w = CommitWindow::new(window(0, 8), t0);
         busy(&mut w, t0, 1..201, 400);
-        assert_eq!(w.wait(t0 + 101 * MS), None);
+        assert_eq!(w.wait(t0 + 101 * MS, 0), None);
     }
 
     /// Appends to `doc` one after another until `until`; how long each took.

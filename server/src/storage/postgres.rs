@@ -3,14 +3,17 @@
 //!
 //! PostgreSQL runs concurrent writers itself, so there is no single writer task. What is kept
 //! from the SQLite design is group commit across rooms: appends go to a queue served by a few
-//! writer tasks; each takes every request waiting (up to [`MAX_APPENDS_PER_TRANSACTION`]) and
-//! commits them with one statement outside a transaction (arrays bound as parameters; the log
+//! writer tasks sharing one commit window (`commit_window.rs`); each takes every request
+//! waiting (up to [`MAX_APPENDS_PER_TRANSACTION`]) and commits them with one statement outside
+//! a transaction per group of up to 1,000 rows or 64 MiB (arrays bound as parameters; the log
 //! rows only if every one may be written, their client ids and one outbox upsert), which
-//! PostgreSQL commits whole or not at all: one round trip for the batch (pooled connections in
-//! steady use are not pinged first). If the statement writes nothing (a taken log position, a
-//! stale fence), the batch runs again in a transaction with one savepoint per request, so only
-//! the failing request fails.
-
+//! PostgreSQL commits whole or not at all: one round trip for a group (each writer keeps its
+//! connection, which is not pinged while in steady use). If a group's statement writes nothing
+//! (a taken log position, a stale fence) and it holds several requests, they run again in a
+//! transaction with one savepoint per request, so only the failing request fails; so does a
+//! batch with two requests of one document. A request over one statement's size runs in a
+//! transaction of its own.
+//!
 //! Concurrency between writers (rooms, a second node, a stale owner) is settled by row locks:
 //! - An append locks its documents' rows `FOR SHARE` in the statement that inserts the log rows
 //!   and only inserts above each document's `snapshot_seq` as it is once locked (PostgreSQL
@@ -51,15 +54,16 @@ use crate::config::CommitWindowSettings;
 /// Writer tasks, each committing one batch at a time. While all are busy, requests queue up
 /// and the next batches grow: group commit.
 const WRITERS: usize = 4;
-/// Connections in the pool: the writers, loads, snapshots and API requests share them.
+/// Connections in the pool: loads, snapshots and API requests share them (each writer keeps
+/// one of its own besides, taken out of the pool: `writer.rs`).
 const POOL_SIZE: u32 = 16;
 /// How long an operation waits for a free connection before failing.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A pooled connection idle for longer than this is checked (a round trip) before it is
 /// handed out, so one broken while idle (the server restarted) is replaced rather than
 /// failing its next statement. One in steady use is not: sqlx's default checks every time,
-/// which cost an append a fourth round trip (one statement is one round trip, see `writer.rs`).
-const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
+/// a round trip more per append batch (the writers keep their connections, see `writer.rs`).
+pub(super) const CHECK_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// SQLSTATE of "database does not exist".
 const INVALID_CATALOG_NAME: &str = "3D000";

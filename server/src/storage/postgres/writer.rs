@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, oneshot, Mutex, Notify};
 use crate::config::CommitWindowSettings;
 use crate::storage::commit_window::CommitWindow;
 use crate::storage::dialect::each_in_a_savepoint;
+use crate::storage::postgres::CHECK_IDLE_AFTER;
 use crate::storage::sql_api::SqlApi;
 use crate::storage::{
     answer_batch, client_rows, clone_err, now_ms, take_queued, DocId, Epoch, LogEntry, StorageError,
@@ -198,21 +199,41 @@ pub(super) async fn writer_loop(
     commits: Arc<AtomicU64>,
 ) {
     let mut batch = Vec::with_capacity(MAX_APPENDS_PER_TRANSACTION);
+    // The writer keeps its own connection between batches, out of the pool: sqlx pings a
+    // connection each time it goes back to the pool, which would cost every batch a second
+    // round trip (and the pool's `close` waits for the connections handed out).
+    let mut held: Option<(PgConnection, Instant)> = None;
     loop {
         {
             let mut queue = queue.lock().await;
             let WriteQueue { rx, window } = &mut *queue;
             let Some(first) = rx.recv().await else {
-                return; // the store was dropped
+                // The store was dropped.
+                if let Some((conn, _)) = held {
+                    let _ = conn.close().await;
+                }
+                return;
             };
-            if let Some(delay) = window.wait(Instant::now()) {
+            if let Some(delay) = window.wait(Instant::now(), rx.len()) {
                 tokio::time::sleep(delay).await;
             }
             take_queued(first, rx, &mut batch, MAX_APPENDS_PER_TRANSACTION);
             window.record(Instant::now(), batch.iter().map(|r| r.doc));
         }
         commits.fetch_add(1, Ordering::Relaxed);
-        let committed = commit_batch(&pool, &batch).await;
+        let committed = match connection(&pool, &mut held).await {
+            Ok(conn) => commit_batch(conn, &batch).await,
+            Err(e) => Err(e),
+        };
+        // A connection that failed is dropped; the next batch takes another.
+        let failed = committed.as_ref().map_or(true, |results| {
+            results
+                .iter()
+                .any(|r| matches!(r, Err(StorageError::Database(_))))
+        });
+        if failed {
+            held = None;
+        }
         let wrote_events = committed.as_ref().is_ok_and(|results| {
             batch
                 .iter()
@@ -226,6 +247,27 @@ pub(super) async fn writer_loop(
     }
 }
 
+/// The writer's connection: the one it holds (checked first if it was idle longer than
+/// [`CHECK_IDLE_AFTER`], as the pool checks its idle ones), or a new one taken out of the pool
+/// (which may then open another in its place).
+async fn connection<'a>(
+    pool: &PgPool,
+    held: &'a mut Option<(PgConnection, Instant)>,
+) -> Result<&'a mut PgConnection, sqlx::Error> {
+    let kept = match held.take() {
+        Some((mut conn, used)) if used.elapsed() > CHECK_IDLE_AFTER => {
+            conn.ping().await.is_ok().then_some((conn, used))
+        }
+        kept => kept,
+    };
+    let (conn, used) = match kept {
+        Some(kept) => held.insert(kept),
+        None => held.insert((pool.acquire().await?.detach(), Instant::now())),
+    };
+    *used = Instant::now();
+    Ok(conn)
+}
+
 /// Commits every request of `batch` and returns one result per request, or the error that made
 /// the whole batch fail before anything was committed (the connection broke, say).
 ///
@@ -236,11 +278,10 @@ pub(super) async fn writer_loop(
 /// request, so only the failing request fails. A request too large for one statement runs in
 /// a transaction of its own, its rows in several statements.
 async fn commit_batch(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     batch: &[AppendRequest],
 ) -> Result<Vec<Result<(), StorageError>>, sqlx::Error> {
     let now = now_ms();
-    let mut conn = pool.acquire().await?;
     let mut docs: Vec<DocId> = batch.iter().map(|r| r.doc).collect();
     docs.sort_unstable();
     docs.dedup();
@@ -252,7 +293,7 @@ async fn commit_batch(
     while !rest.is_empty() {
         let (group, after) = rest.split_at(one_statement(rest));
         rest = after;
-        match commit_group(&mut conn, group, now).await {
+        match commit_group(conn, group, now).await {
             Ok(done) => results.extend(done),
             Err(e) if results.is_empty() => return Err(e),
             // Earlier groups are committed: only this one and the later ones failed.
@@ -302,7 +343,9 @@ async fn commit_group(
     match (append_at_once(conn, group, now).await, group) {
         (Ok(true), _) => Ok(group.iter().map(|_| Ok(())).collect()),
         // A lone request's refusal is its answer: which one (deleted, fenced, a covered
-        // position) is read after the statement, which wrote nothing.
+        // position) is read after the statement, which wrote nothing. A lease grant or a
+        // delete committed in between may be what it reads; either answer makes the room
+        // reload or give the document up, and nothing was written.
         (Ok(false), [req]) => {
             let why =
                 SqlApi::<Postgres>::why_refused(conn, req.doc, req.fence, StorageError::Conflict)

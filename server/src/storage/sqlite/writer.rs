@@ -86,7 +86,7 @@ pub(super) async fn writer_loop(
     let mut batch = Vec::with_capacity(MAX_WRITES_PER_TRANSACTION);
     let mut window = CommitWindow::new(window, Instant::now());
     while let Some(first) = rx.recv().await {
-        if let Some(delay) = window.wait(Instant::now()) {
+        if let Some(delay) = window.wait(Instant::now(), rx.len()) {
             tokio::time::sleep(delay).await;
         }
         take_queued(first, &mut rx, &mut batch, MAX_WRITES_PER_TRANSACTION);

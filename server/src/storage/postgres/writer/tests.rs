@@ -25,7 +25,8 @@ fn request(doc: DocId, first_seq: i64, n: usize, events: bool) -> AppendRequest 
 }
 
 async fn outcomes(pool: &PgPool, batch: &[AppendRequest]) -> Vec<&'static str> {
-    let results = commit_batch(pool, batch).await.expect("batch");
+    let mut conn = pool.acquire().await.expect("connection");
+    let results = commit_batch(&mut conn, batch).await.expect("batch");
     results.iter().map(outcome).collect()
 }
 
