@@ -84,7 +84,7 @@ fn others_rate(requests: &HashMap<DocId, u32>, elapsed: Duration) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use bytes::Bytes;
 
     use super::*;
@@ -183,8 +183,13 @@ mod tests {
         assert_eq!(w.wait(t0 + 101 * MS, 0), None);
     }
 
-    /// Appends to `doc` one after another until `until`; how long each took.
-    async fn append_until(store: &SqliteStore, doc: DocId, until: Instant) -> Vec<Duration> {
+    /// Appends to `doc` one after another until `until`; how long each took (both stores'
+    /// writers are tested with it).
+    pub(crate) async fn append_until(
+        store: &dyn DocStore,
+        doc: DocId,
+        until: Instant,
+    ) -> Vec<Duration> {
         let mut took = Vec::new();
         let mut seq = 1;
         while Instant::now() < until {

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::*;
+use crate::storage::commit_window::tests::append_until;
 use crate::storage::postgres::tests::{test_db, test_db_with, TestDb};
-use crate::storage::postgres::PgStore;
 use crate::storage::sql_api::EventSettings;
 use crate::storage::{DocStore, SnapshotOutcome, StoredDoc};
 
@@ -296,22 +296,6 @@ fn window(delay_ms: u64, siblings: u32) -> CommitWindowSettings {
         delay: Duration::from_millis(delay_ms),
         siblings,
     }
-}
-
-/// Appends to `doc` one after another until `until`; how long each took.
-async fn append_until(store: &PgStore, doc: DocId, until: Instant) -> Vec<Duration> {
-    let mut took = Vec::new();
-    let mut seq = 1;
-    while Instant::now() < until {
-        let t = Instant::now();
-        store
-            .append(doc, None, seq, vec![Bytes::from_static(b"u")])
-            .await
-            .expect("append");
-        took.push(t.elapsed());
-        seq += 1;
-    }
-    took
 }
 
 #[tokio::test]
