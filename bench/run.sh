@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Runs quire-bench against Quire and the peer servers side by side, on loopback, in one run,
 # and writes target/bench/results.jsonl, then prints the comparison table and draws the plot
-# (bench/report.py). Bounded: every scenario stops by itself. Usage: bench/run.sh [quick]
+# (bench/report.py). Bounded: every scenario stops by itself.
+# Usage: bench/run.sh [full|quick|base|extras]. `full` (the default) is `base` then `extras`:
+# `base` is every server side by side on the round-two scenarios (about 40 minutes), `extras`
+# the scenarios the full run adds after them (one core per server, nodes, history,
+# branches, presence, memory, many items, /hocuspocus, reads; about two hours), appended to
+# the results `base` left, so the two can run on different days and still make one report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-full}"
+case "$MODE" in full | quick | base | extras) ;; *) echo "usage: $0 [full|quick|base|extras]" >&2; exit 2 ;; esac
 OUT=target/bench
 mkdir -p "$OUT"
 RESULTS="$OUT/results.jsonl"
-: > "$RESULTS"
-: > "$OUT/log.txt"
+if [ "$MODE" != extras ]; then
+  : > "$RESULTS"
+  : > "$OUT/log.txt"
+fi
 TRACE="${QUIRE_TRACE:-tests/data/editing-trace.json.gz}"
 
 cargo build --release -p quire-server -p quire-bench
@@ -34,7 +42,9 @@ QUIRE_ARGS=
 port=4600
 # The floor (bench/src/floor.rs: the least a y-websocket server can do, in memory) runs beside
 # the peers; Quire also with synchronous=normal, for the CPU figures.
-for server in floor quire quire-normal y-websocket hocuspocus; do
+BASE_SERVERS="floor quire quire-normal y-websocket hocuspocus"
+[ "$MODE" = extras ] && BASE_SERVERS=
+for server in $BASE_SERVERS; do
   flavor=y-websocket; [ "$server" = hocuspocus ] && flavor=hocuspocus
   port=$((port + 1)); dir=$(mktemp -d)
   start_server "$server" "$port" "$dir"
@@ -100,6 +110,7 @@ done
 
 # Quire's Hocuspocus endpoint (/hocuspocus) with the Hocuspocus flavour, the load the
 # Hocuspocus server got above: typing and fan-out.
+if [ "$MODE" != extras ]; then
 port=$((port + 1)); dir=$(mktemp -d)
 start_server quire "$port" "$dir"
 echo "=== quire, Hocuspocus protocol (pid $PID) ===" >&2
@@ -114,13 +125,14 @@ stop_server
 rm -rf "$dir"
 
 python3 bench/report.py "$RESULTS" docs/bench-latency.svg
+fi
 
 # The full run only: each server limited to one core (bench/cores.sh), nodes under the same
 # quota (bench/nodes.sh; PostgreSQL and NATS), the version history's figures and the branches'
 # (Quire only, bench/history.sh, bench/branches.sh), presence at scale (bench/presence.sh), a
 # large document's memory (bench/memory.sh) and its content reads. The two cgroup runs need
 # root; they say so and skip otherwise.
-if [ "$MODE" = full ]; then
+if [ "$MODE" = full ] || [ "$MODE" = extras ]; then
   bench/cores.sh
   # CPU per update at the light and medium loads in three rounds (medians; one run varies).
   bench/cpu_rounds.sh 3 "$DUR"
