@@ -10,7 +10,8 @@
 # endpoint with a durable acknowledgement asked for after every update (the answer
 # /hocuspocus gives every update as SyncStatus), and a name ending in -before
 # runs the build at QUIRE_BEFORE instead (two builds compared round by round).
-# Usage: [SERVERS="..."] bench/cpu_rounds.sh [ROUNDS] [DURATION]
+# LOADS picks the loads (default "light medium"; "heavy" is 200 x 4 x 5/s).
+# Usage: [SERVERS="..."] [LOADS="..."] bench/cpu_rounds.sh [ROUNDS] [DURATION]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/servers.sh
@@ -19,8 +20,13 @@ ROUND_RESULTS="${ROUND_RESULTS:-$OUT/cpu-rounds.jsonl}"
 : > "$ROUND_RESULTS"
 port=4700
 for round in $(seq "$ROUNDS"); do
-  for load in light:200:4:1 medium:100:4:3; do
-    IFS=: read -r name rooms clients rate <<<"$load"
+  for name in ${LOADS:-light medium}; do
+    case "$name" in
+      light) rooms=200; clients=4; rate=1 ;;
+      medium) rooms=100; clients=4; rate=3 ;;
+      heavy) rooms=200; clients=4; rate=5 ;;
+      *) echo "cpu_rounds.sh: unknown load $name" >&2; exit 2 ;;
+    esac
     for server in ${SERVERS:-floor quire-normal quire y-websocket}; do
       port=$((port + 1)); dir=$(mktemp -d)
       base=${server%-before}; flavor=y-websocket; path=; extra=
@@ -40,7 +46,7 @@ done
 python3 - "$ROUND_RESULTS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-LOADS = {"light": (200, 1.0), "medium": (100, 3.0)}
+LOADS = {"light": (200, 1.0), "medium": (100, 3.0), "heavy": (200, 5.0)}
 def cpu(load, server):
     rooms, rate = LOADS[load]
     return [r["server_cpu_per_1k"] * 1000 for r in rows
@@ -49,8 +55,10 @@ servers = sorted({r["label"].rsplit("-r", 1)[0] for r in rows})
 def ratio(load, med, a, b, bound):
     if a in med and b in med:
         print(f"{load}: {a} / {b} {med[a] / med[b]:.2f}x (bound {bound})")
-for load in ("light", "medium"):
+for load in LOADS:
     med = {s: statistics.median(cpu(load, s)) for s in servers if cpu(load, s)}
+    if not med:
+        continue
     print(f"{load}: median CPU us/update " + ", ".join(f"{s} {v:.0f}" for s, v in med.items()))
     ratio(load, med, "quire-normal", "floor", "1.3x")
     ratio(load, med, "quire", "y-websocket", "1.0x")

@@ -3,7 +3,7 @@
 # and writes target/bench/results.jsonl, then prints the comparison table and draws the plot
 # (bench/report.py). Bounded: every scenario stops by itself.
 # Usage: bench/run.sh [full|quick|base|extras]. `full` (the default) is `base` then `extras`:
-# `base` is every server side by side on the round-two scenarios (about 40 minutes), `extras`
+# `base` is every server side by side on the round-two scenarios (about 30 minutes), `extras`
 # the scenarios the full run adds after them (one core per server, nodes, history,
 # branches, presence, memory, many items, /hocuspocus, reads; about two hours), appended to
 # the results `base` left, so the two can run on different days and still make one report.
