@@ -18,6 +18,7 @@ if [ "$MODE" != extras ]; then
   : > "$RESULTS"
   : > "$OUT/log.txt"
 fi
+touch "$RESULTS" "$OUT/log.txt"
 TRACE="${QUIRE_TRACE:-tests/data/editing-trace.json.gz}"
 
 cargo build --release -p quire-server -p quire-bench
@@ -127,7 +128,7 @@ rm -rf "$dir"
 python3 bench/report.py "$RESULTS" docs/bench-latency.svg
 fi
 
-# The full run only: each server limited to one core (bench/cores.sh), nodes under the same
+# The full run (and extras) only: each server limited to one core (bench/cores.sh), nodes under the same
 # quota (bench/nodes.sh; PostgreSQL and NATS), the version history's figures and the branches'
 # (Quire only, bench/history.sh, bench/branches.sh), presence at scale (bench/presence.sh), a
 # large document's memory (bench/memory.sh) and its content reads. The two cgroup runs need
@@ -135,7 +136,7 @@ fi
 if [ "$MODE" = full ] || [ "$MODE" = extras ]; then
   bench/cores.sh
   # CPU per update at the light and medium loads in three rounds (medians; one run varies).
-  bench/cpu_rounds.sh 3 "$DUR"
+  LOADS="light medium" bench/cpu_rounds.sh 3 "$DUR"
   # Memory per idle connection in three rounds, beside the lean floor (its 128-byte buffer).
   bench/idle.sh 3 10000
   bench/nodes.sh
@@ -156,7 +157,7 @@ if [ "$MODE" = full ] || [ "$MODE" = extras ]; then
   cat "$OUT/items.jsonl" >> "$RESULTS"
   # /hocuspocus against the y-websocket endpoint, with and without an ack per update.
   ROUND_RESULTS="$OUT/cpu-rounds-hocuspocus.jsonl" SERVERS="quire quire-ack quire-hocuspocus" \
-    bench/cpu_rounds.sh 3 "$DUR"
+    LOADS="light medium" bench/cpu_rounds.sh 3 "$DUR"
   port=$((port + 1)); dir=$(mktemp -d)
   start_server quire "$port" "$dir"
   run quire y-websocket "$port" reads --doc-mb "$SEED_MB" --prefix reads

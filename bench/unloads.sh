@@ -5,8 +5,8 @@
 # 4 s and leaves, so they unload (each with its last version and snapshot) together,
 # UNLOAD (`--room-unload-delay`, default 8s) later, in the middle of the typing run;
 # UNLOAD=10m keeps them loaded, the same run without the burst. One JSON line on stdout: the
-# typing run's delivery p99 and max, the node's throttled periods during the run, and the
-# settings. Extra arguments go to `quire serve`. Needs root and the cgroup v1 cpu
+# typing run's delivery p99 and max, the node's throttled periods during the run (its
+# warm-up included), the rooms still loaded at the end, and the settings. Extra arguments go to `quire serve`. Needs root and the cgroup v1 cpu
 # controller, and PostgreSQL (QUIRE_BENCH_PG, default postgres://postgres@127.0.0.1:5432).
 # Usage: bench/unloads.sh [QUOTA] [RATE] [quire serve args...]
 # Example: UNLOAD=10m bench/unloads.sh 0.25 5
@@ -22,14 +22,18 @@ CPU=/sys/fs/cgroup/cpu
 cg="$CPU/quire-bench-unloads"
 port=4951
 dir=$(mktemp -d)
-node=; burst=
+node=; burst=; typing=
 cleanup() {
-  [ -n "$burst" ] && kill -TERM "$burst" 2>/dev/null || true
+  for p in $typing $burst; do kill -TERM "$p" 2>/dev/null || true; done
   [ -n "$node" ] && { kill -TERM "$node" 2>/dev/null || true; wait "$node" 2>/dev/null || true; }
   rmdir "$cg" 2>/dev/null || true
   rm -rf "$dir"
 }
 trap cleanup EXIT
+if [ ! -w "$CPU" ]; then
+  echo "unloads.sh: $CPU is not writable (root and cgroup v1 needed)" >&2
+  exit 1
+fi
 psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB" >/dev/null
 mkdir -p "$cg"
 echo 100000 > "$cg/cpu.cfs_period_us"
@@ -61,5 +65,6 @@ t = rows[-1] if rows else {}
 print(json.dumps({"scenario": "unloads", "quota": sys.argv[3], "rate_per_client": float(sys.argv[4]),
                   "extra": sys.argv[5], "p50_ms": t.get("p50_ms"), "p99_ms": t.get("p99_ms"),
                   "max_ms": t.get("max_ms"), "complete": t.get("complete"),
-                  "throttled_periods": int(sys.argv[2]), "rooms_loaded_at_end": sys.argv[6]}))
+                  "throttled_periods": int(sys.argv[2]),
+                  "rooms_loaded_at_end": int(sys.argv[6]) if sys.argv[6].isdigit() else None}))
 PY
