@@ -55,10 +55,11 @@ if [ "$SERVER" = floor ]; then
   [ "$DOCS_PER_SOCKET" -gt 1 ] && { echo "nodes.sh: the floor speaks y-websocket only" >&2; exit 1; }
 fi
 # Each search step opens 50 fresh rooms; a room unloads (with a last snapshot) 30 s after its
-# clients leave, which would land the unloads of one step's 50 rooms together inside the step
-# three steps later, and a burst of snapshot writes under a 0.25-core quota costs that step's
-# p99 more than its own load (docs/benchmarks.md, "Round three, fifth step"). The rooms of
-# earlier steps stay loaded instead (as the floor's documents do): UNLOAD=30s measures with
+# clients leave, which lands the unloads of one step's 50 rooms together inside the step three
+# steps later. A search with them failed that step more often (docs/benchmarks.md, "Round
+# three, fifth step"), though a burst of unloads measured on its own costs nothing beyond
+# noise (bench/unloads.sh, "sixth step"). The rooms of earlier steps stay loaded instead (as
+# the floor's documents do), so every step measures its own load: UNLOAD=30s measures with
 # the unloads.
 UNLOAD="${UNLOAD:-10m}"
 pids=(); cgroups=()
