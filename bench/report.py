@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reads quire-bench's JSON lines, prints the comparison table (each figure as a ratio to the
 best peer) and draws p99 delivery latency against offered load as an SVG; with presence
-results, also server CPU per presence change against clients (bench-presence.svg beside it).
+results, also server CPU per presence change against clients (bench-presence.svg beside it),
+and tables of the large document's memory, the many-items document and content reads.
 Usage: report.py results.jsonl plot.svg"""
 import json
 import sys
@@ -296,7 +297,9 @@ if presence:
     out.append("</svg>")
     open(path, "w").write("\n".join(out) + "\n")
     print(f"presence plot written to {path}")
-memory = [r for r in rows if r.get("scenario") == "memory"]
+# The large document's rows (bench/memory.sh); the many-items rows (bench/items.sh) carry
+# the document's item count and get a table of their own.
+memory = [r for r in rows if r.get("scenario") == "memory" and r.get("items") is None]
 if memory:
     import statistics
     print()
@@ -306,6 +309,20 @@ if memory:
         got = [r for r in memory if r["label"] == s]
         med = lambda k: statistics.median([r[k] for r in got if r.get(k) is not None] or [0])
         print(f"| {s} | {med('rss_loaded_mb'):.0f} | {med('rss_after_storm_mb'):.0f} | {med('rss_after_typing_mb'):.0f} |")
+items = [r for r in rows if r.get("scenario") == "memory" and r.get("items") is not None]
+if items:
+    print()
+    print("| many items (latest run) | items | upload ms | first client's open ms | RSS loaded MB "
+          "| storm peak MB | after typing MB |")
+    print("|---|---|---|---|---|---|---|")
+    latest_of = {r["label"]: r for r in items}
+    for s, r in latest_of.items():
+        print(f"| {s} | {r.get('items'):,} | {fmt(r.get('upload_ms'))} | {fmt(r.get('open_ms'))} "
+              f"| {fmt(r.get('rss_loaded_mb'))} | {fmt(r.get('storm_peak_mb'))} "
+              f"| {fmt(r.get('rss_after_typing_mb'))} |")
+    compact = [r for r in rows if r.get("scenario") == "compact"]
+    if compact:
+        print(f"quire compact of that document after a kill: {fmt(compact[-1].get('compact_ms'))} ms")
 reads = [r for r in rows if r.get("scenario") == "reads"]
 if reads:
     print()
