@@ -5,7 +5,7 @@
 # Usage: bench/run.sh [full|quick|base|extras]. `full` (the default) is `base` then `extras`:
 # `base` is every server side by side on the round-two scenarios (about 30 minutes), `extras`
 # the scenarios the full run adds after them (one core per server, nodes, history,
-# branches, presence, memory, many items, /hocuspocus, reads; about two hours), appended to
+# branches, presence, memory, many items, /hocuspocus, reads; about an hour and a half), appended to
 # the results `base` left, so the two can run on different days and still make one report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
