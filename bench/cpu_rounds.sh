@@ -6,9 +6,10 @@
 # one after the other, each on a fresh process. Writes target/bench/cpu-rounds.jsonl (labels
 # "<server>-r<round>") and prints the medians and their ratios.
 # SERVERS picks the servers (default: floor quire-normal quire y-websocket); quire-hocuspocus is
-# Quire's /hocuspocus endpoint driven by the Hocuspocus flavour, quire-ack the y-websocket
-# endpoint with a durable acknowledgement asked for after every update (the answer
-# /hocuspocus gives every update as SyncStatus), and a name ending in -before
+# Quire's /hocuspocus endpoint driven by the Hocuspocus flavour, a name ending in -ack
+# (quire-ack, floor-ack) the server's y-websocket endpoint with a durable acknowledgement
+# asked for after every update (the answer /hocuspocus gives every update as SyncStatus; the
+# floor echoes it at once), and a name ending in -before
 # runs the build at QUIRE_BEFORE instead (two builds compared round by round).
 # LOADS picks the loads (default "light medium"; "heavy" is 200 x 4 x 5/s).
 # Usage: [SERVERS="..."] [LOADS="..."] bench/cpu_rounds.sh [ROUNDS] [DURATION]
@@ -31,7 +32,7 @@ for round in $(seq "$ROUNDS"); do
       port=$((port + 1)); dir=$(mktemp -d)
       base=${server%-before}; flavor=y-websocket; path=; extra=
       if [ "$base" = quire-hocuspocus ]; then base=quire; flavor=hocuspocus; path=/hocuspocus; fi
-      if [ "$base" = quire-ack ]; then base=quire; extra=--ack; fi
+      if [ "$base" != "${base%-ack}" ]; then base=${base%-ack}; extra=--ack; fi
       if [ "$server" != "${server%-before}" ]; then
         QUIRE_BIN="${QUIRE_BEFORE:?QUIRE_BEFORE names the build before}" start_server "$base" "$port" "$dir"
       else
@@ -64,5 +65,6 @@ for load in LOADS:
     ratio(load, med, "quire", "y-websocket", "1.0x")
     ratio(load, med, "quire-hocuspocus", "quire", "1.1x")
     ratio(load, med, "quire-hocuspocus", "quire-ack", "1.1x")
+    ratio(load, med, "floor-ack", "floor", "1.1x")
     ratio(load, med, "quire-hocuspocus-before", "quire-before", "1.1x")
 PY
