@@ -4,9 +4,9 @@
 # (bench/report.py). Bounded: every scenario stops by itself.
 # Usage: bench/run.sh [full|quick|base|extras]. `full` (the default) is `base` then `extras`:
 # `base` is every server side by side on the round-two scenarios (about 30 minutes), `extras`
-# the scenarios the full run adds after them (one core per server, nodes, history,
-# branches, presence, memory, many items, /hocuspocus, reads; about an hour and a half), appended to
-# the results `base` left, so the two can run on different days and still make one report.
+# the scenarios the full run adds after them (one core per server, nodes, history, branches,
+# presence, memory, many items, /hocuspocus, reads; about an hour and a half), appended to the
+# results `base` left, so the two can run on different days and still make one report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-full}"
@@ -128,11 +128,11 @@ rm -rf "$dir"
 python3 bench/report.py "$RESULTS" docs/bench-latency.svg
 fi
 
-# The full run (and extras) only: each server limited to one core (bench/cores.sh), nodes under the same
-# quota (bench/nodes.sh; PostgreSQL and NATS), the version history's figures and the branches'
-# (Quire only, bench/history.sh, bench/branches.sh), presence at scale (bench/presence.sh), a
-# large document's memory (bench/memory.sh) and its content reads. The two cgroup runs need
-# root; they say so and skip otherwise.
+# The full run (and extras) only: each server limited to one core (bench/cores.sh), nodes under
+# the same quota (bench/nodes.sh; PostgreSQL and NATS), the version history's figures and the
+# branches' (Quire only, bench/history.sh, bench/branches.sh), presence at scale
+# (bench/presence.sh), a large document's memory (bench/memory.sh) and its content reads. The
+# two cgroup runs need root; they say so and skip otherwise.
 if [ "$MODE" = full ] || [ "$MODE" = extras ]; then
   bench/cores.sh
   # CPU per update at the light and medium loads in three rounds (medians; one run varies).

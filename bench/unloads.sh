@@ -6,8 +6,9 @@
 # UNLOAD (`--room-unload-delay`, default 8s) later, in the middle of the typing run;
 # UNLOAD=10m keeps them loaded, the same run without the burst. One JSON line on stdout: the
 # typing run's delivery p99 and max, the node's throttled periods during the run (its
-# warm-up included), the rooms still loaded at the end, and the settings. Extra arguments go to `quire serve`. Needs root and the cgroup v1 cpu
-# controller, and PostgreSQL (QUIRE_BENCH_PG, default postgres://postgres@127.0.0.1:5432).
+# warm-up included), the rooms still loaded at the end, and the settings. Extra arguments go
+# to `quire serve`. Needs root and the cgroup v1 cpu controller, and PostgreSQL
+# (QUIRE_BENCH_PG, default postgres://postgres@127.0.0.1:5432).
 # Usage: bench/unloads.sh [QUOTA] [RATE] [quire serve args...]
 # Example: UNLOAD=10m bench/unloads.sh 0.25 5
 set -euo pipefail
