@@ -986,3 +986,42 @@ async fn documents_gone_while_their_rooms_load_leave_them() {
     }
     shutdown.cancel();
 }
+
+/// The socket's own keep-alive: a socket with a document open gets a WebSocket ping every
+/// `ping_interval` and stays open while it answers them; one that reads nothing is closed
+/// with 1001 "idle timeout" after `idle_timeout`, as a y-websocket connection is.
+#[tokio::test]
+async fn sockets_are_pinged_and_silent_ones_closed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.room.ping_interval = Duration::from_millis(100);
+    cfg.idle_timeout = Duration::from_millis(400);
+    let server = TestServer::start(cfg).await;
+    let mut live = Raw::open(server.addr).await;
+    let mut silent = Raw::open(server.addr).await;
+    for s in [&mut live, &mut silent] {
+        s.send(hp::encode_auth_with_version("kept", "", "4.8.0"))
+            .await;
+        let authenticated = s
+            .next_for("kept", |m| matches!(m, hp::HpMessage::Authenticated(_)))
+            .await;
+        assert_eq!(
+            authenticated,
+            hp::HpMessage::Authenticated("read-write".into())
+        );
+    }
+    // `live` reads (tungstenite answers each ping with a pong) for three idle timeouts.
+    let until = tokio::time::Instant::now() + Duration::from_millis(1200);
+    let mut pings = 0;
+    while let Ok(msg) = tokio::time::timeout_at(until, live.ws.next()).await {
+        match msg {
+            Some(Ok(Message::Ping(_))) => pings += 1,
+            Some(Ok(Message::Binary(_))) => {}
+            other => panic!("a socket that answers pings was closed: {other:?}"),
+        }
+    }
+    assert!(pings >= 6, "{pings} pings in 1.2 s at one per 100 ms");
+    // `silent` read nothing since its Authenticated: closed.
+    assert_eq!(silent.closed().await, (1001, "idle timeout".into()));
+    server.stop().await;
+}

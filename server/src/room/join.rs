@@ -108,6 +108,12 @@ pub const MAX_MESSAGES_PER_FRAME: usize = 64;
 /// it is copied out: queues and the log count a payload's length, and a small message padded
 /// with a large unknown one must not hold the padding in memory behind that count.
 pub fn to_peer_msgs(frame: &Bytes) -> Result<Vec<PeerMsg>, String> {
+    to_peer_msgs_with(frame, 0)
+}
+
+/// [`to_peer_msgs`], with room for `spare` more messages (one allocation where the caller
+/// appends, as the Hocuspocus endpoint appends an acknowledgement request).
+pub fn to_peer_msgs_with(frame: &Bytes, spare: usize) -> Result<Vec<PeerMsg>, String> {
     let msgs =
         protocol::decode_frame_max(frame, MAX_MESSAGES_PER_FRAME).map_err(|e| e.to_string())?;
     let own = |raw: Bytes| {
@@ -117,7 +123,7 @@ pub fn to_peer_msgs(frame: &Bytes) -> Result<Vec<PeerMsg>, String> {
             raw
         }
     };
-    let mut out = Vec::with_capacity(msgs.len());
+    let mut out = Vec::with_capacity(msgs.len() + spare);
     for msg in msgs {
         match msg {
             Message::SyncStep1(sv) => out.push(PeerMsg::Step1(sv)),

@@ -34,8 +34,10 @@
 //!   the y-websocket endpoint's close code, and the provider reconnects every document.
 
 use std::collections::HashMap;
+use std::future::poll_fn;
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, State};
 use axum::response::{IntoResponse, Response};
@@ -57,9 +59,11 @@ use crate::protocol::{self};
 use crate::room::join::next_peer_id;
 use crate::room::{CloseReason, DocName, PeerAuth};
 
+mod bell;
 mod session;
 mod writer;
 
+use bell::{BellRx, BellTx, Doorbell};
 use session::{Ended, Event, Handover, Local, Route, Session, SessionTask, Undelivered};
 use writer::{Direct, Out, Writer, WriterCmd};
 
@@ -94,10 +98,17 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
         let (sink, mut stream) = socket.split();
         let mut sink = Fragmenting::new(sink);
         let limits = &app.config.limits;
-        let (out, out_rx) = Out::new(app.config.room.peer_queue, app.config.room.peer_queue_bytes);
-        let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let (writer_tx, writer_rx) = mpsc::unbounded_channel();
-        let writer = Writer::new(out_rx, writer_rx, events_tx.clone(), app.metrics.clone());
+        let room = &app.config.room;
+        let bell = Arc::new(Doorbell::default());
+        let (out, out_rx) = Out::new(room.peer_queue, room.peer_queue_bytes, &bell);
+        let (events_tx, events_rx) = bell::unbounded(&bell, bell::EVENTS);
+        let (writer_tx, writer_rx) = bell::unbounded(&bell, bell::CMDS);
+        let writer = Writer::new(
+            (out_rx, &bell),
+            writer_rx,
+            events_tx.clone(),
+            app.metrics.clone(),
+        );
         let seen = LastSeen::new();
         let mut conn = Conn {
             app: app.clone(),
@@ -164,9 +175,9 @@ struct Conn<'a> {
     docs: HashMap<String, DocState>,
     out: Out,
     /// What the sessions and the writer tell the socket.
-    events_tx: mpsc::UnboundedSender<Event>,
-    events_rx: mpsc::UnboundedReceiver<Event>,
-    writer: mpsc::UnboundedSender<WriterCmd>,
+    events_tx: BellTx<Event>,
+    events_rx: BellRx<Event>,
+    writer: BellTx<WriterCmd>,
     seen: &'a LastSeen,
     opened: Instant,
     /// Whether a document has been authenticated on this socket: until one is, the socket
@@ -209,7 +220,7 @@ impl Conn<'_> {
                         }
                     }
                 }
-                Some(event) = self.events_rx.recv() => match event {
+                Some(event) = poll_fn(|cx| self.events_rx.poll_recv(cx)) => match event {
                     Event::Ended(ended) => self.on_ended(ended).await,
                     Event::Joined(handover) => self.take_over(*handover).await,
                 },
@@ -234,6 +245,10 @@ impl Conn<'_> {
     /// When the oldest held frames have waited `hocuspocus_auth_timeout`, or, before any
     /// document is authenticated, when the socket has been open that long.
     fn held_deadline(&self) -> Option<Instant> {
+        if self.authenticated && self.held_frames == 0 {
+            // (Every held address holds a frame.)
+            return None;
+        }
         let timeout = self.app.config.limits.hocuspocus_auth_timeout;
         let unauthenticated = (!self.authenticated).then_some(self.opened + timeout);
         self.docs
@@ -675,8 +690,10 @@ impl Conn<'_> {
             address: address.clone(),
             out_rx,
             acks: session.acks.clone(),
+            // (Nothing was translated yet; one look at the counts costs nothing.)
+            owing: true,
         };
-        let _ = self.writer.send(WriterCmd::Add(Box::new(direct)));
+        self.writer.send(WriterCmd::Add(Box::new(direct)));
         let local = Local {
             member,
             generation,

@@ -16,11 +16,12 @@ use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, debug_span, Instrument};
 
+use super::bell::BellTx;
 use super::writer::{next_status, translate, Out, WriterCmd};
 use crate::app::AppState;
 use crate::close;
 use crate::protocol;
-use crate::room::join::to_peer_msgs;
+use crate::room::join::{to_peer_msgs, to_peer_msgs_with};
 use crate::room::queue::QueueRx;
 use crate::room::{CloseReason, DocName, PeerAuth, PeerId, PeerMsg, RoomCmd, RoomHandle};
 use crate::socket::transport::{self, Counted, WsError, WsMessage};
@@ -56,12 +57,12 @@ pub(super) enum Route {
 pub(super) struct Local {
     pub(super) member: Member,
     pub(super) generation: u64,
-    pub(super) writer: mpsc::UnboundedSender<WriterCmd>,
+    pub(super) writer: BellTx<WriterCmd>,
 }
 
 impl Drop for Local {
     fn drop(&mut self) {
-        let _ = self.writer.send(WriterCmd::Remove(self.generation));
+        self.writer.send(WriterCmd::Remove(self.generation));
     }
 }
 
@@ -118,7 +119,9 @@ impl Session {
                 Ok(())
             }
             Route::Room(local) => {
-                let mut msgs = to_peer_msgs(&message).map_err(Undelivered::Malformed)?;
+                let spare = usize::from(ack.is_some());
+                let mut msgs =
+                    to_peer_msgs_with(&message, spare).map_err(Undelivered::Malformed)?;
                 if let Some(n) = ack {
                     msgs.push(PeerMsg::DurableAck(protocol::encode_durable_ack(n)));
                 }
@@ -204,7 +207,7 @@ pub(super) struct SessionTask {
     pub(super) acks: Arc<Acks>,
     pub(super) app: AppState,
     pub(super) out: Out,
-    pub(super) events: mpsc::UnboundedSender<Event>,
+    pub(super) events: BellTx<Event>,
 }
 
 impl SessionTask {
@@ -227,7 +230,7 @@ impl SessionTask {
                 self.relay(rx, reauth, name, auth).instrument(span).await
             }
         };
-        let _ = self.events.send(Event::Ended(Ended {
+        self.events.send(Event::Ended(Ended {
             address: self.address,
             generation: self.generation,
             outcome,
@@ -251,7 +254,7 @@ impl SessionTask {
             drained,
         };
         let mut outcome = None;
-        if self.events.send(Event::Joined(Box::new(handover))).is_ok() {
+        if self.events.send(Event::Joined(Box::new(handover))) {
             // The socket drops its sender when it takes the room over.
             while let Some(frame) = rx.recv().await {
                 let msgs = match to_peer_msgs(&frame) {

@@ -17,16 +17,19 @@
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::SinkExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tracing::debug;
 
+use super::bell::{self, BellRx, BellTx, Doorbell};
 use super::session::{Acks, Ended, Event};
 use crate::app::AppState;
 use crate::close;
@@ -43,26 +46,29 @@ const MAX_FRAMES_PER_FLUSH: usize = 64;
 /// The socket's outbound queue, shared by the socket's own answers and its relayed documents'
 /// sessions: bounded in frames (the channel, `peer_queue`) and in bytes (`peer_queue_bytes`,
 /// across all of them). A session that cannot queue waits; its room's queue for it fills
-/// meanwhile, and the room closes it with 1013, which closes the socket.
+/// meanwhile, and the room closes it with 1013, which closes the socket. A queued frame rings
+/// the socket's [`Doorbell`] ([`bell::OUT`]).
 #[derive(Clone)]
 pub(super) struct Out {
     tx: mpsc::Sender<(Bytes, OwnedSemaphorePermit)>,
     budget: Arc<Semaphore>,
     max: u32,
+    bell: Arc<Doorbell>,
 }
 
 /// The receiving end of [`Out`].
 pub(super) type OutRx = mpsc::Receiver<(Bytes, OwnedSemaphorePermit)>;
 
 impl Out {
-    /// A queue of `frames` frames and `bytes` bytes.
-    pub(super) fn new(frames: usize, bytes: usize) -> (Out, OutRx) {
+    /// A queue of `frames` frames and `bytes` bytes behind `bell`.
+    pub(super) fn new(frames: usize, bytes: usize, bell: &Arc<Doorbell>) -> (Out, OutRx) {
         let (tx, rx) = mpsc::channel(frames.max(4));
         let max = u32::try_from(bytes).unwrap_or(u32::MAX).max(1);
         let out = Out {
             tx,
             budget: Arc::new(Semaphore::new(max as usize)),
             max,
+            bell: bell.clone(),
         };
         (out, rx)
     }
@@ -76,14 +82,18 @@ impl Out {
     /// Queues a frame if there is room for it now (false: the queue is full, or the socket
     /// gone).
     pub(super) fn try_send(&self, frame: Bytes) -> bool {
-        match self
+        let Ok(permit) = self
             .budget
             .clone()
             .try_acquire_many_owned(self.units(&frame))
-        {
-            Ok(permit) => self.tx.try_send((frame, permit)).is_ok(),
-            Err(_) => false,
+        else {
+            return false;
+        };
+        if self.tx.try_send((frame, permit)).is_err() {
+            return false;
         }
+        self.bell.ring(bell::OUT);
+        true
     }
 
     /// Queues a frame; fails only once the socket is gone.
@@ -94,7 +104,9 @@ impl Out {
             .acquire_many_owned(self.units(&frame))
             .await
             .map_err(|_| ())?;
-        self.tx.send((frame, permit)).await.map_err(|_| ())
+        self.tx.send((frame, permit)).await.map_err(|_| ())?;
+        self.bell.ring(bell::OUT);
+        Ok(())
     }
 }
 
@@ -105,6 +117,9 @@ pub(super) struct Direct {
     pub(super) address: String,
     pub(super) out_rx: QueueRx,
     pub(super) acks: Arc<Acks>,
+    /// An echo was translated and its `SyncStatus(true)` may not all be made yet: only then
+    /// are the shared counts read (another cache line on every wake-up otherwise).
+    pub(super) owing: bool,
 }
 
 /// What the socket's reader tells its writer.
@@ -117,11 +132,15 @@ pub(super) enum WriterCmd {
 
 /// The socket's write side. See the module's documentation.
 pub(super) struct Writer {
-    pub(super) rx: OutRx,
-    pub(super) cmds: mpsc::UnboundedReceiver<WriterCmd>,
+    rx: OutRx,
+    /// The socket's bell, rung when frames are queued in `rx`.
+    bell: Arc<Doorbell>,
+    /// `rx` was read for a ring and not yet found empty.
+    rx_more: bool,
+    cmds: BellRx<WriterCmd>,
     /// Where a session's end is reported (the room closed it).
-    pub(super) events: mpsc::UnboundedSender<Event>,
-    pub(super) metrics: Arc<Metrics>,
+    events: BellTx<Event>,
+    metrics: Arc<Metrics>,
     direct: Vec<Direct>,
     /// The document whose queue is read first in the next round.
     turn: usize,
@@ -140,13 +159,15 @@ enum Wake {
 
 impl Writer {
     pub(super) fn new(
-        rx: OutRx,
-        cmds: mpsc::UnboundedReceiver<WriterCmd>,
-        events: mpsc::UnboundedSender<Event>,
+        (rx, bell): (OutRx, &Arc<Doorbell>),
+        cmds: BellRx<WriterCmd>,
+        events: BellTx<Event>,
         metrics: Arc<Metrics>,
     ) -> Writer {
         Writer {
             rx,
+            bell: bell.clone(),
+            rx_more: false,
             cmds,
             events,
             metrics,
@@ -164,12 +185,11 @@ impl Writer {
         seen: &LastSeen,
         app: &AppState,
     ) -> Option<CloseReason> {
-        let every = app.config.room.ping_interval;
-        let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+        let mut ping = PingTimer::new(app.config.room.ping_interval);
         loop {
             let wake = tokio::select! {
                 more = poll_fn(|cx| self.poll_gather(cx)) => if more { Wake::Frames } else { Wake::Gone },
-                _ = tick.tick() => Wake::Tick,
+                () = poll_fn(|cx| ping.poll_due(cx)) => Wake::Tick,
             };
             match wake {
                 Wake::Gone => return None,
@@ -202,42 +222,48 @@ impl Writer {
     /// Gathers up to a burst of frames: the socket's queue first, then each document's in
     /// turn. `Ready(false)` once the socket's queue has closed.
     fn poll_gather(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
-        if !self.poll_cmds(cx) {
-            return Poll::Ready(false);
+        // One answer for both of the writer's queues (one registration of the waker).
+        let rung = self.bell.answer(cx, bell::CMDS | bell::OUT);
+        if rung & bell::CMDS != 0 {
+            self.cmds.rung();
+        }
+        self.rx_more |= rung & bell::OUT != 0;
+        while let Some(cmd) = self.cmds.try_next() {
+            if !self.on_cmd(cmd) {
+                return Poll::Ready(false);
+            }
         }
         // The socket's queue first, read with `try_recv` (which the scheduler's budget does
-        // not cut short): an `Authenticated` queued before its document was added is taken
-        // before anything of the document's. Then polled, for the wake-up.
-        while self.pending.len() < MAX_FRAMES_PER_FLUSH {
-            let next = match self.rx.try_recv() {
-                Ok(next) => Some(next),
-                Err(mpsc::error::TryRecvError::Disconnected) => None,
-                Err(mpsc::error::TryRecvError::Empty) => match self.rx.poll_recv(cx) {
-                    Poll::Ready(next) => next,
-                    Poll::Pending => break,
-                },
-            };
-            let Some((frame, permit)) = next else {
-                return Poll::Ready(false);
-            };
-            self.pending.push_back((frame, Some(permit)));
+        // not cut short) when its bell rang: an `Authenticated` queued before its document was
+        // added is taken before anything of the document's.
+        while self.rx_more && self.pending.len() < MAX_FRAMES_PER_FLUSH {
+            match self.rx.try_recv() {
+                Ok((frame, permit)) => self.pending.push_back((frame, Some(permit))),
+                // (Answered above in this poll: a frame queued since rings again.)
+                Err(mpsc::error::TryRecvError::Empty) => self.rx_more = false,
+                Err(mpsc::error::TryRecvError::Disconnected) => return Poll::Ready(false),
+            }
         }
         let n = self.direct.len();
         let mut ended = Vec::new();
         for i in 0..n {
             let at = (self.turn + i) % n;
-            let direct = &self.direct[at];
+            let direct = &mut self.direct[at];
             let to = (direct.address.as_str(), &*direct.acks);
             while self.pending.len() < MAX_FRAMES_PER_FLUSH {
                 // The acknowledgements owed first, as many as the burst has room for.
-                if let Some(status) = next_status(to) {
-                    self.pending.push_back((status, None));
-                    continue;
+                if direct.owing {
+                    if let Some(status) = next_status(to) {
+                        self.pending.push_back((status, None));
+                        continue;
+                    }
+                    direct.owing = false;
                 }
                 match direct.out_rx.poll_next(cx) {
                     Poll::Ready(Next::Frame(frame)) => {
                         let pending = &mut self.pending;
-                        translate(to, &self.metrics, &frame, |f| pending.push_back((f, None)));
+                        let push = |f| pending.push_back((f, None));
+                        direct.owing |= translate(to, &self.metrics, &frame, push);
                     }
                     // The room's keep-alive tick: the socket pings for all its documents.
                     Poll::Ready(Next::Ping) => {}
@@ -271,13 +297,21 @@ impl Writer {
     /// Takes the reader's commands. False once the reader is gone (so is the socket).
     fn poll_cmds(&mut self, cx: &mut Context<'_>) -> bool {
         while let Poll::Ready(cmd) = self.cmds.poll_recv(cx) {
-            match cmd {
-                Some(WriterCmd::Add(direct)) => self.direct.push(*direct),
-                Some(WriterCmd::Remove(generation)) => {
-                    self.direct.retain(|d| d.generation != generation)
-                }
-                None => return false,
+            if !self.on_cmd(cmd) {
+                return false;
             }
+        }
+        true
+    }
+
+    /// One of the reader's commands (`None`: the reader is gone); false if it was that.
+    fn on_cmd(&mut self, cmd: Option<WriterCmd>) -> bool {
+        match cmd {
+            Some(WriterCmd::Add(direct)) => self.direct.push(*direct),
+            Some(WriterCmd::Remove(generation)) => {
+                self.direct.retain(|d| d.generation != generation)
+            }
+            None => return false,
         }
         true
     }
@@ -317,7 +351,7 @@ impl Writer {
 
     /// A document's room closed it (or went away): the reader decides what that closes.
     fn ended(&self, direct: Direct, reason: CloseReason) {
-        let _ = self.events.send(Event::Ended(Ended {
+        self.events.send(Event::Ended(Ended {
             address: direct.address,
             generation: direct.generation,
             outcome: Some(reason),
@@ -325,21 +359,69 @@ impl Writer {
     }
 }
 
+/// The writer's ping timer, polled only when it is due or the socket's waker changed: a
+/// timer keeps the waker it was last polled with until it fires, so polling it on every
+/// wake-up of the socket (every frame either way) only re-read its entry in the runtime's
+/// timer wheel, a cold cache line per wake-up. A tick late after a stall is not made up for.
+struct PingTimer {
+    sleep: Pin<Box<Sleep>>,
+    /// The timer's deadline, kept here: reading it from the timer is another cache line.
+    due: Instant,
+    every: Duration,
+    /// The waker the timer holds.
+    waker: Option<Waker>,
+}
+
+impl PingTimer {
+    fn new(every: Duration) -> PingTimer {
+        let due = Instant::now() + every;
+        PingTimer {
+            sleep: Box::pin(tokio::time::sleep_until(due)),
+            due,
+            every,
+            waker: None,
+        }
+    }
+
+    fn poll_due(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let holds = self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+        if holds && Instant::now() < self.due {
+            return Poll::Pending;
+        }
+        // Outside the scheduler's budget: a budget spent would leave the timer unpolled (no
+        // waker registered) while this records the waker as held.
+        let mut sleep = tokio::task::unconstrained(self.sleep.as_mut());
+        match Pin::new(&mut sleep).poll(cx) {
+            Poll::Ready(()) => {
+                self.due = Instant::now() + self.every;
+                self.sleep.as_mut().reset(self.due);
+                self.waker = None;
+                Poll::Ready(())
+            }
+            Poll::Pending => {
+                self.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
 /// Turns a frame a room queued for a peer (y-websocket messages) into Hocuspocus frames for
 /// the document's address, one per message: Sync, Awareness and QueryAwareness as they are
 /// after the address; a refused update as `SyncStatus(false)`; a stateless message as
 /// `Stateless`. A durable acknowledgement makes one `SyncStatus(true)` owed for each update
-/// it covers ([`next_status`]).
+/// it covers ([`next_status`]). True if the frame held such an acknowledgement.
 pub(super) fn translate(
     (address, acks): (&str, &Acks),
     metrics: &Metrics,
     frame: &Bytes,
     mut emit: impl FnMut(Bytes),
-) {
+) -> bool {
     let Ok(messages) = protocol::split_frame(frame) else {
         debug!("dropping a frame that does not split into messages");
-        return;
+        return false;
     };
+    let mut echoed = false;
     for (tag, message) in messages {
         match tag {
             0 | 1 | 3 => emit(hp::wrap(address, &message)),
@@ -360,6 +442,7 @@ pub(super) fn translate(
                 let n = n.min(acks.requested.load(Ordering::Relaxed));
                 let target = n.saturating_sub(acks.refused.load(Ordering::Relaxed));
                 acks.owed.fetch_max(target, Ordering::Relaxed);
+                echoed = true;
             }
             t if t == u64::from(MSG_STATELESS) => {
                 if let Some(payload) = protocol::read_stateless(&message) {
@@ -370,6 +453,7 @@ pub(super) fn translate(
             _ => {}
         }
     }
+    echoed
 }
 
 /// The next `SyncStatus(true)` owed to a document, if any.
