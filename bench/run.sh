@@ -155,6 +155,9 @@ if [ "$MODE" = full ] || [ "$MODE" = extras ]; then
   # tenth of it, REPLAYS=90, it held 2.4x the floor's memory).
   SERVERS="floor quire" bench/items.sh
   cat "$OUT/items.jsonl" >> "$RESULTS"
+  # Its snapshot in alternating rounds against the floor, each a fresh process (target 2's
+  # figure; rows in $OUT/snapshot-rounds.jsonl, apart from the report's).
+  bench/snapshot_rounds.sh 5
   # /hocuspocus against the y-websocket endpoint, with and without an ack per update.
   ROUND_RESULTS="$OUT/cpu-rounds-hocuspocus.jsonl" SERVERS="quire quire-ack quire-hocuspocus" \
     LOADS="light medium" bench/cpu_rounds.sh 3 "$DUR"

@@ -99,6 +99,9 @@ enum Scenario {
     /// A large document's content read now, at a version and at a position: first read
     /// and repeated reads, server CPU each (Quire only).
     Reads(reads::ReadsArgs),
+    /// yrs alone decoding a state file (Yjs v1) into a fresh document and encoding it again:
+    /// the floor of a snapshot, to alternate with `quire compact` on one machine.
+    Roundtrip(memory::RoundtripArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -260,6 +263,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Presence(args) => presence::presence(args).await?,
         Scenario::Memory(args) => memory::memory(args).await?,
         Scenario::Reads(args) => reads::reads(args).await?,
+        Scenario::Roundtrip(args) => memory::roundtrip(&args)?,
     }
     Ok(())
 }

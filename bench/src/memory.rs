@@ -57,6 +57,53 @@ pub struct MemoryArgs {
     items_cache: std::path::PathBuf,
 }
 
+#[derive(clap::Args, Clone)]
+pub struct RoundtripArgs {
+    /// The state (Yjs v1), as `memory --save-state` writes it
+    #[arg(long)]
+    state: std::path::PathBuf,
+    /// Label printed with the result
+    #[arg(long, default_value = "floor")]
+    label: String,
+}
+
+/// `roundtrip`: the state read from its file, decoded and integrated into a fresh document,
+/// encoded again; each step timed (the read apart: `quire compact` reads from its store).
+pub fn roundtrip(args: &RoundtripArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let state =
+        std::fs::read(&args.state).with_context(|| format!("read {}", args.state.display()))?;
+    let read_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let (yrs_load_ms, yrs_encode_ms, encoded) = yrs_alone(&state)?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "scenario": "roundtrip", "label": args.label, "read_ms": read_ms,
+            "yrs_load_ms": yrs_load_ms, "yrs_encode_ms": yrs_encode_ms,
+            "snapshot_ms": yrs_load_ms + yrs_encode_ms, "encoded": encoded,
+        })
+    );
+    Ok(())
+}
+
+/// yrs alone loading `state` (Yjs v1) into a fresh document and encoding it again: the
+/// milliseconds of each, and the length encoded.
+fn yrs_alone(state: &[u8]) -> anyhow::Result<(f64, f64, usize)> {
+    let started = Instant::now();
+    let doc = Doc::new();
+    {
+        let u = <yrs::Update as yrs::updates::decoder::Decode>::decode_v1(state)?;
+        doc.transact_mut().apply_update(u)?;
+    }
+    let load_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let started = Instant::now();
+    let again = doc
+        .transact()
+        .encode_state_as_update_v1(&yrs::StateVector::default());
+    let encode_ms = started.elapsed().as_secs_f64() * 1000.0;
+    Ok((load_ms, encode_ms, again.len()))
+}
+
 /// The document to measure: its updates, encoded size and item count, with what yrs alone
 /// takes here to load it (decode and integrate its encoded state) and to encode it.
 struct Measured {
@@ -111,20 +158,7 @@ fn document(args: &MemoryArgs) -> anyhow::Result<Measured> {
     if let Some(path) = &args.save_state {
         std::fs::write(path, &state).with_context(|| format!("write {}", path.display()))?;
     }
-    let started = Instant::now();
-    let alone = Doc::new();
-    {
-        let u = <yrs::Update as yrs::updates::decoder::Decode>::decode_v1(&state)?;
-        alone.transact_mut().apply_update(u)?;
-    }
-    let yrs_load_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let started = Instant::now();
-    let again = alone
-        .transact()
-        .encode_state_as_update_v1(&yrs::StateVector::default());
-    let yrs_encode_ms = started.elapsed().as_secs_f64() * 1000.0;
-    drop(alone);
-    let encoded = again.len();
+    let (yrs_load_ms, yrs_encode_ms, encoded) = yrs_alone(&state)?;
     let updates = if args.as_one {
         vec![state]
     } else {

@@ -255,6 +255,25 @@ async fn every_scenario_runs_against_quire_and_reports() {
     assert!(it["yrs_load_ms"].as_f64().is_some(), "{it}");
     let saved = std::fs::read(items_dir.path().join("items.v1")).expect("the saved state");
     assert_eq!(it["doc_bytes"].as_u64(), Some(saved.len() as u64), "{it}");
+    // The snapshot's floor (bench/snapshot_rounds.sh): the saved state decoded and encoded
+    // again, to the same bytes' length.
+    let state = items_dir.path().join("items.v1");
+    let out = Command::new(env!("CARGO_BIN_EXE_quire-bench"))
+        .args(["roundtrip", "--state"])
+        .arg(&state)
+        .output()
+        .expect("run quire-bench roundtrip");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rt: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!(rt["encoded"].as_u64(), Some(saved.len() as u64), "{rt}");
+    assert!(
+        rt["snapshot_ms"].as_f64().is_some_and(|ms| ms > 0.0),
+        "{rt}"
+    );
     let reads = bench(server.addr, "reads --doc-mb 0.3 --repeat 2 --prefix reads").await;
     for kind in ["now", "version", "position"] {
         let r = reads
