@@ -125,11 +125,11 @@ pub enum HpMessage {
     SyncStatus(bool),
 }
 
-/// The start of an addressed frame, read without decoding its body.
+/// The start of an addressed frame, read without decoding its body or copying its address.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Head {
-    /// The address exactly as sent (see [`Addressed::address`]).
-    pub address: String,
+pub struct Head<'a> {
+    /// The address exactly as sent (see [`Addressed::address`]), borrowed from the frame.
+    pub address: &'a str,
     /// The message type ([`types`]).
     pub kind: u64,
     /// Where the message starts (its type): for Sync, Awareness and QueryAwareness, the frame
@@ -139,10 +139,10 @@ pub struct Head {
     pub subtype: Option<u8>,
 }
 
-impl Head {
+impl<'a> Head<'a> {
     /// The document's name: the address up to its first NUL.
-    pub fn doc_name(&self) -> &str {
-        doc_name(&self.address)
+    pub fn doc_name(&self) -> &'a str {
+        doc_name(self.address)
     }
 }
 
@@ -153,18 +153,21 @@ pub fn doc_name(address: &str) -> &str {
 }
 
 /// Reads a frame's address and type. `Ok(None)` for a bare Ping or Pong.
-pub fn head(frame: &Bytes) -> Result<Option<Head>, crate::DecodeError> {
+pub fn head(frame: &Bytes) -> Result<Option<Head<'_>>, crate::DecodeError> {
     match frame.as_ref() {
         [] => return Err(crate::DecodeError::Empty),
         [types::PING] | [types::PONG] => return Ok(None),
         _ => {}
     }
     let mut cur = Cursor::new(frame);
-    let address = cur
-        .read_string()
+    // The address's bytes (length-prefixed), borrowed from the frame rather than the cursor.
+    let len = cur
+        .read_buf()
         .map_err(|e| crate::malformed(0, format!("address: {e}")))?
-        .to_owned();
+        .len();
     let message_at = cur.next;
+    let address = std::str::from_utf8(&frame[message_at - len..message_at])
+        .map_err(|e| crate::malformed(0, format!("address: {e}")))?;
     let kind: u64 = cur
         .read_var()
         .map_err(|e| crate::malformed(message_at, e))?;
@@ -262,7 +265,10 @@ pub fn decode(frame: &Bytes) -> Result<Frame, crate::DecodeError> {
             "bytes after the message (one message per frame)",
         ));
     }
-    Ok(Frame::Addressed(Addressed { address, message }))
+    Ok(Frame::Addressed(Addressed {
+        address: address.to_owned(),
+        message,
+    }))
 }
 
 fn addressed(address: &str, kind: u64) -> BytesMut {

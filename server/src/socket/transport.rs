@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use prometheus::IntGauge;
 use tokio::time::{Duration, Instant};
@@ -16,7 +15,6 @@ use tokio_tungstenite::tungstenite::protocol::frame::Frame;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 pub(crate) use tokio_tungstenite::tungstenite::{Error as WsError, Message as WsMessage};
 
-use super::upgrade::Socket;
 use crate::close;
 use crate::config::Limits;
 use crate::room::CloseReason;
@@ -47,9 +45,6 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// afterwards, and moves what is left of it forward after every partial write: 150 clients
 /// opening a 20 MB document held 150 copies (3 GB) and spent most of their CPU moving them.
 pub(crate) const FRAGMENT_BYTES: usize = 64 * 1024;
-
-pub(crate) type Sink = Fragmenting<SplitSink<Socket, WsMessage>>;
-pub(crate) type Stream = SplitStream<Socket>;
 
 /// A sink that sends binary messages longer than [`FRAGMENT_BYTES`] as a fragmented message
 /// (a Binary frame, then Continuation frames, the last one final); nothing else is sent
@@ -150,8 +145,7 @@ impl<T> Duplex for T where
 {
 }
 
-/// A sink and a stream as one [`Duplex`] (a Hocuspocus socket's split halves, or one of its
-/// documents' channels).
+/// A sink and a stream as one [`Duplex`] (a relayed Hocuspocus document's channels).
 pub(crate) struct Pair<S, R> {
     pub(crate) sink: S,
     pub(crate) stream: R,
@@ -204,8 +198,8 @@ impl Drop for Counted {
     }
 }
 
-/// When a connection's client was last heard from, shared by its two halves: milliseconds
-/// since the connection opened (an atomic, not an `Instant` behind a lock).
+/// When a connection's client was last heard from, marked by its reading side and read by its
+/// writing side (one future, or a relay's two halves): milliseconds since the connection opened (an atomic, not an `Instant` behind a lock).
 pub(crate) struct LastSeen {
     pub(crate) opened: Instant,
     at_ms: AtomicU64,

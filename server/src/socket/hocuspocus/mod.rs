@@ -34,21 +34,22 @@
 //!   the y-websocket endpoint's close code, and the provider reconnects every document.
 
 use std::collections::HashMap;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use axum::extract::{ConnectInfo, State};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tracing::{debug, info_span, warn, Instrument};
 
 use super::admit::{admit_address, socket_permission, verify_credential, VerifyError};
-use super::transport::{self, socket_config, Counted, Fragmenting, LastSeen, WsMessage};
+use super::transport::{self, socket_config, Counted, Duplex, Fragmenting, LastSeen, WsMessage};
 use super::upgrade::{Socket, UpgradeRejection, WsUpgrade};
 use crate::app::AppState;
 use crate::auth::Principal;
@@ -95,20 +96,14 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
     let span = info_span!("hocuspocus", addr = ?ip);
     async move {
         let _counted = Counted::new(&app.metrics.hocuspocus_sockets);
-        let (sink, mut stream) = socket.split();
-        let mut sink = Fragmenting::new(sink);
+        let mut socket = Fragmenting::new(socket);
         let limits = &app.config.limits;
         let room = &app.config.room;
         let bell = Arc::new(Doorbell::default());
         let (out, out_rx) = Out::new(room.peer_queue, room.peer_queue_bytes, &bell);
         let (events_tx, events_rx) = bell::unbounded(&bell, bell::EVENTS);
         let (writer_tx, writer_rx) = bell::unbounded(&bell, bell::CMDS);
-        let writer = Writer::new(
-            (out_rx, &bell),
-            writer_rx,
-            events_tx.clone(),
-            app.metrics.clone(),
-        );
+        let mut writer = Writer::new((out_rx, &bell), writer_rx, events_tx.clone(), &app);
         let seen = LastSeen::new();
         let mut conn = Conn {
             app: app.clone(),
@@ -125,22 +120,16 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
             stateless: Bucket::full(limits.stateless_per_second.saturating_mul(2)),
             held_frames: 0,
             held_bytes: 0,
+            late: None,
             closed: Default::default(),
             next_gen: 0,
         };
-        let outcome = tokio::select! {
-            r = conn.read(&mut stream) => r,
-            w = writer.run(&mut sink, &seen, &app) => w,
-        };
+        let outcome = conn.run(&mut socket, &mut writer).await;
         // Every document leaves its room (and the joins not taken over yet, queued as events,
         // leave theirs).
         drop(conn);
-        let reason = transport::finish(
-            transport::Pair { sink, stream },
-            outcome,
-            app.config.slow_close_timeout,
-        )
-        .await;
+        drop(writer);
+        let reason = transport::finish(socket, outcome, app.config.slow_close_timeout).await;
         debug!(code = reason.code, reason = %reason.reason, "closed");
     }
     .instrument(span)
@@ -190,55 +179,129 @@ struct Conn<'a> {
     /// Frames (and their bytes) held for addresses not yet authenticated.
     held_frames: usize,
     held_bytes: usize,
+    /// The timer of [`Conn::held_deadline`], with the deadline it is set for.
+    late: Option<(Instant, Pin<Box<Sleep>>)>,
     /// Closed addresses, oldest first (see [`Conn::tombstone`]).
     closed: std::collections::VecDeque<String>,
     next_gen: u64,
 }
 
+/// What the socket's task woke up for, besides writing.
+enum Input {
+    Frame(Option<Result<WsMessage, transport::WsError>>),
+    Event(Event),
+    /// A held frame (or, before any document is authenticated, the socket) waited too long.
+    Late,
+    /// The write side ended the socket.
+    End(Option<CloseReason>),
+}
+
 impl Conn<'_> {
-    async fn read(&mut self, stream: &mut transport::Stream) -> Option<CloseReason> {
+    /// Serves the socket until it ends: `None` when the client closed or the socket failed,
+    /// else the reason to close it with.
+    ///
+    /// Both directions of the unsplit socket are polled by this one future, as a y-websocket
+    /// connection's are ([`crate::socket::ws`]): no lock between two halves, no `select!`
+    /// of two loops each polled on every wake-up. Waiting for input, reading and writing take
+    /// turns at going first. A frame's handling is async only for its rare steps (an `Auth` checked against
+    /// storage, a stateless message recorded, a room's inbox full): while one waits, the
+    /// writer is still driven, so a document's frames keep leaving and a room's close order
+    /// still overtakes a write stuck on a client that does not read.
+    async fn run<T: Duplex>(&mut self, conn: &mut T, writer: &mut Writer) -> Option<CloseReason> {
+        let seen = self.seen;
+        let mut read_first = false;
         loop {
-            let deadline = self.held_deadline();
-            let step = tokio::select! {
-                frame = stream.next() => {
-                    self.seen.mark();
+            self.arm_deadline();
+            let input = poll_fn(|cx| {
+                read_first = !read_first;
+                if !read_first {
+                    if let Poll::Ready(end) = writer.poll_write(conn, seen, cx) {
+                        return Poll::Ready(Input::End(end));
+                    }
+                }
+                if let Poll::Ready(input) = self.poll_input(conn, cx) {
+                    return Poll::Ready(input);
+                }
+                if read_first {
+                    if let Poll::Ready(end) = writer.poll_write(conn, seen, cx) {
+                        return Poll::Ready(Input::End(end));
+                    }
+                }
+                Poll::Pending
+            })
+            .await;
+            let step = match input {
+                Input::End(end) => return end,
+                Input::Frame(frame) => {
+                    seen.mark();
                     match frame {
-                        Some(Ok(WsMessage::Binary(data))) => self.on_frame(data).await,
-                        Some(Ok(WsMessage::Text(_))) => Err(CloseReason::new(
+                        Some(Ok(WsMessage::Binary(data))) => {
+                            drive(self.on_frame(data), conn, writer, seen).await
+                        }
+                        Some(Ok(WsMessage::Text(_))) => Err(Some(CloseReason::new(
                             close::UNSUPPORTED_DATA,
                             "text frames are not part of the protocol",
-                        )),
+                        ))),
                         // (Reads never yield raw frames.)
-                        Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => Ok(()),
-                        Some(Ok(WsMessage::Close(_))) | None => return None,
-                        Some(Err(e)) if transport::is_too_big(&e) => {
-                            Err(CloseReason::new(close::MESSAGE_TOO_BIG, "message too big"))
+                        Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_) | WsMessage::Frame(_))) => {
+                            Ok(())
                         }
+                        Some(Ok(WsMessage::Close(_))) | None => return None,
+                        Some(Err(e)) if transport::is_too_big(&e) => Err(Some(CloseReason::new(
+                            close::MESSAGE_TOO_BIG,
+                            "message too big",
+                        ))),
                         Some(Err(e)) => {
                             debug!(error = %e, "read error");
                             return None;
                         }
                     }
                 }
-                Some(event) = poll_fn(|cx| self.events_rx.poll_recv(cx)) => match event {
-                    Event::Ended(ended) => self.on_ended(ended).await,
-                    Event::Joined(handover) => self.take_over(*handover).await,
-                },
-                _ = sleep_until(deadline) => {
+                Input::Event(Event::Ended(ended)) => {
+                    drive(self.on_ended(ended), conn, writer, seen).await
+                }
+                Input::Event(Event::Joined(handover)) => {
+                    drive(self.take_over(*handover), conn, writer, seen).await
+                }
+                Input::Late => {
                     self.app.metrics.hocuspocus_pending_overflows.inc();
-                    Err(CloseReason::new(
+                    Err(Some(CloseReason::new(
                         close::POLICY,
                         if self.authenticated {
                             "a document was not authenticated in time"
                         } else {
                             "no document was authenticated in time"
                         },
-                    ))
+                    )))
                 }
             };
-            if let Err(reason) = step {
-                return Some(reason);
+            if let Err(outcome) = step {
+                return outcome;
             }
+        }
+    }
+
+    /// The reader's side of one poll: what the sessions and the writer report, the held
+    /// frames' deadline, then the client's next frame.
+    fn poll_input<T: Duplex>(&mut self, conn: &mut T, cx: &mut Context<'_>) -> Poll<Input> {
+        if let Poll::Ready(Some(event)) = self.events_rx.poll_recv(cx) {
+            return Poll::Ready(Input::Event(event));
+        }
+        if let Some((_, late)) = &mut self.late {
+            if late.as_mut().poll(cx).is_ready() {
+                self.late = None;
+                return Poll::Ready(Input::Late);
+            }
+        }
+        Pin::new(conn).poll_next(cx).map(Input::Frame)
+    }
+
+    /// Sets the timer of [`Conn::held_deadline`] (kept while the deadline stays the same).
+    fn arm_deadline(&mut self) {
+        match (self.held_deadline(), &mut self.late) {
+            (None, late) => *late = None,
+            (Some(at), Some((armed, _))) if *armed == at => {}
+            (Some(at), late) => *late = Some((at, Box::pin(tokio::time::sleep_until(at)))),
         }
     }
 
@@ -297,13 +360,13 @@ impl Conn<'_> {
             }
             Err(e) => return Err(self.malformed(e.to_string())),
         };
-        match self.docs.get(&head.address) {
-            Some(DocState::Open(_)) => self.on_open_frame(head, data).await,
+        match self.docs.get(head.address) {
+            Some(DocState::Open(_)) => self.on_open_frame(head, &data).await,
             _ if head.kind == types::AUTH => match hp::decode(&data) {
                 Ok(hp::Frame::Addressed(hp::Addressed {
                     message: hp::HpMessage::Token { token, .. },
-                    ..
-                })) => self.authenticate(head.address, &token).await,
+                    address,
+                })) => self.authenticate(address, &token).await,
                 // Other Auth subtypes are the server's to send.
                 Ok(_) => Ok(()),
                 Err(e) => Err(self.malformed(e.to_string())),
@@ -311,12 +374,15 @@ impl Conn<'_> {
             Some(DocState::Closed) => Ok(()),
             _ if head.kind == types::CLOSE => {
                 // The provider gave up on a document still waiting for its Auth.
-                if let Some(DocState::Held { frames, .. }) = self.docs.remove(&head.address) {
+                if let Some(DocState::Held { frames, .. }) = self.docs.remove(head.address) {
                     self.release(&frames);
                 }
                 Ok(())
             }
-            _ => self.hold(head.address, data),
+            _ => {
+                let address = head.address.to_owned();
+                self.hold(address, data)
+            }
         }
     }
 
@@ -481,11 +547,11 @@ impl Conn<'_> {
     }
 
     /// A frame for an authenticated document.
-    async fn on_open_frame(&mut self, head: hp::Head, data: Bytes) -> Result<(), CloseReason> {
+    async fn on_open_frame(&mut self, head: hp::Head<'_>, data: &Bytes) -> Result<(), CloseReason> {
         let now_ms = self.now_ms();
         let limits = &self.app.config.limits;
         let metrics = &self.app.metrics;
-        let Some(DocState::Open(session)) = self.docs.get_mut(&head.address) else {
+        let Some(DocState::Open(session)) = self.docs.get_mut(head.address) else {
             return Ok(());
         };
         let message = || data.slice(head.message_at..);
@@ -540,7 +606,7 @@ impl Conn<'_> {
                 let sent = session.forward(message(), None).await;
                 return sent.map_err(|e| self.undelivered(e));
             }
-            types::AUTH => match hp::decode(&data) {
+            types::AUTH => match hp::decode(data) {
                 Ok(hp::Frame::Addressed(hp::Addressed {
                     message: hp::HpMessage::Token { token, .. },
                     ..
@@ -549,7 +615,7 @@ impl Conn<'_> {
                 Err(e) => return Err(self.malformed(e.to_string())),
             },
             types::STATELESS => {
-                let payload = match hp::decode(&data) {
+                let payload = match hp::decode(data) {
                     Ok(hp::Frame::Addressed(hp::Addressed {
                         message: hp::HpMessage::Stateless(payload),
                         ..
@@ -574,13 +640,13 @@ impl Conn<'_> {
                 // The provider is done with this document; the socket stays. Hocuspocus
                 // answers with a Close too (the provider ignores it). The provider sends
                 // nothing more for it: no need to remember it as closed.
-                self.docs.remove(&head.address);
-                let close = hp::encode_close(&head.address, "provider_initiated");
+                self.docs.remove(head.address);
+                let close = hp::encode_close(head.address, "provider_initiated");
                 return self.send(close).await;
             }
             types::BROADCAST_STATELESS => {
                 let why = "BroadcastStateless is for servers; clients send Stateless";
-                return self.close_doc(&head.address, why).await;
+                return self.close_doc(head.address, why).await;
             }
             other => debug!(
                 kind = other,
@@ -631,21 +697,21 @@ impl Conn<'_> {
     /// first; if it does not cover the document any more, the document is closed. Otherwise
     /// the session hands it to its room (on this node or, relayed, the owner's), which takes
     /// its permission and expiry in place of the old ones.
-    async fn refresh(&mut self, address: String, token: &str) -> Result<(), CloseReason> {
-        let Some(DocState::Open(session)) = self.docs.get(&address) else {
+    async fn refresh(&mut self, address: &str, token: &str) -> Result<(), CloseReason> {
+        let Some(DocState::Open(session)) = self.docs.get(address) else {
             return Ok(());
         };
         let name = session.name.clone();
         match self.check(&name, token).await {
             Ok(auth) => {
-                if let Some(DocState::Open(session)) = self.docs.get_mut(&address) {
+                if let Some(DocState::Open(session)) = self.docs.get_mut(address) {
                     session.reauth(auth).await;
                 }
                 Ok(())
             }
             Err(Refusal::Deny(reason)) => {
                 self.app.metrics.hocuspocus_auth_failures.inc();
-                self.close_doc(&address, &format!("Unauthorized: {reason}"))
+                self.close_doc(address, &format!("Unauthorized: {reason}"))
                     .await
             }
             Err(Refusal::Close(reason)) => Err(reason),
@@ -756,9 +822,20 @@ fn closes_the_document_only(code: u16) -> bool {
     )
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
+/// Drives one step of the reader (a frame's handling, an event's) to its end, and the socket's
+/// writer meanwhile. `Err` ends the socket with that outcome.
+async fn drive<T: Duplex>(
+    step: impl Future<Output = Result<(), CloseReason>>,
+    conn: &mut T,
+    writer: &mut Writer,
+    seen: &LastSeen,
+) -> Result<(), Option<CloseReason>> {
+    let mut step = std::pin::pin!(step);
+    poll_fn(|cx| {
+        if let Poll::Ready(done) = step.as_mut().poll(cx) {
+            return Poll::Ready(done.map_err(Some));
+        }
+        writer.poll_write(conn, seen, cx).map(Err)
+    })
+    .await
 }

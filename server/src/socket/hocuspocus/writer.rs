@@ -1,5 +1,6 @@
-//! The write side of a Hocuspocus socket: one task writes what every document of the socket
-//! has for its client.
+//! The write side of a Hocuspocus socket: what every document of the socket has for its
+//! client, written by the socket's own task, which polls it with the reading side
+//! ([`Writer::poll_write`]) on the one unsplit socket.
 //!
 //! Two kinds of sources feed it:
 //!
@@ -16,15 +17,14 @@
 //! document's frames; the documents take turns.
 
 use std::collections::VecDeque;
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::SinkExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tracing::debug;
@@ -38,10 +38,13 @@ use crate::protocol::hocuspocus as hp;
 use crate::protocol::{self, MSG_DURABLE_ACK, MSG_STATELESS};
 use crate::room::queue::{self, Next, QueueRx};
 use crate::room::CloseReason;
-use crate::socket::transport::{self, LastSeen, WsMessage};
+use crate::socket::transport::{Duplex, LastSeen, WsMessage};
 
 /// Most frames written with one flush.
 const MAX_FRAMES_PER_FLUSH: usize = 64;
+
+/// Most flushes in one poll of the writer: the rest waits for the task's next poll.
+const MAX_BURSTS_PER_POLL: u8 = 4;
 
 /// The socket's outbound queue, shared by the socket's own answers and its relayed documents'
 /// sessions: bounded in frames (the channel, `peer_queue`) and in bytes (`peer_queue_bytes`,
@@ -146,15 +149,12 @@ pub(super) struct Writer {
     turn: usize,
     /// Frames gathered for the next write, each with its share of the socket's budget.
     pending: VecDeque<(Bytes, Option<OwnedSemaphorePermit>)>,
-}
-
-enum Wake {
-    /// Frames are pending.
-    Frames,
-    /// Time to ping (and to check the client is alive).
-    Tick,
-    /// The socket's queue closed: the socket is ending.
-    Gone,
+    ping: PingTimer,
+    /// A ping is to be written.
+    ping_due: bool,
+    idle_timeout: Duration,
+    /// Frames were handed to the socket and are not flushed yet.
+    flushing: bool,
 }
 
 impl Writer {
@@ -162,59 +162,81 @@ impl Writer {
         (rx, bell): (OutRx, &Arc<Doorbell>),
         cmds: BellRx<WriterCmd>,
         events: BellTx<Event>,
-        metrics: Arc<Metrics>,
+        app: &AppState,
     ) -> Writer {
         Writer {
+            ping: PingTimer::new(app.config.room.ping_interval),
+            idle_timeout: app.config.idle_timeout,
+            ping_due: false,
+            flushing: false,
+            metrics: app.metrics.clone(),
             rx,
             bell: bell.clone(),
             rx_more: false,
             cmds,
             events,
-            metrics,
             direct: Vec::new(),
             turn: 0,
             pending: VecDeque::new(),
         }
     }
 
-    /// Writes until the socket ends: a burst of frames per flush, a ping every
-    /// `ping_interval`, and a close for a client silent for `idle_timeout`.
-    pub(super) async fn run(
-        mut self,
-        sink: &mut transport::Sink,
+    /// Writes what the socket's documents have for the client, as far as the socket takes
+    /// it: a burst of frames per flush, a ping every `ping_interval`, and a close for a client
+    /// silent for `idle_timeout`. `Ready` when the socket ends (`None`: it failed). While a
+    /// write waits on a client that does not read, a room's close order for one of the
+    /// documents (one joined meanwhile too) still gets through.
+    pub(super) fn poll_write<T: Duplex>(
+        &mut self,
+        conn: &mut T,
         seen: &LastSeen,
-        app: &AppState,
-    ) -> Option<CloseReason> {
-        let mut ping = PingTimer::new(app.config.room.ping_interval);
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<CloseReason>> {
+        // Bursts written in this poll: past a few, the rest waits for the task's next poll
+        // (woken again at once), so the reader is not kept waiting by a busy socket.
+        let mut bursts = 0;
         loop {
-            let wake = tokio::select! {
-                more = poll_fn(|cx| self.poll_gather(cx)) => if more { Wake::Frames } else { Wake::Gone },
-                () = poll_fn(|cx| ping.poll_due(cx)) => Wake::Tick,
-            };
-            match wake {
-                Wake::Gone => return None,
-                Wake::Frames => {
-                    while let Some((frame, permit)) = self.pending.pop_front() {
-                        if !self.overtaken(sink.feed(WsMessage::Binary(frame))).await {
-                            return None;
-                        }
-                        drop(permit);
-                    }
-                    if !self.overtaken(sink.flush()).await {
-                        return None;
-                    }
+            // The timer first, whatever else there is to write: a steady stream of frames
+            // must not hold back the pings (and the idle check) for as long as it lasts.
+            if !self.ping_due && self.ping.poll_due(cx).is_ready() {
+                if seen.last().elapsed() >= self.idle_timeout {
+                    let reason = CloseReason::new(close::GOING_AWAY, "idle timeout");
+                    return Poll::Ready(Some(reason));
                 }
-                Wake::Tick => {
-                    if seen.last().elapsed() >= app.config.idle_timeout {
-                        return Some(CloseReason::new(close::GOING_AWAY, "idle timeout"));
-                    }
-                    if !self
-                        .overtaken(sink.send(WsMessage::Ping(Bytes::new())))
-                        .await
-                    {
-                        return None;
-                    }
+                self.ping_due = true;
+            }
+            while !self.pending.is_empty() || self.ping_due {
+                match Pin::new(&mut *conn).poll_ready(cx) {
+                    Poll::Pending => return self.poll_stuck(cx),
+                    Poll::Ready(Err(_)) => return Poll::Ready(None),
+                    Poll::Ready(Ok(())) => {}
                 }
+                let (msg, _permit) = match self.pending.pop_front() {
+                    Some((frame, permit)) => (WsMessage::Binary(frame), permit),
+                    None => {
+                        self.ping_due = false;
+                        (WsMessage::Ping(Bytes::new()), None)
+                    }
+                };
+                if Pin::new(&mut *conn).start_send(msg).is_err() {
+                    return Poll::Ready(None);
+                }
+                self.flushing = true;
+            }
+            if self.flushing {
+                match Pin::new(&mut *conn).poll_flush(cx) {
+                    Poll::Pending => return self.poll_stuck(cx),
+                    Poll::Ready(Err(_)) => return Poll::Ready(None),
+                    Poll::Ready(Ok(())) => self.flushing = false,
+                }
+                bursts += 1;
+                if bursts == MAX_BURSTS_PER_POLL {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+            }
+            if !ready!(self.poll_gather(cx)) {
+                return Poll::Ready(None);
             }
         }
     }
@@ -316,37 +338,23 @@ impl Writer {
         true
     }
 
-    /// Drives a write to the client; while it waits (a client that does not read), a room's
-    /// close order for one of the documents (one joined meanwhile too) still gets through.
-    /// False if the socket failed.
-    async fn overtaken<F>(&mut self, write: F) -> bool
-    where
-        F: Future<Output = Result<(), transport::WsError>>,
-    {
-        let mut write = std::pin::pin!(write);
-        loop {
-            let step = poll_fn(|cx| {
-                if let Poll::Ready(done) = write.as_mut().poll(cx) {
-                    return Poll::Ready(Err(done.is_ok()));
-                }
-                // (The reader gone ends the socket anyway: the write is left to finish.)
-                let _ = self.poll_cmds(cx);
-                for (at, direct) in self.direct.iter().enumerate() {
-                    if let Poll::Ready(reason) = direct.out_rx.poll_killed(cx) {
-                        return Poll::Ready(Ok((at, reason)));
-                    }
-                }
-                Poll::Pending
-            })
-            .await;
-            match step {
-                Err(written) => return written,
-                Ok((at, reason)) => {
+    /// A write waits on the client: the reader's commands are taken, and a room's close order
+    /// for one of the documents ends it, while the write waits. Always `Pending` (the socket
+    /// wakes the task when the write can go on).
+    fn poll_stuck(&mut self, cx: &mut Context<'_>) -> Poll<Option<CloseReason>> {
+        // (The reader never goes first: it holds the commands' sender.)
+        let _ = self.poll_cmds(cx);
+        let mut at = 0;
+        while at < self.direct.len() {
+            match self.direct[at].out_rx.poll_killed(cx) {
+                Poll::Ready(reason) => {
                     let direct = self.direct.remove(at);
                     self.ended(direct, reason);
                 }
+                Poll::Pending => at += 1,
             }
         }
+        Poll::Pending
     }
 
     /// A document's room closed it (or went away): the reader decides what that closes.
