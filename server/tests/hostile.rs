@@ -715,3 +715,72 @@ async fn joins_and_appends_on_a_large_snapshotted_document_do_not_read_its_snaps
         appends >> 20
     );
 }
+
+/// Two histories under one client id: the room holds client 5's blocks with a hole (one arrived
+/// ahead of its client's earlier ones, which durability.rs's BroadcastChannel test makes on
+/// purpose), then gets one block spanning the hole and the ranges it holds on either side.
+/// yrs 0.28.1 freed a piece of that block while another piece still pointed at it, and read it
+/// (a use after free, found by the `http_json` fuzz target; vendor/README.md). Without a
+/// sanitizer the read went unseen, so the `room_update` fuzz target has these three updates
+/// among its seeds (`fuzz/seeds/room_update/yrs-hole-*`), which AddressSanitizer checks. Here:
+/// the room takes them and a fresh client gets what a reference document makes of them.
+#[tokio::test]
+async fn a_block_spanning_a_hole_and_held_ranges_is_applied_safely() {
+    use yrs::updates::decoder::Decode;
+    use yrs::{Map, ReadTxn, Update};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = TestServer::start(test_config(dir.path())).await;
+    let url = server.url("holes");
+    // Client 5: "abcde" (clocks 0..5, no origin), five map keys (5..10, never sent), "qq" in
+    // another text (10..12, no origin).
+    let w = Doc::with_client_id(5);
+    let (text, map, other) = (
+        w.get_or_insert_text("text"),
+        w.get_or_insert_map("m"),
+        w.get_or_insert_text("t2"),
+    );
+    let first = {
+        let mut txn = w.transact_mut();
+        text.insert(&mut txn, 0, "abcde");
+        txn.encode_update_v1()
+    };
+    {
+        let mut txn = w.transact_mut();
+        for k in 0..5 {
+            map.insert(&mut txn, format!("k{k}"), 1);
+        }
+    }
+    let third = {
+        let mut txn = w.transact_mut();
+        other.insert(&mut txn, 0, "qq");
+        txn.encode_update_v1()
+    };
+    // Another client 5: one 40-character block over clocks 0..40.
+    let w2 = Doc::with_client_id(5);
+    let text2 = w2.get_or_insert_text("text");
+    text2.insert(&mut w2.transact_mut(), 0, &"x".repeat(40));
+    let spanning = w2
+        .transact()
+        .encode_state_as_update_v1(&StateVector::default());
+    let updates = [&first, &third, &spanning];
+    let reference = Doc::with_client_id(9);
+    for u in updates {
+        let update = Update::decode_v1(u).expect("decodes");
+        reference
+            .transact_mut()
+            .apply_update(update)
+            .expect("applies");
+    }
+    let mut c = Client::connect(&url, 1).await;
+    for (n, u) in (1u64..).zip(updates) {
+        c.send_update(u).await;
+        c.durable_ack(n).await;
+    }
+    let want = reference
+        .get_or_insert_text("text")
+        .get_string(&reference.transact());
+    assert_eq!(want, "abcdexxxxx");
+    let fresh = Client::connect(&url, 2).await;
+    assert_eq!(fresh.text(), want);
+    server.stop().await;
+}

@@ -1,0 +1,2 @@
+pub mod decoder;
+pub mod encoder;
