@@ -70,6 +70,9 @@ pub struct TestHooks {
     pub restore_hold: Option<Arc<tokio::sync::Barrier>>,
     /// The first JSON edit stops here between computing its update and applying it.
     pub edit_hold: Option<Arc<EditHold>>,
+    /// The first merge stops here after applying its changes and before recording them as
+    /// merged, so a test can send a reject into that gap.
+    pub merge_hold: Option<Arc<EditHold>>,
 }
 
 /// Where a JSON edit waits once, so that a test can change the document between the edit's

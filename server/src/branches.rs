@@ -20,7 +20,9 @@ use yrs::updates::decoder::Decode;
 use yrs::{Doc, Options, Out, ReadTxn, Text, Transact, Update};
 
 use crate::history::{root_kinds, RootKind, Run, TextDiff};
+use crate::integrity::{admit, Admission};
 use parse::{err, parse_v1};
+use yrs::updates::encoder::Encode;
 
 mod parse;
 use crate::storage::branches::{BranchLogRow, Decision, DecisionRow};
@@ -56,8 +58,14 @@ pub struct Change {
     pub decided_by: Option<String>,
     /// Per text root, the change against the parent: kept context, inserted and deleted runs.
     pub texts: Vec<TextDiff>,
-    /// The other roots (maps, arrays, XML) it touches, summarized.
+    /// The other roots (maps, arrays, XML) it touches: counts, and the part of each root's
+    /// content it changes, before and after.
     pub other_roots: Vec<RootSummary>,
+    /// Whether it may be merged: `false` when it has an effect the review cannot show (a row
+    /// that depends on content the branch never held, or effects past the review's budget);
+    /// `unshown` says which.
+    pub mergeable: bool,
+    pub unshown: Option<String>,
 }
 
 /// What a change does to one root that is not a text.
@@ -68,6 +76,12 @@ pub struct RootSummary {
     pub kind: &'static str,
     pub inserted: i64,
     pub deleted: i64,
+    /// The root's content as JSON text (XML as markup) where the change alters it, with up
+    /// to 40 characters of context each side (`…` where cut): as the parent holds it with the
+    /// changes this one depends on, and with this one applied too. `null` when not computed
+    /// (then the change is not mergeable).
+    pub before: Option<String>,
+    pub after: Option<String>,
 }
 
 /// One run of the branch's text.
@@ -79,6 +93,8 @@ pub struct ViewRun {
     /// The change the run belongs to (`null` for kept text).
     pub change: Option<i64>,
     pub author: Option<String>,
+    /// For a deleted run: who wrote the text it deletes (`null` if unknown).
+    pub of: Option<String>,
 }
 
 /// The branch's text of one root against the parent's: the `kept` and `inserted` runs are the
@@ -101,6 +117,9 @@ pub struct Review {
     direct: Vec<BTreeSet<usize>>,
     /// For each change, its rows.
     rows_of: HashMap<i64, Vec<i64>>,
+    /// Rows whose deletions of content the branch never held were cut: what merging them
+    /// applies (the parent gets exactly what the review showed).
+    cut_rows: HashMap<i64, Vec<u8>>,
 }
 
 /// An item range `(client, start..end)` mapped to a value, the first mapping of a clock kept.
@@ -190,6 +209,8 @@ fn group(
                     decided_by: decided.get(&row.seq).and_then(|d| d.decided_by.clone()),
                     texts: Vec::new(),
                     other_roots: Vec::new(),
+                    mergeable: true,
+                    unshown: None,
                 });
                 open.insert(row.author.clone(), changes.len() - 1);
                 changes.len() - 1
@@ -235,12 +256,30 @@ fn apply(doc: &Doc, data: &[u8]) -> Result<(), String> {
     doc.transact_mut().apply_update(update).map_err(err)
 }
 
-/// The branch's review from its log (rows from position 1, in order), decisions and pulls.
+/// Most bytes of replayed content the review spends showing changes' effects on roots that
+/// are not texts (each such change replays the parent's content with it): changes past it are
+/// shown without them and cannot be merged until the others are decided.
+const EFFECT_REPLAY_BYTES: usize = 64 << 20;
+
+/// The branch's review from its log (rows from position 1, in order), decisions and pulls,
+/// without knowing who wrote the parent's text.
 pub fn review(
     rows: &[BranchLogRow],
     decisions: &[DecisionRow],
     pulls: &[i64],
     gap_ms: i64,
+) -> Result<Review, String> {
+    review_with(rows, decisions, pulls, gap_ms, &HashMap::new())
+}
+
+/// [`review`], with who wrote each client's items (`authors`: the parent's and the branch's
+/// `doc_clients`), for the deleted runs' `of`.
+pub fn review_with(
+    rows: &[BranchLogRow],
+    decisions: &[DecisionRow],
+    pulls: &[i64],
+    gap_ms: i64,
+    authors: &HashMap<u64, String>,
 ) -> Result<Review, String> {
     let pulls: HashSet<i64> = pulls.iter().copied().collect();
     let decided: HashMap<i64, DecisionRow> =
@@ -337,8 +376,33 @@ pub fn review(
         apply(&doc, &row.data)?;
     }
     let lo = doc.transact().snapshot();
+    let lo_state = doc
+        .transact()
+        .encode_state_as_update_v1(&yrs::StateVector::default());
+    // The changes' rows pass the check every update entering a document passes
+    // (`room::integrity`): a row that does not integrate is not applied and its change cannot
+    // be merged; deletions of content the branch never held are cut, here and in the merge.
+    let mut cut_rows = HashMap::new();
     for row in rows.iter().filter(|r| !parents(r)) {
-        apply(&doc, &row.data)?;
+        let mut update = Update::decode_v1(&row.data).map_err(err)?;
+        let sv = doc.transact().state_vector();
+        match admit(&sv, &mut update) {
+            Admission::Missing(missing) => {
+                if let Some(&i) = change_of_row.get(&row.seq) {
+                    changes[i].mergeable = false;
+                    changes[i].unshown = Some(format!(
+                        "row {} depends on content the branch never held (client {}, clock {})",
+                        row.seq, missing.client, missing.clock
+                    ));
+                }
+                continue;
+            }
+            Admission::Integrates { cut: Some(_) } => {
+                cut_rows.insert(row.seq, update.encode_v1());
+            }
+            Admission::Integrates { cut: None } => {}
+        }
+        doc.transact_mut().apply_update(update).map_err(err)?;
     }
     let hi = doc.transact().snapshot();
     // The other roots each change touches.
@@ -360,10 +424,27 @@ pub fn review(
                     kind,
                     inserted,
                     deleted,
+                    before: None,
+                    after: None,
                 })
             })
             .collect();
     }
+    let mut review = Review {
+        changes,
+        view: Vec::new(),
+        direct,
+        rows_of,
+        cut_rows,
+    };
+    review.show_effects(rows, &lo_state)?;
+    let Review {
+        mut changes,
+        direct,
+        rows_of,
+        cut_rows,
+        ..
+    } = review;
 
     // The branch's texts against the parent's, each run marked by its change.
     let mut texts: Vec<&String> = kinds
@@ -380,29 +461,32 @@ pub fn review(
             text.diff_range(&mut txn, Some(&hi), Some(&lo), YChange::identity)
         };
         let mut runs: Vec<ViewRun> = Vec::new();
-        let mut push = |kind: &'static str, text: &str, change: Option<usize>| {
-            let (change, author) = match change {
-                Some(i) => (Some(changes[i].id), changes[i].author.clone()),
-                None => (None, None),
-            };
-            match runs.last_mut() {
-                Some(last) if last.kind == kind && last.change == change => {
-                    last.text.push_str(text)
+        let mut push =
+            |kind: &'static str, text: &str, change: Option<usize>, of: Option<&String>| {
+                let (change, author) = match change {
+                    Some(i) => (Some(changes[i].id), changes[i].author.clone()),
+                    None => (None, None),
+                };
+                let of = of.cloned();
+                match runs.last_mut() {
+                    Some(last) if last.kind == kind && last.change == change && last.of == of => {
+                        last.text.push_str(text)
+                    }
+                    _ => runs.push(ViewRun {
+                        kind,
+                        text: text.to_owned(),
+                        change,
+                        author,
+                        of,
+                    }),
                 }
-                _ => runs.push(ViewRun {
-                    kind,
-                    text: text.to_owned(),
-                    change,
-                    author,
-                }),
-            }
-        };
+            };
         for chunk in chunks {
             let Out::Any(yrs::Any::String(s)) = &chunk.insert else {
                 continue; // an embed: not text
             };
             match &chunk.ychange {
-                None => push("kept", s, None),
+                None => push("kept", s, None, None),
                 Some(c) => {
                     let client = c.id.client.get();
                     for (part, start) in split_utf16(s, c.id.clock) {
@@ -410,14 +494,14 @@ pub fn review(
                         if c.kind == ChangeKind::Added {
                             // Parent content the branch got after its base reads as kept.
                             match owner {
-                                Some(o) => push("inserted", part, Some(o)),
-                                None => push("kept", part, None),
+                                Some(o) => push("inserted", part, Some(o), None),
+                                None => push("kept", part, None, None),
                             }
                         } else if owner.is_none() {
                             // Deleted text of the parent: deleted by a change, or by the
                             // parent itself (then it is not the branch's to show).
                             if let Some((d, _)) = deleters.get(client, start) {
-                                push("deleted", part, Some(d));
+                                push("deleted", part, Some(d), authors.get(&client));
                             }
                         }
                     }
@@ -441,7 +525,35 @@ pub fn review(
         view,
         direct,
         rows_of,
+        cut_rows,
     })
+}
+
+/// The part of `before` and `after` that differs, with up to [`CONTEXT_CHARS`] characters of
+/// what they share on each side (`…` where more was cut).
+fn changed_part(before: &str, after: &str) -> (String, String) {
+    let (b, a): (Vec<char>, Vec<char>) = (before.chars().collect(), after.chars().collect());
+    let prefix = b.iter().zip(&a).take_while(|(x, y)| x == y).count();
+    let suffix = b[prefix..]
+        .iter()
+        .rev()
+        .zip(a[prefix..].iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let from = prefix.saturating_sub(CONTEXT_CHARS);
+    let cut = |s: &[char]| {
+        let to = (s.len() - suffix + CONTEXT_CHARS).min(s.len());
+        let mut out = String::new();
+        if from > 0 {
+            out.push('…');
+        }
+        out.extend(&s[from..to]);
+        if to < s.len() {
+            out.push('…');
+        }
+        out
+    };
+    (cut(&b), cut(&a))
 }
 
 /// `text`, starting at clock `start`, cut where the clock could change owner: one piece per
@@ -579,7 +691,13 @@ fn change_texts(view: &TextView) -> HashMap<i64, TextDiff> {
                 }
             }
             let r = &runs[i];
-            push(r.kind, &r.text, r.author.clone());
+            // A deleted run names who wrote the text it deletes, as history diffs do.
+            let author = if r.kind == "deleted" {
+                r.of.clone()
+            } else {
+                r.author.clone()
+            };
+            push(r.kind, &r.text, author);
             prev = Some(i);
         }
         if let Some(p) = prev {
@@ -599,6 +717,76 @@ fn change_texts(view: &TextView) -> HashMap<i64, TextDiff> {
 }
 
 impl Review {
+    /// Each change's effect on the roots that are not texts: the parent's content with the
+    /// change's open dependencies (`lo_state` and their rows), then with the change's rows,
+    /// each touched root's JSON compared. At most [`EFFECT_REPLAY_BYTES`] replayed in all.
+    fn show_effects(&mut self, rows: &[BranchLogRow], lo_state: &[u8]) -> Result<(), String> {
+        let by_seq: HashMap<i64, &BranchLogRow> = rows.iter().map(|r| (r.seq, r)).collect();
+        let mut spent = 0usize;
+        for i in 0..self.changes.len() {
+            if self.changes[i].other_roots.is_empty() || !self.changes[i].mergeable {
+                continue;
+            }
+            let id = self.changes[i].id;
+            let mut deps: Vec<i64> = self
+                .missing(&[id].into())
+                .into_iter()
+                .flat_map(|d| self.rows_of.get(&d).cloned().unwrap_or_default())
+                .collect();
+            deps.sort_unstable();
+            let own = self.rows_of.get(&id).cloned().unwrap_or_default();
+            let data = |seq: &i64| -> Option<&[u8]> {
+                self.cut_rows
+                    .get(seq)
+                    .map(Vec::as_slice)
+                    .or_else(|| by_seq.get(seq).map(|r| r.data.as_slice()))
+            };
+            let cost = lo_state.len()
+                + deps
+                    .iter()
+                    .chain(&own)
+                    .filter_map(data)
+                    .map(<[u8]>::len)
+                    .sum::<usize>();
+            spent += cost;
+            if spent > EFFECT_REPLAY_BYTES {
+                let c = &mut self.changes[i];
+                c.mergeable = false;
+                c.unshown = Some(
+                    "its effect on roots that are not texts was not computed (the review's \
+                     budget); decide other changes first"
+                        .into(),
+                );
+                continue;
+            }
+            let doc = Doc::new();
+            apply(&doc, lo_state)?;
+            for seq in &deps {
+                if let Some(d) = data(seq) {
+                    apply(&doc, d)?;
+                }
+            }
+            let before = crate::history::doc_json(&doc);
+            for seq in &own {
+                if let Some(d) = data(seq) {
+                    apply(&doc, d)?;
+                }
+            }
+            let after = crate::history::doc_json(&doc);
+            for summary in &mut self.changes[i].other_roots {
+                let text = |v: &serde_json::Value| match v.get(&summary.root) {
+                    Some(serde_json::Value::String(s)) => s.clone(),
+                    Some(v) => v.to_string(),
+                    None => String::new(),
+                };
+                let (b, a) = changed_part(&text(&before), &text(&after));
+                summary.before = Some(b);
+                summary.after = Some(a);
+            }
+        }
+        Ok(())
+    }
+
     /// The change with this id.
     pub fn change(&self, id: i64) -> Option<&Change> {
         // Ids are the changes' first positions, in order.
@@ -650,16 +838,18 @@ impl Review {
             let Some(row) = by_seq.get(&seq) else {
                 return Err(format!("branch row {seq} is missing"));
             };
+            // What the review showed: a row's deletions of content the branch never held cut.
+            let data: &[u8] = self.cut_rows.get(&seq).unwrap_or(&row.data);
             match plan.last_mut() {
                 Some((author, parts))
                     if *author == row.author
                         && parts.len() < MERGE_CHUNK_ROWS
-                        && parts.iter().map(|p| p.len()).sum::<usize>() + row.data.len()
+                        && parts.iter().map(|p| p.len()).sum::<usize>() + data.len()
                             <= MERGE_CHUNK_BYTES =>
                 {
-                    parts.push(&row.data)
+                    parts.push(data)
                 }
-                _ => plan.push((row.author.clone(), vec![&row.data])),
+                _ => plan.push((row.author.clone(), vec![data])),
             }
         }
         plan.into_iter()

@@ -4,6 +4,9 @@
 //! One struct, [`Settings`], is both the clap argument group and the TOML schema, with every
 //! field optional; [`Settings::resolve`] merges the layers into a [`Config`] with no options left.
 
+mod unquoted;
+use unquoted::unquoted;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -185,6 +188,15 @@ pub struct Settings {
     /// connection waits (stops reading its socket) while the room is over it [default: 67108864]
     #[arg(long, env = "QUIRE_ROOM_QUEUE_BYTES")]
     pub room_queue_bytes: Option<usize>,
+    /// Bytes of updates one connection may have held back because what they depend on has
+    /// not arrived (from anyone); one more closes the connection with 1013 and it resyncs
+    /// [default: 8388608]
+    #[arg(long, env = "QUIRE_HELD_UPDATE_BYTES")]
+    pub held_update_bytes: Option<u64>,
+    /// How long an update may be held back waiting for what it depends on; past it the
+    /// connection is closed with 1013 and it resyncs [default: 30s]
+    #[arg(long, env = "QUIRE_HELD_UPDATE_TIMEOUT")]
+    pub held_update_timeout: Option<HumanDuration>,
     /// Sync Step 1 and QueryAwareness messages a connection may send per minute (a burst of
     /// that many, refilled evenly); over it the connection is closed with 1008 [default: 120]
     #[arg(long, env = "QUIRE_SYNC_REQUESTS_PER_MINUTE")]
@@ -290,6 +302,11 @@ pub struct Settings {
     /// Drop awareness states not refreshed for this long [default: 30s]
     #[arg(long, env = "QUIRE_AWARENESS_TIMEOUT")]
     pub awareness_timeout: Option<HumanDuration>,
+    /// How long a closed connection's presence client ids stay bound to its user: within
+    /// it only the same user may take one (a reconnect), so nobody else's state shows under
+    /// it; at least the awareness timeout [default: the awareness timeout]
+    #[arg(long, env = "QUIRE_PRESENCE_GRACE")]
+    pub presence_grace: Option<HumanDuration>,
     /// Relay presence changes once per this long, every change of the tick in one frame per
     /// connection; 0 relays each change at once [default: 50ms]
     #[arg(long, env = "QUIRE_AWARENESS_TICK")]
@@ -489,6 +506,9 @@ pub struct RoomConfig {
     pub max_connections: usize,
     pub commit_batch: usize,
     pub awareness_timeout: Duration,
+    /// How long a closed connection's presence ids stay its user's (at least
+    /// `awareness_timeout`).
+    pub presence_grace: Duration,
     /// How long presence changes are held to go out together (0: at once).
     pub awareness_tick: Duration,
     pub unload_delay: Duration,
@@ -510,6 +530,10 @@ pub struct RoomConfig {
     pub room_queue: usize,
     /// Inbound bytes a room holds: frames sent to it and updates not yet applied.
     pub room_queue_bytes: usize,
+    /// Bytes of updates one connection may have held back for missing dependencies.
+    pub held_update_bytes: u64,
+    /// How long one may be held.
+    pub held_update_timeout: Duration,
     /// How often connections ping their clients: the room drives it for its peers, so idle
     /// connections need no timer of their own; a Hocuspocus socket pings on its own.
     pub ping_interval: Duration,
@@ -541,32 +565,6 @@ impl Default for Config {
     fn default() -> Self {
         Settings::default().resolve()
     }
-}
-
-/// `message` with what it quotes (`"..."`, a value from the file, perhaps a secret) left out;
-/// field names, which serde quotes with backticks, stay.
-fn unquoted(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let (mut quoted, mut escaped) = (false, false);
-    for c in message.chars() {
-        match (quoted, escaped, c) {
-            // Inside quotes, a backslash escapes the next character (an escaped quote does
-            // not end the value).
-            (true, false, '\\') => escaped = true,
-            (true, true, _) => escaped = false,
-            (true, false, '"') => {
-                quoted = false;
-                out.push_str("[value]\"");
-            }
-            (true, false, _) => {}
-            (false, _, '"') => {
-                quoted = true;
-                out.push('"');
-            }
-            (false, _, c) => out.push(c),
-        }
-    }
-    out
 }
 
 impl Settings {
@@ -612,6 +610,8 @@ impl Settings {
             peer_queue,
             peer_queue_bytes,
             room_queue_bytes,
+            held_update_bytes,
+            held_update_timeout,
             sync_requests_per_minute,
             awareness_per_second,
             connections_per_minute_per_addr,
@@ -639,6 +639,7 @@ impl Settings {
             idle_timeout,
             slow_close_timeout,
             awareness_timeout,
+            presence_grace,
             awareness_tick,
             room_unload_delay,
             load_retry_delay,
@@ -734,11 +735,16 @@ impl Settings {
                 peer_queue_bytes: self.peer_queue_bytes.unwrap_or(16 << 20),
                 room_queue: self.room_queue.unwrap_or(1024).max(1),
                 room_queue_bytes: self.room_queue_bytes.unwrap_or(64 << 20).max(1),
+                held_update_bytes: self.held_update_bytes.unwrap_or(8 << 20),
+                held_update_timeout: d(self.held_update_timeout, Duration::from_secs(30))
+                    .max(Duration::from_millis(10)),
                 ping_interval: d(self.ping_interval, Duration::from_secs(30)),
                 max_doc_size: self.max_doc_size.unwrap_or(256 << 20),
                 max_connections: self.max_connections_per_doc.unwrap_or(1000).max(1),
                 commit_batch: self.commit_batch.unwrap_or(1024).max(1),
                 awareness_timeout: d(self.awareness_timeout, Duration::from_secs(30)),
+                presence_grace: d(self.presence_grace, Duration::ZERO)
+                    .max(d(self.awareness_timeout, Duration::from_secs(30))),
                 awareness_tick: d(self.awareness_tick, Duration::from_millis(50))
                     .min(Duration::from_secs(5)),
                 unload_delay: d(self.room_unload_delay, Duration::from_secs(30)),
@@ -859,15 +865,6 @@ mod tests {
             cfg.admin_key.as_ref().map(Secret::expose),
             Some("ADMINKEY-0123456789")
         );
-    }
-
-    #[test]
-    fn quoted_values_are_left_out_of_file_errors() {
-        assert_eq!(
-            unquoted(r#"invalid type: string "s3cr\"et\\", expected a sequence"#),
-            r#"invalid type: string "[value]", expected a sequence"#
-        );
-        assert_eq!(unquoted("unknown field `bindd`"), "unknown field `bindd`");
     }
 
     #[test]

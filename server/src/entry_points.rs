@@ -107,7 +107,7 @@ const API: &str = "auth_failures_per_minute_per_addr";
 /// The heavy-work gate's bounds.
 const GATE: &str = "heavy-work gate: heavy_per_node, heavy_per_doc (429), heavy_queue and heavy_wait (503), history_cache_bytes";
 /// A socket's bounds.
-const SOCKET: &str = "max_message_size, peer_queue, peer_queue_bytes (1013), room_queue_bytes";
+const SOCKET: &str = "max_message_size, peer_queue, peer_queue_bytes (1013), room_queue_bytes; only what integrates enters: updates waiting for their dependencies are held for the connection within held_update_bytes and held_update_timeout (1013), deletions of what does not exist are cut";
 
 /// The table. Keep it in the order of the routes and enums it mirrors.
 pub const ENTRY_POINTS: &[EntryPoint] = &[
@@ -128,7 +128,7 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     http("POST /api/v1/docs/{name}/restore", DocAdmin, Constant, "one row", API),
     // Content.
     http("GET /api/v1/docs/{name}/update", Read, PerDocument, GATE, API),
-    http("POST /api/v1/docs/{name}/update", Write, PerUpdate, "2 MiB body, max_doc_size, the room's queues", API),
+    http("POST /api/v1/docs/{name}/update", Write, PerUpdate, "2 MiB body, max_doc_size, the room's queues; only an update that integrates (422 update-missing-dependencies otherwise, nothing applied)", API),
     http("GET /api/v1/docs/{name}/json", Read, PerDocument, GATE, API),
     http("POST /api/v1/docs/{name}/edits", Write, PerDocument, "heavy-work gate (the scratch copy of the document); 2 MiB body, MAX_EDIT_OPS (1000 operations), MAX_EDIT_INSERT_BYTES (4 MiB inserted); max_doc_size, the room's queues; at most 5 computations while the document moves (then 503)", API),
     http("POST /api/v1/docs/{name}/stateless", Write, Constant, "max_stateless_bytes", API),
@@ -145,9 +145,9 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     http("POST /api/v1/docs/{name}/branches", Read, PerDocument, "heavy-work gate; write permission on the new name; max_doc_size", API),
     http("GET /api/v1/docs/{name}/branches", Read, PerDocument, "heavy-work gate; at most 200 branches, each one's log positions read without their updates", API),
     http("GET /api/v1/docs/{name}/branch", Read, PerDocument, "heavy-work gate; the branch's log positions read without their updates", API),
-    http("GET /api/v1/docs/{name}/changes", Read, PerDocument, "heavy-work gate (the branch's log is read and grouped under an admission)", API),
-    http("POST /api/v1/docs/{name}/changes/{id}/reject", Write, PerDocument, "heavy-work gate; write permission on the parent; one decision row per change", API),
-    http("POST /api/v1/docs/{name}/merge", Write, PerDocument, "heavy-work gate; at most 10,000 changes named; write permission on the parent; one merge or restore per parent at a time; max_version_bytes (507, before anything changes); the parent's room queues", API),
+    http("GET /api/v1/docs/{name}/changes", Read, PerDocument, "heavy-work gate (the branch's log is read and grouped under an admission); every row checked to integrate; at most 64 MiB replayed to show the effects on roots that are not texts", API),
+    http("POST /api/v1/docs/{name}/changes/{id}/reject", Write, PerDocument, "heavy-work gate; write permission on the parent; one decision row per change; under the parent's merge lock", API),
+    http("POST /api/v1/docs/{name}/merge", Write, PerDocument, "heavy-work gate; at most 10,000 changes named, each with the last_seq reviewed or the listing's ETag (428 / 409 change-grew / 412); write permission on the parent; one merge or restore per parent at a time; max_version_bytes (507, before anything changes); changes with effects the review cannot show refused (409); applied together in one append, checked to integrate first (409, nothing applied); the review replays at most 64 MiB to show effects on non-text roots", API),
     http("POST /api/v1/docs/{name}/update-from-parent", Write, PerDocument, "heavy-work gate; max_doc_size; the branch's room queues", API),
     http("POST /api/v1/docs/{name}/close", Write, PerDocument, "heavy-work gate; one row (optimistic version check); write on the parent, or the branch's author", API),
     // Access, people, tokens.
@@ -161,6 +161,7 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     http("POST /api/v1/tokens/revoke", Admin, Constant, "one row", API),
     // Administration.
     http("GET /api/v1/admin/outbox", Admin, Constant, "page of at most 200", API),
+    http("GET /api/v1/admin/set-aside", Admin, Constant, "at most 1000 rows, sizes only (never the bytes)", API),
     http("GET /api/v1/admin/overview", Admin, Constant, "the kept samples (admin_history)", API),
     http("GET /api/v1/admin/docs", Admin, Constant, "page with a limit", API),
     http("GET /api/v1/admin/cluster", Admin, Constant, "nodes seen within a day, with a limit", API),
@@ -170,8 +171,8 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     // y-websocket messages, per connection.
     msg(YWebsocket, "SyncStep1", Read, PerDocument, "the room's shared Step 2 answer (encoded once per version); one unread answer per peer", "sync_requests_per_minute (1008)"),
     msg(YWebsocket, "SyncStep2", Write, PerUpdate, SOCKET, "none beyond the queues (a read-only peer's is dropped)"),
-    msg(YWebsocket, "Update", Write, PerUpdate, "max_message_size, max_doc_size, room_queue_bytes (the connection waits)", "none beyond the queues (a read-only peer's is dropped)"),
-    msg(YWebsocket, "Awareness", Read, PerUpdate, "max_message_size; only the client ids the connection may speak for; relayed once per awareness_tick in one frame per peer", "awareness_per_second (1008)"),
+    msg(YWebsocket, "Update", Write, PerUpdate, "max_message_size, max_doc_size, room_queue_bytes (the connection waits); held_update_bytes and held_update_timeout for updates waiting on their dependencies (1013); deletions of what does not exist cut", "none beyond the queues (a read-only peer's is dropped)"),
+    msg(YWebsocket, "Awareness", Read, PerUpdate, "max_message_size; only the client ids the connection may speak for (a closed connection's stay its user's for presence_grace); relayed once per awareness_tick in one frame per peer", "awareness_per_second (1008)"),
     msg(YWebsocket, "Auth", ServerOnly, Constant, "ignored", "none"),
     msg(YWebsocket, "QueryAwareness", Read, PerUpdate, "one unread answer per peer", "sync_requests_per_minute (1008)"),
     msg(YWebsocket, "DurableAck", Read, Constant, "echoed once committed; one per message", "none beyond the queues"),

@@ -339,6 +339,30 @@ pub fn reverse(texts: Vec<TextDiff>) -> Vec<TextDiff> {
         .collect()
 }
 
+/// The document's root types as JSON. Roots loaded from updates have no declared type, so
+/// the type is inferred from the content the way yrs does (text, array or map).
+pub fn doc_json(doc: &Doc) -> serde_json::Value {
+    use yrs::types::AsPrelim;
+    use yrs::types::ToJson;
+    use yrs::{ArrayRef, In, MapRef, Out, TextRef, XmlFragmentRef};
+    let txn = doc.transact();
+    let mut out = serde_json::Map::new();
+    for (name, root) in txn.root_refs() {
+        let typed = match &root {
+            Out::UndefinedRef(branch) => match root.as_prelim(&txn) {
+                In::Text(_) => Out::YText(TextRef::from(*branch)),
+                In::Array(_) => Out::YArray(ArrayRef::from(*branch)),
+                In::Map(_) => Out::YMap(MapRef::from(*branch)),
+                _ => Out::YXmlFragment(XmlFragmentRef::from(*branch)),
+            },
+            _ => root.clone(),
+        };
+        let json = serde_json::to_value(typed.to_json(&txn)).unwrap_or(serde_json::Value::Null);
+        out.insert(name.to_owned(), json);
+    }
+    serde_json::Value::Object(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,7 +429,7 @@ mod tests {
                 .apply_update(Update::decode_v1(u).expect("u"))
                 .expect("apply");
         }
-        let json = crate::room::doc_json(&doc);
+        let json = super::doc_json(&doc);
         assert_eq!(json["meta"], serde_json::json!({"title": "first"}));
         assert_eq!(json["list"], serde_json::json!([1]));
         // The restore's new items carry the client id it was given.

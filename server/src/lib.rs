@@ -6,6 +6,8 @@
 //! - [`close`], [`metrics`]: close codes, counters; leaves too.
 //! - [`entry_points`]: the table of every entry point with its permission, cost and bound.
 //! - [`protocol`]: the wire protocols as pure functions over bytes (`quire-protocol`).
+//! - [`integrity`]: whether an update integrates completely into a document, as Yjs would
+//!   integrate it (no I/O); every write path checks it.
 //! - [`telemetry`]: the log output, its format and filter.
 //! - [`storage`]: the [`storage::DocStore`] trait (append-only log, snapshots with an
 //!   optimistic version check, leases with fencing tokens), the API rows, and the SQLite and
@@ -54,6 +56,7 @@ pub mod fuzzing;
 pub mod gate;
 pub mod history;
 pub mod http;
+pub mod integrity;
 pub mod limits;
 pub mod metrics;
 pub mod problem;

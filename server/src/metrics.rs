@@ -26,6 +26,12 @@ pub struct Metrics {
     pub lease_losses: IntCounter,
     pub room_load_failures: IntCounter,
     pub malformed_messages: IntCounter,
+    pub updates_held: IntCounter,
+    pub held_update_bytes: IntGauge,
+    pub held_update_closes: IntCounter,
+    pub updates_unintegrable: IntCounter,
+    pub deletes_cut: IntCounter,
+    pub updates_set_aside: IntCounter,
     pub peer_queue_bytes: IntGauge,
     pub room_queue_bytes: IntGauge,
     pub sync_answers_encoded: IntCounter,
@@ -151,6 +157,32 @@ impl Metrics {
             malformed_messages: counter(
                 "malformed_messages_total",
                 "Connections closed for sending a malformed message",
+            ),
+            updates_held: counter(
+                "updates_held_total",
+                "Updates held for their connection because what they depend on was missing",
+            ),
+            held_update_bytes: gauge(
+                "held_update_bytes",
+                "Bytes of updates held for their connections, waiting for their dependencies",
+            ),
+            held_update_closes: counter(
+                "held_update_closes_total",
+                "Connections closed because what they held passed held_update_bytes or \
+                 held_update_timeout",
+            ),
+            updates_unintegrable: counter(
+                "updates_unintegrable_total",
+                "HTTP updates (updates, restores, merges) refused because they depend on \
+                 content the document does not hold",
+            ),
+            deletes_cut: counter(
+                "deletes_cut_total",
+                "Updates whose deletions of content no one holds were cut before they applied",
+            ),
+            updates_set_aside: counter(
+                "updates_set_aside_total",
+                "Stored log rows set aside at load because they do not integrate",
             ),
             peer_queue_bytes: gauge(
                 "peer_queue_bytes",

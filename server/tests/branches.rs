@@ -37,9 +37,18 @@ async fn call(
     body: Option<Value>,
     key: Option<&str>,
 ) -> (StatusCode, Value) {
+    // A merge is sent as a reviewer sends it: naming what the change list showed.
+    let (body, if_match) = if method == reqwest::Method::POST && path.ends_with("/merge") {
+        as_reviewed(http, server, path, bearer, body).await
+    } else {
+        (body, None)
+    };
     let mut req = http.request(method, api(server, path)).bearer_auth(bearer);
     if let Some(body) = body {
         req = req.json(&body);
+    }
+    if let Some(tag) = if_match {
+        req = req.header("if-match", tag);
     }
     if let Some(key) = key {
         req = req.header("idempotency-key", key);
@@ -47,6 +56,44 @@ async fn call(
     let resp = req.send().await.expect("request");
     let status = resp.status();
     (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// A merge's body as a reviewer sends it: each change named with the `last_seq` the change
+/// list shows; without a body ("every open change"), the list's ETag as `If-Match`.
+async fn as_reviewed(
+    http: &reqwest::Client,
+    server: &TestServer,
+    merge_path: &str,
+    bearer: &str,
+    body: Option<Value>,
+) -> (Option<Value>, Option<String>) {
+    let changes_path = format!("{}/changes", merge_path.trim_end_matches("/merge"));
+    let resp = http
+        .get(api(server, &changes_path))
+        .bearer_auth(bearer)
+        .send()
+        .await
+        .expect("changes");
+    let tag = resp
+        .headers()
+        .get("etag")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let listing: Value = resp.json().await.unwrap_or(Value::Null);
+    let Some(ids) = body.as_ref().and_then(|b| b["changes"].as_array()) else {
+        return (body, tag);
+    };
+    let named: Vec<Value> = ids
+        .iter()
+        .map(|id| {
+            let last_seq = listing["changes"]
+                .as_array()
+                .and_then(|l| l.iter().find(|c| c["id"] == *id))
+                .map_or(json!(0), |c| c["last_seq"].clone());
+            json!({"id": id, "last_seq": last_seq})
+        })
+        .collect();
+    (Some(json!({ "changes": named })), None)
 }
 
 async fn get(http: &reqwest::Client, server: &TestServer, path: &str) -> Value {

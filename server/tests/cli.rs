@@ -611,7 +611,8 @@ async fn a_version_that_cannot_be_taken_does_not_spin_the_room() {
     let server = ServerProcess::start(dir.path(), &["--version-idle", "50ms"]).await;
     let mut c = Client::connect(&server.url("pending"), 1).await;
     c.insert(0, "start").await;
-    // Client 77's second update without its first: yrs keeps it pending (and it is logged).
+    // Client 77's second update without its first: the room holds it for the connection
+    // (an earlier Quire logged it, and yrs kept it pending in the document).
     let other = yrs::Doc::with_client_id(77);
     let text = other.get_or_insert_text("text");
     other
@@ -635,7 +636,7 @@ async fn a_version_that_cannot_be_taken_does_not_spin_the_room() {
         txn.encode_update_v1()
     };
     c.send_update(&second).await;
-    // (No durable acknowledgement: it is withheld while the peer's update is pending.)
+    // (No durable acknowledgement: it is withheld while the peer's update is held.)
     // Past the idle deadline several times over: an idle room uses next to no CPU.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = server.child.id().expect("pid");

@@ -805,9 +805,18 @@ async fn a_merge_asked_of_another_node_runs_on_the_parents_owner() {
     editor.durable_ack(1).await;
     editor.close().await;
     let forwarded = nodes[1].metric("quire_forwarded_requests_total").await;
+    // Every open change, with the change list's ETag (read through the same node).
+    let listed = http
+        .get(nodes[1].http("/api/v1/docs/par-b/changes"))
+        .bearer_auth(writer_token("par*"))
+        .send()
+        .await
+        .expect("changes");
+    let tag = listed.headers()["etag"].to_str().expect("etag").to_owned();
     let resp = http
         .post(nodes[1].http("/api/v1/docs/par-b/merge"))
         .bearer_auth(writer_token("par*"))
+        .header("if-match", tag)
         .send()
         .await
         .expect("merge");

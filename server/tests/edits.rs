@@ -711,8 +711,16 @@ async fn the_example_agent_proposes_its_edits_on_a_branch_for_review() {
     assert_eq!(list[0]["state"], "open");
     let branch_text = json("/docs/plan-agent/json").await["content"].clone();
     assert_ne!(branch_text, "The plan is old words here.");
+    // Every open change, with the change list's ETag: what the reviewer saw is what merges.
+    let listed = http
+        .get(api("/docs/plan-agent/changes"))
+        .send()
+        .await
+        .expect("changes");
+    let tag = listed.headers()["etag"].to_str().expect("etag").to_owned();
     let resp = http
         .post(api("/docs/plan-agent/merge"))
+        .header("if-match", tag)
         .send()
         .await
         .expect("merge");

@@ -212,6 +212,31 @@ async fn the_branch_merge_checks_fail_when_the_other_author_is_merged_too() {
     );
 }
 
+/// The two wedges against the stock providers (tests/js/wedge.mjs): a raw socket sends the
+/// second of two updates of its own and a delete set for its victims' future clocks; the
+/// y-websocket and Hocuspocus clients type on, and a fresh client reads all they typed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stock_clients_keep_every_edit_after_a_writer_sends_updates_that_do_not_integrate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = test_config(dir.path());
+    cfg.room.held_update_timeout = Duration::from_millis(500);
+    let server = TestServer::start(cfg).await;
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        node()
+            .args(["wedge.mjs", "--url", &format!("ws://{}", server.addr)])
+            .output(),
+    )
+    .await
+    .expect("wedge script finishes")
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "wedge interop failed");
+    assert!(stdout.contains("\"ok\":true"), "{stdout}");
+    server.stop().await;
+}
+
 /// Runs tests/js/branches.mjs against a fresh secured server, merging `merge`'s changes
 /// (`alice`, or `both` to see the checks fail); its output.
 async fn branches(merge: &str) -> std::process::Output {

@@ -503,7 +503,17 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
     assert_eq!(status, StatusCode::OK, "{pulled}");
     check("POST", "/api/v1/docs/{name}/update-from-parent");
     let forwarded = c.metric("quire_forwarded_requests_total").await;
-    let (status, merged) = call(&http, c, "POST", "/docs/svc-b/merge", None, None).await;
+    // Named as the change list shows them (what the reviewer saw is what merges).
+    let (status, listing) = call(&http, c, "GET", "/docs/svc-b/changes", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{listing}");
+    let seen: Vec<Value> = listing["changes"]
+        .as_array()
+        .expect("changes")
+        .iter()
+        .map(|ch| serde_json::json!({"id": ch["id"], "last_seq": ch["last_seq"]}))
+        .collect();
+    let body = serde_json::json!({ "changes": seen });
+    let (status, merged) = call(&http, c, "POST", "/docs/svc-b/merge", Some(body), None).await;
     assert_eq!(status, StatusCode::OK, "{merged}");
     assert_eq!(
         merged["merged"].as_array().map(Vec::len),

@@ -34,6 +34,13 @@ async function until (cond, what, ms = 15000) {
 
 // A request as the reviewer; the status and the JSON body.
 async function call (method, name, path, body) {
+  if (method === 'POST' && path === '/merge' && body && Array.isArray(body.changes)) {
+    // As a reviewer merges: each change named with the last position the change list shows.
+    const listed = (await call('GET', name, '/changes')).body.changes
+    body = {
+      changes: body.changes.map((id) => ({ id, last_seq: listed.find((c) => c.id === id)?.last_seq ?? 0 }))
+    }
+  }
   const resp = await fetch(api(name, path), {
     method,
     headers: { authorization: `Bearer ${tokens.rev}`, 'content-type': 'application/json' },
@@ -121,11 +128,12 @@ const typist = (c, mark) => (async () => {
   }
 })()
 // bob keeps typing on the branch meanwhile: his changes are not chosen, so none of it may
-// reach the parent, and all of it stays on the branch.
+// reach the parent, and all of it stays on the branch. (With `--merge both` his changes are
+// chosen, and a change that grows after its review is refused: he stops typing then.)
 const branchTyped = []
 const branchTypist = (async () => {
   let n = 0
-  while (typing) {
+  while (typing && a.merge !== 'both') {
     const t = bob.doc.getText('text')
     const token = `«b${n++}»`
     t.insert(t.length, token)

@@ -280,12 +280,16 @@ export function suggestionsPanel (name, client, text, view) {
   // ---- actions
 
   async function merge (ids) {
-    const all = ids == null
+    // What the reviewer sees is what merges: each change named with the last position the
+    // panel shows; the server refuses (409 change-grew) a change that grew since.
+    const listed = (state.data && state.data.changes) || []
+    const chosen = ids == null ? listed.filter((c) => c.state === 'open') : listed.filter((c) => ids.includes(c.id))
+    const seen = chosen.map((c) => ({ id: c.id, last_seq: c.last_seq }))
     try {
       const r = await call(name, '/merge', {
         method: 'POST',
         headers: { 'idempotency-key': idempotencyKey('merge') },
-        body: JSON.stringify(all ? {} : { changes: ids })
+        body: JSON.stringify({ changes: seen })
       })
       const merged = r.merged || []
       say(merged.length
@@ -294,6 +298,9 @@ export function suggestionsPanel (name, client, text, view) {
     } catch (e) {
       if (e.status === 409 && e.kind === 'missing-dependencies' && e.current && Array.isArray(e.current.missing)) {
         showMissing(ids || [], e.current.missing)
+      } else if (e.status === 409 && e.kind === 'change-grew') {
+        say('The suggestion changed since it was shown; review it again before accepting.', 'error')
+        schedule(0)
       } else {
         say(`Could not accept: ${e.message}`, 'error')
       }

@@ -179,6 +179,7 @@ fn a_changes_diff_shows_the_parents_text_around_it_cut_to_the_context() {
         text: text.into(),
         change,
         author: change.map(|c: i64| format!("a{c}")),
+        of: None,
     };
     let long = "x".repeat(100);
     let view = TextView {

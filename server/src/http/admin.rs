@@ -370,3 +370,39 @@ pub(super) async fn admin_outbox(
     let (events, dead) = app.api.outbox_view(limit).await?;
     Ok(Json(OutboxView { events, dead }))
 }
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SetAsideView {
+    /// Newest first.
+    pub rows: Vec<crate::storage::set_aside::SetAsideListed>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SetAsideParams {
+    /// One document's rows only.
+    document: Option<String>,
+    /// At most this many (default 100, at most 1000).
+    limit: Option<u32>,
+}
+
+/// What stored log rows held that does not integrate into their document, set aside when the
+/// document loaded (docs/durability.md): its document, position, size and why (administrators).
+#[utoipa::path(get, path = "/api/v1/admin/set-aside", params(SetAsideParams),
+    responses((status = 200, body = SetAsideView), BadRequest, Unauthorized, Forbidden))]
+pub(super) async fn set_aside(
+    State(app): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiQuery(p): ApiQuery<SetAsideParams>,
+) -> ApiResult<Json<SetAsideView>> {
+    if !principal.is_admin() {
+        return Err(ApiError::forbidden("administrators only"));
+    }
+    let limit = i64::from(p.limit.unwrap_or(100).clamp(1, 1000));
+    let rows = app
+        .store
+        .shared()
+        .set_aside_rows(p.document.as_deref(), limit)
+        .await?;
+    Ok(Json(SetAsideView { rows }))
+}

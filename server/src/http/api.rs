@@ -109,6 +109,7 @@ pub fn routes(app: &AppState) -> Router<AppState> {
         .route("/tokens", post(tokens::issue_token))
         .route("/tokens/revoke", post(tokens::revoke))
         .route("/admin/outbox", get(admin::admin_outbox))
+        .route("/admin/set-aside", get(admin::set_aside))
         .route("/admin/overview", get(admin::overview))
         .route("/admin/docs", get(admin::docs))
         .route("/admin/cluster", get(admin::cluster))
@@ -127,7 +128,7 @@ pub fn routes(app: &AppState) -> Router<AppState> {
         create_doc, list_docs, get_doc, patch_doc, delete_doc, restore_doc, get_update,
         post_update, post_stateless, get_json, post_edits, list_access, put_access, delete_access, get_user, patch_user,
         get_me, issue_token, revoke, admin_outbox, super::admin::overview, super::admin::docs,
-        super::admin::cluster, super::admin::retry_dead, history::get_history, history::list_versions,
+        super::admin::cluster, super::admin::retry_dead, super::admin::set_aside, history::get_history, history::list_versions,
         history::create_version, history::delete_version, history::version_json,
         history::get_diff, history::restore_version, history::fork, branches::create_branch,
         branches::list_branches, branches::get_branch, branches::list_changes, branches::merge,
@@ -138,14 +139,16 @@ pub fn routes(app: &AppState) -> Router<AppState> {
         content::UpdateApplied, content::StatelessMessage, content::StatelessSent,
         edits::EditRequest, edits::Condition, edits::EditsApplied, crate::edits::Change, access::AccessEntry, access::SetRole, tokens::IssueToken, tokens::IssuedToken, tokens::RevokeRequest, Revocation,
         admin::OutboxView, OutboxEvent, DeadEvent, admin::Overview, admin::AdminDocs,
-        admin::AdminDoc, admin::ClusterView, crate::storage::api::DocStats,
+        admin::AdminDoc, admin::ClusterView, admin::SetAsideView,
+        crate::storage::set_aside::SetAsideListed, crate::storage::api::DocStats,
         crate::storage::api::ClusterRows, crate::storage::api::NodeRow,
         crate::storage::api::LeaseRow, history::HistoryPage, crate::history::Session,
         crate::history::AuthorShare, crate::storage::history::Version,
         crate::storage::history::VersionKind, history::CreateVersion, history::DiffView,
         crate::history::TextDiff, crate::history::Run, history::Restored, history::Fork,
         branches::Branch, branches::CreateBranch, branches::BranchFrom, branches::BranchList,
-        branches::ChangeList, branches::MergeRequest, branches::Merged, branches::Pulled,
+        branches::ChangeList, branches::MergeRequest, branches::ChangeRef, branches::Merged,
+        branches::Pulled,
         crate::branches::Change, crate::branches::RootSummary, crate::branches::TextView,
         crate::branches::ViewRun
     )),

@@ -15,10 +15,8 @@ use utoipa::ToSchema;
 use yrs::updates::decoder::Decode;
 use yrs::{ReadTxn, Transact, Update};
 
-use super::extract::{ApiBytes, ApiJson, ApiPath};
-use super::history::{
-    budget_full, first_row, forget_restore_lock, new_doc_name, record, restore_lock,
-};
+use super::extract::{ApiJson, ApiPath};
+use super::history::{first_row, forget_restore_lock, new_doc_name, restore_lock};
 use super::reads::{
     check_position, content, current, heavy, latest, not_retained, stored_invalid, version_meta,
 };
@@ -32,7 +30,9 @@ use crate::problem::ApiError;
 use crate::room::{ApplyCmd, RoomCmd};
 use crate::storage::api::DocMeta;
 use crate::storage::branches::{BranchRow, Decision, DecisionRow};
-use crate::storage::history::{Version, VersionKind};
+
+mod merge;
+pub use merge::*;
 
 /// A branch as the API shows it.
 #[derive(Debug, Serialize, ToSchema)]
@@ -258,10 +258,15 @@ async fn review_of(
     let Some(rows) = log.rows else {
         return Err(not_retained("the branch's log"));
     };
+    // Who wrote which items: the parent's text a change deletes names its author.
+    let mut authors = app.api.authors(branch.id).await?;
+    if let Some(row) = app.api.branch(branch.id).await? {
+        authors.extend(app.api.authors(row.parent_id).await?);
+    }
     let gap = app.config.room.history.version_idle.as_millis() as i64;
     heavy(admission, move || {
-        let review =
-            branches::review(&rows, &log.decisions, &log.pulls, gap).map_err(stored_invalid)?;
+        let review = branches::review_with(&rows, &log.decisions, &log.pulls, gap, &authors)
+            .map_err(stored_invalid)?;
         Ok((review, rows))
     })
     .await
@@ -333,29 +338,6 @@ async fn changes_tag(app: &AppState, row: &BranchRow, caller: &Principal) -> Api
     ))
 }
 
-/// Most changes one merge request names.
-const MAX_MERGE_CHANGES: usize = 10_000;
-
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MergeRequest {
-    /// The changes to merge (their ids); omitted: every open change.
-    pub changes: Option<Vec<i64>>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Merged {
-    /// The changes this request merged.
-    pub merged: Vec<i64>,
-    /// The changes asked for that an earlier merge had merged.
-    pub already_merged: Vec<i64>,
-    /// The parent's log position after the merge (`null` if nothing was applied).
-    pub parent_seq: Option<i64>,
-    /// The parent's versions recorded before and after the merge.
-    pub version_before: Option<Version>,
-    pub version_after: Option<Version>,
-}
-
 /// The body of a POST whose JSON body may be left out.
 fn optional_json<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> ApiResult<T> {
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -386,204 +368,11 @@ async fn apply_as(
             author: author.clone(),
             budget: None,
             expect_seq: None,
+            then: Vec::new(),
         }))
     })
     .await?;
     applied(result, stored_invalid)
-}
-
-/// Merges the chosen changes (all open ones if none are named) into the parent, through the
-/// parent's room: each applied as its author's change, committed and broadcast to the
-/// parent's clients, with a version of the parent recorded before and after. A change needs
-/// the changes it depends on merged with it or before: 409 `missing-dependencies` lists them,
-/// and nothing is applied. Changes merged before are not applied again.
-#[utoipa::path(post, path = "/api/v1/docs/{name}/merge", request_body(content = MergeRequest, description = "optional"),
-    params(("name" = String, Path, description = "The branch's name, percent-encoded"),
-        ("Idempotency-Key" = Option<String>, Header)),
-    responses((status = 200, body = Merged), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, TooLarge, Unprocessable, Busy, Unavailable, BudgetFull))]
-pub async fn merge(
-    State(app): State<AppState>,
-    Extension(principal): Extension<Principal>,
-    ApiPath(name): ApiPath<String>,
-    ApiBytes(body): ApiBytes,
-) -> ApiResult<Json<Merged>> {
-    let request: MergeRequest = optional_json(&body)?;
-    if request
-        .changes
-        .as_ref()
-        .is_some_and(|c| c.len() > MAX_MERGE_CHANGES)
-    {
-        return Err(ApiError::bad_request(
-            "too-many-changes",
-            format!("a merge names at most {MAX_MERGE_CHANGES} changes"),
-        ));
-    }
-    let branch = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
-    let admission = app.gate.admit(branch.id).await?;
-    let row = branch_of(&app, &branch).await?;
-    open(&row)?;
-    let parent = live(doc_for(&app, &principal, &row.parent, Permission::Write).await?)?;
-    // One merge or restore of a parent at a time (they all run on its owner).
-    let lock = restore_lock(parent.id);
-    let _one_at_a_time = lock.lock().await;
-    let result = merge_locked(
-        &app,
-        &principal,
-        (&row, &branch, &parent),
-        request,
-        admission,
-    )
-    .await;
-    drop(_one_at_a_time);
-    drop(lock);
-    forget_restore_lock(parent.id);
-    result.map(Json)
-}
-
-async fn merge_locked(
-    app: &AppState,
-    principal: &Principal,
-    (row, branch, parent): (&BranchRow, &DocMeta, &DocMeta),
-    request: MergeRequest,
-    admission: crate::gate::Admission,
-) -> ApiResult<Merged> {
-    let (review, rows) = review_of(app, branch, admission).await?;
-    let asked: BTreeSet<i64> = match request.changes {
-        Some(ids) => ids.into_iter().collect(),
-        None => review
-            .changes
-            .iter()
-            .filter(|c| c.state == "open")
-            .map(|c| c.id)
-            .collect(),
-    };
-    let mut already = Vec::new();
-    let mut selected = BTreeSet::new();
-    for id in &asked {
-        match review.change(*id).map(|c| c.state) {
-            None => {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "no-such-change",
-                    format!("the branch has no change {id}"),
-                ))
-            }
-            Some("merged") => already.push(*id),
-            Some("rejected") => {
-                return Err(conflict(
-                    "change-rejected",
-                    format!("change {id} was rejected"),
-                    &[*id].into(),
-                ))
-            }
-            Some(_) => {
-                selected.insert(*id);
-            }
-        }
-    }
-    let missing = review.missing(&selected);
-    let rejected: BTreeSet<i64> = missing
-        .iter()
-        .filter(|id| review.change(**id).is_some_and(|c| c.state == "rejected"))
-        .copied()
-        .collect();
-    if !rejected.is_empty() {
-        return Err(conflict(
-            "change-rejected",
-            format!("the changes depend on rejected changes {rejected:?}"),
-            &rejected,
-        ));
-    }
-    if !missing.is_empty() {
-        return Err(conflict(
-            "missing-dependencies",
-            format!("the changes depend on changes not chosen: {missing:?}; merge them too"),
-            &missing,
-        ));
-    }
-    if selected.is_empty() {
-        settle(app, row, &review, &BTreeSet::new()).await?;
-        return Ok(Merged {
-            merged: Vec::new(),
-            already_merged: already,
-            parent_seq: None,
-            version_before: None,
-            version_after: None,
-        });
-    }
-    let plan = review
-        .merge_plan(&rows, &selected)
-        .map_err(stored_invalid)?;
-    // The versions before and after: refused before anything changes if they would not fit
-    // the parent's version budget.
-    let (seq_before, state_before) = latest(app, parent, Form::StateV2).await?;
-    let budget = app.config.max_version_bytes;
-    if app.api.kept_version_bytes(parent.id).await? + 2 * state_before.len() as u64 > budget {
-        app.metrics.versions_refused.inc();
-        return Err(budget_full(budget));
-    }
-    let label = |what: &str| Some(format!("{what} merging branch {}", row.name));
-    let before = record(
-        app,
-        parent,
-        seq_before,
-        state_before,
-        (VersionKind::Named, label("before")),
-        principal,
-        budget,
-    )
-    .await?;
-    let mut parent_seq = None;
-    for (author, update) in plan {
-        parent_seq = Some(apply_as(app, parent, author.map(Arc::from), update).await?);
-    }
-    // The merge is applied: recorded as decided whatever comes next (a retry finds them
-    // merged and applies nothing again).
-    let now = crate::storage::now_ms();
-    for id in &selected {
-        let last_seq = review.change(*id).map_or(*id, |c| c.last_seq);
-        app.api
-            .decide(
-                branch.id,
-                DecisionRow {
-                    change_id: *id,
-                    last_seq,
-                    decision: Decision::Merged,
-                    decided_by: Some(principal.user.clone()),
-                    parent_seq,
-                    created_at: now,
-                },
-            )
-            .await?;
-    }
-    let (seq_after, state_after) = latest(app, parent, Form::StateV2).await?;
-    let after = record(
-        app,
-        parent,
-        seq_after,
-        state_after,
-        (VersionKind::Named, label("after")),
-        principal,
-        u64::MAX,
-    )
-    .await?;
-    let still_open = review
-        .changes
-        .iter()
-        .any(|c| c.state == "open" && !selected.contains(&c.id));
-    if !still_open && row.state == "open" {
-        let _ = app
-            .api
-            .set_branch_state(row.doc_id, row.version, "merged")
-            .await?;
-    }
-    Ok(Merged {
-        merged: selected.into_iter().collect(),
-        already_merged: already,
-        parent_seq,
-        version_before: Some(before),
-        version_after: Some(after),
-    })
 }
 
 /// Marks an open branch `merged` once every change is merged or rejected (`decided`: the
@@ -622,8 +411,25 @@ pub async fn reject_change(
     let row = branch_of(&app, &branch).await?;
     open(&row)?;
     // Who may decide is checked before the review is computed: a reader pays nothing.
-    live(doc_for(&app, &principal, &row.parent, Permission::Write).await?)?;
-    let (review, _) = review_of(&app, &branch, admission).await?;
+    let parent = live(doc_for(&app, &principal, &row.parent, Permission::Write).await?)?;
+    // Under the parent's merge lock: a change is never rejected while a merge applies it.
+    let lock = restore_lock(parent.id);
+    let held = lock.lock().await;
+    let result = reject_locked(&app, &principal, (&row, &branch), id, admission).await;
+    drop(held);
+    drop(lock);
+    forget_restore_lock(parent.id);
+    result.map(Json)
+}
+
+async fn reject_locked(
+    app: &AppState,
+    principal: &Principal,
+    (row, branch): (&BranchRow, &DocMeta),
+    id: i64,
+    admission: crate::gate::Admission,
+) -> ApiResult<Change> {
+    let (review, _) = review_of(app, branch, admission).await?;
     let Some(change) = review.change(id) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -652,11 +458,11 @@ pub async fn reject_change(
             format!("change {id} is merged already"),
         ));
     }
-    settle(&app, &row, &review, &[id].into()).await?;
+    settle(app, row, &review, &[id].into()).await?;
     let mut change = change.clone();
     change.state = "rejected";
     change.last_seq = stored.last_seq;
-    Ok(Json(change))
+    Ok(change)
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -116,6 +116,7 @@ pub(super) async fn post_update(
             author: Some(principal.user.as_str().into()),
             budget: None,
             expect_seq: None,
+            then: Vec::new(),
         }))
     })
     .await?;

@@ -127,6 +127,7 @@ pub(super) async fn post_edits(
                 // merges like any client's edit made on that state (its positions are
                 // anchored to the items around them), so live typing never holds it back.
                 expect_seq: guarded.then_some(at),
+                then: Vec::new(),
             }))
         })
         .await?;

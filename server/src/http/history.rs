@@ -456,6 +456,7 @@ async fn apply(
             author: Some(author.clone()),
             budget: None,
             expect_seq: None,
+            then: Vec::new(),
         }))
     })
     .await?;

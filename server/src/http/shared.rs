@@ -203,6 +203,11 @@ pub(super) fn applied(
             "document-too-large",
             "the document would exceed max_doc_size",
         )),
+        Err(ApplyError::Missing(e)) => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "update-missing-dependencies",
+            e,
+        )),
         Err(ApplyError::Moved) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "precondition-failed",

@@ -7,8 +7,11 @@
 //! states that were not refreshed in time.
 //!
 //! Presence cannot be forged: a connection may set or remove only the states of client ids it
-//! introduced, of ids no live connection holds, or of ids a connection of the same user holds
-//! (a reconnect that arrives before the old socket is noticed dead keeps its presence); any
+//! introduced, of ids a connection of the same user holds (a reconnect that arrives before the
+//! old socket is noticed dead keeps its presence), or of ids whose connection closed: those
+//! stay bound to their user for a grace period (`presence_grace`, at least the awareness
+//! timeout), within which only the same user may take them back, so a user who reconnects
+//! finds its id its own. Ids of anonymous connections (no user) are bound to nothing. Any
 //! other entry is dropped and counted. Every state the room keeps and relays carries, under
 //! the reserved key [`VERIFIED_KEY`], the identity the server verified for the connection that
 //! set it; a client's own value for that key is replaced.
@@ -32,9 +35,12 @@ pub const VERIFIED_KEY: &str = "quire";
 /// Who sent an awareness update, as the room knows them.
 pub struct Sender<'a> {
     pub peer: PeerId,
-    /// Whether the sender may speak for a client id that connection `owner` introduced: true
-    /// when `owner` is closed or is a connection of the same user.
-    pub may_take: &'a dyn Fn(PeerId) -> bool,
+    /// The sender's user (`None`: anonymous).
+    pub user: Option<&'a str>,
+    /// Whether connection `owner` is open.
+    pub is_open: &'a dyn Fn(PeerId) -> bool,
+    /// How long a closed connection's client ids stay its user's.
+    pub grace: Duration,
     /// The identity stamped into the sender's states (`None`: the key is removed).
     pub verified: Option<&'a serde_json::Value>,
 }
@@ -71,6 +77,28 @@ struct State {
     json: Option<Arc<str>>,
     last_updated: Instant,
     owner: PeerId,
+    /// The owner's user (`None`: anonymous, bound to nobody).
+    user: Option<Arc<str>>,
+    /// When the owner's connection closed.
+    left_at: Option<Instant>,
+}
+
+impl State {
+    /// Whether `from` may speak for this client id at `now`.
+    fn may_take(&self, from: &Sender<'_>, now: Instant) -> bool {
+        if self.owner == from.peer {
+            return true;
+        }
+        let same_user = self.user.is_some() && self.user.as_deref() == from.user;
+        if (from.is_open)(self.owner) {
+            return same_user;
+        }
+        match (&self.user, self.left_at) {
+            (None, _) => true,
+            (Some(_), Some(left)) if now.saturating_duration_since(left) >= from.grace => true,
+            (Some(_), _) => same_user,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -93,7 +121,7 @@ impl AwarenessTable {
         let mut relay = HashMap::new();
         for (client, entry) in &update.clients {
             if let Some(s) = self.states.get(&client.get()) {
-                if s.owner != from.peer && !(from.may_take)(s.owner) {
+                if !s.may_take(from, now) {
                     applied.refused += 1;
                     continue;
                 }
@@ -117,6 +145,8 @@ impl AwarenessTable {
                         s.json = json.clone();
                         s.last_updated = now;
                         s.owner = from.peer;
+                        s.user = from.user.map(Arc::from);
+                        s.left_at = None;
                     }
                     newer
                 }
@@ -128,6 +158,8 @@ impl AwarenessTable {
                             json: json.clone(),
                             last_updated: now,
                             owner: from.peer,
+                            user: from.user.map(Arc::from),
+                            left_at: None,
                         },
                     );
                     json.is_some()
@@ -149,6 +181,10 @@ impl AwarenessTable {
 
     /// Removes every live state `peer` introduced; returns the removal to broadcast.
     pub fn remove_peer(&mut self, peer: PeerId, now: Instant) -> Option<AwarenessUpdate> {
+        // Its ids stay its user's for the grace period (`State::may_take`).
+        for s in self.states.values_mut().filter(|s| s.owner == peer) {
+            s.left_at = Some(now);
+        }
         let ids: Vec<u64> = self
             .states
             .iter()
@@ -158,10 +194,20 @@ impl AwarenessTable {
         self.remove(ids, now)
     }
 
-    /// Removes states not refreshed within `timeout`, and forgets old removals.
-    pub fn expire(&mut self, now: Instant, timeout: Duration) -> Option<AwarenessUpdate> {
-        self.states
-            .retain(|_, s| s.json.is_some() || now.duration_since(s.last_updated) < timeout);
+    /// Removes states not refreshed within `timeout`, and forgets old removals (once neither
+    /// their clock nor, within `grace` of their connection's close, their user matters).
+    pub fn expire(
+        &mut self,
+        now: Instant,
+        timeout: Duration,
+        grace: Duration,
+    ) -> Option<AwarenessUpdate> {
+        self.states.retain(|_, s| {
+            s.json.is_some()
+                || now.saturating_duration_since(s.last_updated) < timeout
+                || s.left_at
+                    .is_some_and(|left| now.saturating_duration_since(left) < grace)
+        });
         let ids: Vec<u64> = self
             .states
             .iter()
@@ -257,7 +303,9 @@ mod tests {
     fn anyone(peer: PeerId) -> Sender<'static> {
         Sender {
             peer,
-            may_take: &|_| true,
+            user: None,
+            is_open: &|_| false,
+            grace: Duration::ZERO,
             verified: None,
         }
     }
@@ -353,9 +401,13 @@ mod tests {
         let alice = serde_json::json!({"user": "alice"});
         let mallory = serde_json::json!({"user": "mallory"});
         // Peer 10 (alice) introduces client 1, claiming to be someone else.
+        let open = |p: PeerId| p == 10 || p == 11 || p == 12;
+        let grace = Duration::from_secs(30);
         let from_alice = Sender {
             peer: 10,
-            may_take: &|_| false,
+            user: Some("alice"),
+            is_open: &open,
+            grace,
             verified: Some(&alice),
         };
         let applied = t.apply(
@@ -374,7 +426,9 @@ mod tests {
         // Peer 11 (mallory, another user, while alice's connection lives) may not take it.
         let from_mallory = Sender {
             peer: 11,
-            may_take: &|_| false,
+            user: Some("mallory"),
+            is_open: &open,
+            grace,
             verified: Some(&mallory),
         };
         let forged = t.apply(
@@ -401,7 +455,9 @@ mod tests {
         // A connection allowed to take over (alice reconnecting, or alice's closed) may.
         let alice_again = Sender {
             peer: 12,
-            may_take: &|owner| owner == 10,
+            user: Some("alice"),
+            is_open: &open,
+            grace,
             verified: Some(&alice),
         };
         let taken = t.apply(&update(&[(1, 2, r#"{"name":"alice"}"#)]), &alice_again, now);
@@ -461,11 +517,64 @@ mod tests {
         let mut t = AwarenessTable::default();
         t.apply(&update(&[(1, 1, "{}")]), &anyone(10), start);
         let timeout = Duration::from_secs(30);
-        assert!(t.expire(start + Duration::from_secs(29), timeout).is_none());
+        let grace = timeout;
+        assert!(t
+            .expire(start + Duration::from_secs(29), timeout, grace)
+            .is_none());
         let gone = t
-            .expire(start + Duration::from_secs(31), timeout)
+            .expire(start + Duration::from_secs(31), timeout, grace)
             .expect("expired");
         assert_eq!(gone.clients.len(), 1);
         assert!(t.full_state().is_none());
+    }
+
+    #[test]
+    fn a_closed_connections_ids_stay_its_users_for_the_grace_period() {
+        let t0 = Instant::now();
+        let mut t = AwarenessTable::default();
+        let (alice, mallory) = (
+            serde_json::json!({"user": "alice"}),
+            serde_json::json!({"user": "mallory"}),
+        );
+        let grace = Duration::from_secs(30);
+        // Peer 21 (mallory) stays open; alice's connections (20, then 22) are the ones that
+        // close (the table is told by `remove_peer`, and asks only about owners).
+        let open = |p: PeerId| p == 21;
+        let sender = |peer, user, verified| Sender {
+            peer,
+            user: Some(user),
+            is_open: &open,
+            grace,
+            verified: Some(verified),
+        };
+        t.apply(&update(&[(1, 1, "{}")]), &sender(20, "alice", &alice), t0);
+        // Alice's connection closes: its state is removed, the id stays hers.
+        assert!(t.remove_peer(20, t0).is_some());
+        let later = t0 + Duration::from_secs(29);
+        assert!(t.expire(later, Duration::from_secs(5), grace).is_none());
+        let taken = t.apply(
+            &update(&[(1, 9, r#"{"name":"mallory-as-alice"}"#)]),
+            &sender(21, "mallory", &mallory),
+            later,
+        );
+        assert_eq!((taken.refused, taken.relay.is_none()), (1, true));
+        // Alice reconnecting takes it back within the grace period.
+        let back = t.apply(
+            &update(&[(1, 3, "{}")]),
+            &sender(22, "alice", &alice),
+            later,
+        );
+        assert!(back.relay.is_some());
+        let state = t.full_state().expect("alice's state");
+        assert!(state.clients[&ClientID::new(1)].json.contains("\"alice\""));
+        // Past the grace period after a close, the id is anybody's.
+        assert!(t.remove_peer(22, later).is_some());
+        let after = later + grace;
+        let reused = t.apply(
+            &update(&[(1, 9, "{}")]),
+            &sender(21, "mallory", &mallory),
+            after,
+        );
+        assert!(reused.relay.is_some());
     }
 }

@@ -25,18 +25,35 @@
 use bytes::Bytes;
 use tracing::warn;
 use yrs::updates::decoder::Decode;
-use yrs::{Doc, ReadTxn, StateVector, Transact, Update};
+use yrs::updates::encoder::Encode;
+use yrs::{Doc, ReadTxn, StateVector, Transact, Update, ID};
+
+use crate::integrity::{admit, Admission};
 
 use crate::protocol;
+use crate::storage::set_aside::SetAsideRow;
 use crate::storage::StoredDoc;
 
 /// Replays a snapshot (Yjs v2) and log rows (Yjs v1) into a fresh `Doc`; the error names the
-/// part that does not decode or apply.
+/// part that does not decode or apply. Rows that do not integrate are left out ([`replay_checked`]).
 pub(super) fn replay<'a>(
     snapshot: Option<&[u8]>,
     rows: impl IntoIterator<Item = (i64, &'a [u8])>,
 ) -> Result<Doc, String> {
+    replay_checked(snapshot, rows).map(|(doc, _)| doc)
+}
+
+/// [`replay`], and what was set aside. Each row passes the check every new update passes
+/// (`integrity.rs`): a row that depends on content not stored yet waits for a later row to
+/// bring it (out of order within the log integrates), and whatever still waits at the end is
+/// set aside; deletions of content no one holds are cut. So a store that holds a pending
+/// update loads into a document that encodes whole and snapshots again.
+pub(super) fn replay_checked<'a>(
+    snapshot: Option<&[u8]>,
+    rows: impl IntoIterator<Item = (i64, &'a [u8])>,
+) -> Result<(Doc, Vec<SetAsideRow>), String> {
     let doc = Doc::new();
+    let mut aside = Vec::new();
     {
         let mut txn = doc.transact_mut();
         if let Some(snapshot) = snapshot {
@@ -48,13 +65,84 @@ pub(super) fn replay<'a>(
             txn.apply_update(update)
                 .map_err(|e| format!("snapshot: {e}"))?;
         }
+        // Rows waiting for content a later row may bring: (seq, row, what it needs).
+        let mut waiting: Vec<(i64, &[u8], ID)> = Vec::new();
         for (seq, data) in rows {
             let update = Update::decode_v1(data).map_err(|e| format!("log row {seq}: {e}"))?;
-            txn.apply_update(update)
-                .map_err(|e| format!("log row {seq}: {e}"))?;
+            match admit_row(&mut txn, seq, update, &mut aside)? {
+                Some(missing) => waiting.push((seq, data, missing)),
+                None if !waiting.is_empty() => retry_waiting(&mut txn, &mut waiting, &mut aside)?,
+                None => {}
+            }
+        }
+        for (seq, data, missing) in waiting {
+            warn!(
+                seq,
+                "a stored log row depends on content never stored; set aside"
+            );
+            aside.push(SetAsideRow {
+                seq,
+                data: data.to_vec(),
+                reason: format!(
+                    "depends on content never stored (client {}, clock {})",
+                    missing.client, missing.clock
+                ),
+            });
         }
     }
-    Ok(doc)
+    Ok((doc, aside))
+}
+
+/// Applies one row if it integrates (its deletions of what no one holds cut and set aside);
+/// what it waits for if it does not.
+fn admit_row(
+    txn: &mut yrs::TransactionMut,
+    seq: i64,
+    mut update: Update,
+    aside: &mut Vec<SetAsideRow>,
+) -> Result<Option<ID>, String> {
+    match admit(&txn.state_vector(), &mut update) {
+        Admission::Missing(missing) => return Ok(Some(missing)),
+        Admission::Integrates { cut: Some(cut) } => {
+            warn!(
+                seq,
+                "a stored log row deletes content no one holds; those deletions set aside"
+            );
+            let mut deletions = Update::new();
+            deletions.set_delete_set(cut);
+            aside.push(SetAsideRow {
+                seq,
+                data: deletions.encode_v1(),
+                reason: "deletes content no one holds".into(),
+            });
+        }
+        Admission::Integrates { cut: None } => {}
+    }
+    txn.apply_update(update)
+        .map_err(|e| format!("log row {seq}: {e}"))?;
+    Ok(None)
+}
+
+/// Applies the waiting rows that now integrate, until none does.
+fn retry_waiting(
+    txn: &mut yrs::TransactionMut,
+    waiting: &mut Vec<(i64, &[u8], ID)>,
+    aside: &mut Vec<SetAsideRow>,
+) -> Result<(), String> {
+    loop {
+        let sv = txn.state_vector();
+        let Some(at) = waiting
+            .iter()
+            .position(|(_, _, missing)| sv.get(&missing.client) > missing.clock)
+        else {
+            return Ok(());
+        };
+        let (seq, data, _) = waiting.remove(at);
+        let update = Update::decode_v1(data).map_err(|e| format!("log row {seq}: {e}"))?;
+        if let Some(missing) = admit_row(txn, seq, update, aside)? {
+            waiting.insert(at, (seq, data, missing));
+        }
+    }
 }
 
 /// Rows stored back to back in `data`, each given by its sequence number and where it ends.

@@ -312,6 +312,18 @@ pub struct ApplyCmd {
     /// A position, not a state vector: a deletion does not move a Yjs state vector, so a
     /// concurrent edit that only deleted would pass a state vector check unseen.
     pub expect_seq: Option<i64>,
+    /// Updates (Yjs v1) applied after this one, each with its author, together with it: all
+    /// of them are checked to integrate, in order, before any is applied, and they are
+    /// committed in one append (a merge's changes: all or none). The reply comes once all are
+    /// committed.
+    pub then: Vec<(Option<Arc<str>>, Bytes)>,
+}
+
+impl ApplyCmd {
+    /// Bytes of every update it carries.
+    pub fn bytes(&self) -> usize {
+        self.raw.len() + self.then.iter().map(|(_, b)| b.len()).sum::<usize>()
+    }
 }
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -325,6 +337,9 @@ pub enum ApplyError {
     /// The document was not at the position [`ApplyCmd::expect_seq`] named.
     #[error("the document changed since the update was computed")]
     Moved,
+    /// The update depends on content the document does not hold (`integrity.rs`).
+    #[error("{0}")]
+    Missing(String),
 }
 
 #[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
@@ -492,7 +507,7 @@ impl RoomHandle {
     pub async fn command(&self, mut cmd: RoomCmd) -> Result<(), JoinError> {
         // An update sent over HTTP waits for the room's inbound budget like a socket's frame.
         if let RoomCmd::Apply(apply) = &mut cmd {
-            let n = self.budget_units(apply.raw.len());
+            let n = self.budget_units(apply.bytes());
             let permit = self.budget.clone().acquire_many_owned(n).await;
             apply.budget = Some(permit.map_err(|_| JoinError::Gone)?);
         }

@@ -23,6 +23,7 @@ mod dialect;
 pub mod history;
 pub mod postgres;
 mod renewals;
+pub mod set_aside;
 mod snapshot_parts;
 pub mod sql_api;
 mod sql_docs;
@@ -223,7 +224,7 @@ pub enum LeaseGrant {
 /// The part of the [`DocStore`] contract whose statements are the same on both databases
 /// (`sql_docs.rs`): a backend hands its implementation to [`DocStore::shared`].
 #[async_trait]
-pub trait SharedStatements: Send + Sync {
+pub trait SharedStatements: set_aside::SetAsideStore + Send + Sync {
     async fn load(&self, name: &str) -> Result<StoredDoc, StorageError>;
     async fn load_snapshot(&self, doc: DocId) -> Result<StoredDoc, StorageError>;
     async fn acquire_lease(

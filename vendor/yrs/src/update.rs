@@ -167,6 +167,20 @@ impl BlockSet {
     }
 }
 
+/// One block of an [Update] and what integrating it depends on ([Update::block_deps]; a Quire
+/// addition, see vendor/README.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockDeps {
+    /// The block's first id.
+    pub id: ID,
+    /// How many clocks it spans.
+    pub len: u32,
+    /// A skip: a range of clocks the update does not carry.
+    pub skip: bool,
+    /// Its origin, right origin and parent item, where it has them.
+    pub deps: [Option<ID>; 3],
+}
+
 /// Update type which contains an information about all decoded blocks which are incoming from a
 /// remote peer. Since these blocks are not yet integrated into current document's block store,
 /// they still may require repairing before doing so as they don't contain full data about their
@@ -279,6 +293,56 @@ impl Update {
     /// Returns a delete set associated with current update.
     pub fn delete_set(&self) -> &IdSet {
         &self.delete_set
+    }
+
+    /// Replaces the delete set of this update (a Quire addition, see vendor/README.md: used to
+    /// cut deletions of clocks a document does not hold before the update is applied).
+    pub fn set_delete_set(&mut self, delete_set: IdSet) {
+        self.delete_set = delete_set;
+    }
+
+    /// Every block of this update, client by client in clock order, with the ids integrating
+    /// it depends on (a Quire addition, see vendor/README.md): its origin, its right origin and
+    /// its parent when that is an item. Integration in Yjs's order can be planned from these
+    /// without touching a document.
+    pub fn block_deps(&self) -> Vec<(ClientID, Vec<BlockDeps>)> {
+        self.blocks
+            .clients
+            .iter()
+            .map(|(client, blocks)| {
+                let deps = blocks
+                    .iter()
+                    .map(|block| match block {
+                        Block::Item(item) => BlockDeps {
+                            id: item.id,
+                            len: item.len,
+                            skip: false,
+                            deps: [
+                                item.origin,
+                                item.right_origin,
+                                match &item.parent {
+                                    TypePtr::ID(id) => Some(*id),
+                                    _ => None,
+                                },
+                            ],
+                        },
+                        Block::GC(range) => BlockDeps {
+                            id: range.id(),
+                            len: range.len,
+                            skip: false,
+                            deps: [None; 3],
+                        },
+                        Block::Skip(range) => BlockDeps {
+                            id: range.id(),
+                            len: range.len,
+                            skip: true,
+                            deps: [None; 3],
+                        },
+                    })
+                    .collect();
+                (*client, deps)
+            })
+            .collect()
     }
 
     /// Merges another update into current one. Their blocks are deduplicated and reordered.

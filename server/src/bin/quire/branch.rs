@@ -29,12 +29,15 @@ pub enum BranchCommand {
     List { parent: String },
     /// A branch's changes for review: author, state, size, dependencies and text diff
     Changes { branch: String },
-    /// Merge a branch's changes into its parent (every open one unless --change names some)
+    /// Merge a branch's changes into its parent (every open one unless --change names some).
+    /// Each is merged as far as the review showed it: ID@LAST_SEQ names the last position
+    /// reviewed (`quire branch changes` prints it), and the server refuses a change that has
+    /// grown since; a plain ID is named as the change list shows it now (printed first)
     Merge {
         branch: String,
-        /// A change to merge (repeat for several)
-        #[arg(long = "change", value_name = "ID")]
-        changes: Vec<i64>,
+        /// A change to merge, ID or ID@LAST_SEQ (repeat for several)
+        #[arg(long = "change", value_name = "ID[@LAST_SEQ]", value_parser = parse_change)]
+        changes: Vec<(i64, Option<i64>)>,
     },
     /// Reject a change of a branch: it will never be merged
     Reject { branch: String, id: i64 },
@@ -99,8 +102,15 @@ pub async fn branch(api: &Api, command: BranchCommand) -> anyhow::Result<()> {
             }
         }
         BranchCommand::Merge { branch, changes } => {
-            let body = (!changes.is_empty()).then(|| json!({ "changes": changes }));
-            let answer = api.post(&branch, "/merge", body).await?;
+            let named = reviewed(api, &branch, &changes).await?;
+            let changes: Vec<i64> = named.iter().map(|(id, _)| *id).collect();
+            let seen: Vec<Value> = named
+                .iter()
+                .map(|(id, last)| json!({"id": id, "last_seq": last}))
+                .collect();
+            let answer = api
+                .post(&branch, "/merge", Some(json!({ "changes": seen })))
+                .await?;
             if answer.status == reqwest::StatusCode::CONFLICT
                 && answer.problem() == "missing-dependencies"
             {
@@ -279,6 +289,60 @@ fn runs(runs: &Value) -> String {
         }
     }
     out
+}
+
+/// `ID` or `ID@LAST_SEQ`.
+fn parse_change(arg: &str) -> Result<(i64, Option<i64>), String> {
+    let (id, last) = match arg.split_once('@') {
+        Some((id, last)) => (id, Some(last)),
+        None => (arg, None),
+    };
+    let id = id.parse().map_err(|_| format!("not a change id: {id}"))?;
+    let last = last
+        .map(|l| l.parse().map_err(|_| format!("not a log position: {l}")))
+        .transpose()?;
+    Ok((id, last))
+}
+
+/// The changes a merge names, each with the last position it is merged up to: as given, or as
+/// the branch's change list shows it now (every open change when none is given), printed.
+async fn reviewed(
+    api: &Api,
+    branch: &str,
+    changes: &[(i64, Option<i64>)],
+) -> anyhow::Result<Vec<(i64, i64)>> {
+    if !changes.is_empty() && changes.iter().all(|(_, last)| last.is_some()) {
+        return Ok(changes
+            .iter()
+            .map(|(id, last)| (*id, last.unwrap_or(*id)))
+            .collect());
+    }
+    let list = api.get(branch, "/changes").await?.ok()?;
+    let listed = list["changes"].as_array().cloned().unwrap_or_default();
+    let last_of = |id: i64| {
+        listed
+            .iter()
+            .find(|c| c["id"].as_i64() == Some(id))
+            .and_then(|c| c["last_seq"].as_i64())
+    };
+    let named: Vec<(i64, i64)> = if changes.is_empty() {
+        listed
+            .iter()
+            .filter(|c| c["state"] == "open")
+            .filter_map(|c| Some((c["id"].as_i64()?, c["last_seq"].as_i64()?)))
+            .collect()
+    } else {
+        changes
+            .iter()
+            .map(|(id, last)| (*id, last.or_else(|| last_of(*id)).unwrap_or(*id)))
+            .collect()
+    };
+    for (id, last) in &named {
+        if !changes.iter().any(|(c, l)| c == id && l.is_some()) {
+            eprintln!("merging change {id} as listed now: up to position {last}");
+        }
+    }
+    Ok(named)
 }
 
 #[cfg(test)]

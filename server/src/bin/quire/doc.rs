@@ -341,6 +341,9 @@ async fn import(
             ));
             return Ok(());
         };
+        // What enters a document must integrate, as through the server's room
+        // (docs/durability.md): deletions of what does not exist are cut.
+        let update = admitted(&doc, update)?;
         progress.bytes(update.len() as u64);
         let seq = stored.last_seq() + 1;
         let entry = LogEntry {
@@ -368,4 +371,24 @@ async fn import(
         }
     }
     bail!("document {name:?} kept changing under the import; try again")
+}
+
+/// `update` as it may enter `doc`: refused if it depends on content `doc` does not hold, with
+/// deletions of clocks nobody holds cut (the check every write path passes).
+fn admitted(doc: &Doc, update: Vec<u8>) -> anyhow::Result<Vec<u8>> {
+    use quire_server::integrity::{admit, Admission};
+    use yrs::updates::encoder::Encode;
+    use yrs::ReadTxn;
+    let mut decoded = Update::decode_v1(&update)
+        .map_err(|e| anyhow::anyhow!("the import is not a valid update: {e}"))?;
+    let sv = doc.transact().state_vector();
+    match admit(&sv, &mut decoded) {
+        Admission::Integrates { cut: None } => Ok(update),
+        Admission::Integrates { cut: Some(_) } => Ok(decoded.encode_v1()),
+        Admission::Missing(id) => anyhow::bail!(
+            "the file depends on content the document does not hold (client {}, clock {})",
+            id.client,
+            id.clock
+        ),
+    }
 }

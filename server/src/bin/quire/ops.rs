@@ -86,7 +86,7 @@ pub async fn open_current_store(
     let url = config.database_url.expose();
     let postgres = quire_server::storage::postgres::is_postgres_url(url);
     let shown = quire_server::storage::redact_url(url);
-    let (applied, _) = database_facts(url, postgres)
+    let Facts { applied, .. } = database_facts(url, postgres)
         .await
         .map_err(|e| anyhow::anyhow!("cannot open the store at {shown}: {e}"))?;
     let Some(applied) = applied else {
@@ -222,12 +222,23 @@ pub async fn doctor(config: &quire_server::config::Config) -> anyhow::Result<()>
     Ok(())
 }
 
-/// The versions of the migrations applied (`None`: no migrations table) and, on PostgreSQL,
-/// the database's clock in ms since the epoch; read without changing anything.
-async fn database_facts(
-    url: &str,
-    postgres: bool,
-) -> Result<(Option<Vec<i64>>, Option<f64>), sqlx::Error> {
+/// Rows of the `set_aside` table as doctor lists them: document, position, bytes, why.
+type AsideRow = (String, i64, i64, String);
+
+/// The newest set-aside rows (`None`: no such table yet).
+const SET_ASIDE: &str = "SELECT d.name, s.seq, CAST(length(s.data) AS BIGINT), s.reason \
+     FROM set_aside s JOIN documents d ON d.id = s.doc_id ORDER BY s.created_at DESC LIMIT 20";
+
+/// What the database says: the versions of the migrations applied (`None`: no migrations
+/// table), on PostgreSQL the database's clock in ms since the epoch, and the newest rows set
+/// aside; read without changing anything.
+struct Facts {
+    applied: Option<Vec<i64>>,
+    clock: Option<f64>,
+    aside: Option<Vec<AsideRow>>,
+}
+
+async fn database_facts(url: &str, postgres: bool) -> Result<Facts, sqlx::Error> {
     const APPLIED: &str = "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version";
     if postgres {
         let pool = sqlx::postgres::PgPoolOptions::new()
@@ -241,8 +252,13 @@ async fn database_facts(
         )
         .fetch_one(&pool)
         .await?;
+        let aside = sqlx::query_as(SET_ASIDE).fetch_all(&pool).await.ok();
         pool.close().await;
-        return Ok((applied, Some(clock)));
+        return Ok(Facts {
+            applied,
+            clock: Some(clock),
+            aside,
+        });
     }
     use std::str::FromStr;
     let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)?.read_only(true);
@@ -252,15 +268,49 @@ async fn database_facts(
         .connect_with(opts)
         .await?;
     let applied: Option<Vec<i64>> = sqlx::query_scalar(APPLIED).fetch_all(&pool).await.ok();
+    let aside = sqlx::query_as(SET_ASIDE).fetch_all(&pool).await.ok();
     pool.close().await;
-    Ok((applied, None))
+    Ok(Facts {
+        applied,
+        clock: None,
+        aside,
+    })
+}
+
+/// The rows set aside because they did not integrate (docs/durability.md): listed, never a
+/// failure (the documents loaded without them).
+fn set_aside_check(aside: Option<Vec<AsideRow>>) -> Option<Check> {
+    let rows = aside?;
+    let detail = if rows.is_empty() {
+        "no stored update was set aside".to_owned()
+    } else {
+        let listed: Vec<String> = rows
+            .iter()
+            .map(|(doc, seq, bytes, why)| format!("{doc} row {seq} ({bytes} bytes): {why}"))
+            .collect();
+        format!(
+            "{} stored updates kept out of their documents (newest first; GET \
+             /api/v1/admin/set-aside): {}",
+            rows.len(),
+            listed.join("; ")
+        )
+    };
+    Some(Check {
+        name: "set aside",
+        ok: true,
+        detail,
+    })
 }
 
 /// Reachability, migrations and the clock, read without migrating anything.
 async fn database_checks(config: &quire_server::config::Config) -> Vec<Check> {
     let url = config.database_url.expose();
     let postgres = quire_server::storage::postgres::is_postgres_url(url);
-    let (applied, clock) = match database_facts(url, postgres).await {
+    let Facts {
+        applied,
+        clock,
+        aside,
+    } = match database_facts(url, postgres).await {
         Ok(facts) => facts,
         Err(e) => {
             return vec![Check {
@@ -331,6 +381,7 @@ async fn database_checks(config: &quire_server::config::Config) -> Vec<Check> {
             ),
         });
     }
+    checks.extend(set_aside_check(aside));
     checks
 }
 

@@ -15,6 +15,7 @@ use crate::close;
 use crate::protocol;
 use crate::room::committed::{self, CommittedCopy};
 use crate::room::{CloseReason, DocName, JoinError, Registry, RoomCmd};
+use crate::storage::set_aside::SetAsideRow;
 use crate::storage::{Epoch, LeaseGrant, StorageError, StoredDoc};
 
 /// Removes the room from the registry however the task ends, a panic included, so the next
@@ -123,6 +124,9 @@ pub(super) enum LoadError {
 pub(super) struct Loaded {
     pub(super) stored: StoredDoc,
     pub(super) doc: Doc,
+    /// Stored rows held what does not integrate: it was set aside, and the document must be
+    /// snapshotted so that the next load starts past those rows.
+    pub(super) repair: bool,
 }
 
 /// `fut`, a storage operation, given up after `limit` (counted in `storage_timeouts`): an
@@ -151,13 +155,32 @@ pub(super) async fn load(registry: &Registry, name: &DocName) -> Result<Loaded, 
         registry.store.load(name.as_str()),
     )
     .await?;
-    let doc = build_doc(&stored)?;
+    let (doc, aside) = build_doc(&stored)?;
     debug!(
         snapshot_bytes = stored.snapshot.as_ref().map_or(0, Vec::len),
         log_rows = stored.updates.len(),
         "loaded"
     );
-    Ok(Loaded { stored, doc })
+    let repair = !aside.is_empty();
+    if repair {
+        // Recorded before anything snapshots past those rows, or the load fails (and is
+        // retried): what was set aside is never only in a log line.
+        warn!(
+            rows = aside.len(),
+            "stored log rows do not integrate; set aside (quire doctor lists them)"
+        );
+        let recording = registry.store.shared().set_aside(stored.id, &aside);
+        within(limit, &registry.metrics, "set aside", recording).await?;
+        registry
+            .metrics
+            .updates_set_aside
+            .inc_by(aside.len() as u64);
+    }
+    Ok(Loaded {
+        stored,
+        doc,
+        repair,
+    })
 }
 
 /// Who serves a document.
@@ -218,13 +241,14 @@ pub(super) fn committed_copy_limit(registry: &Registry) -> usize {
     usize::try_from(registry.config.snapshot_bytes.saturating_mul(2)).unwrap_or(usize::MAX)
 }
 
-/// Latest snapshot plus the log rows after it, replayed into a fresh `Doc`.
-pub(super) fn build_doc(stored: &StoredDoc) -> Result<Doc, LoadError> {
+/// Latest snapshot plus the log rows after it, replayed into a fresh `Doc`, and what of the
+/// rows does not integrate (left out of it).
+pub(super) fn build_doc(stored: &StoredDoc) -> Result<(Doc, Vec<SetAsideRow>), LoadError> {
     let rows = stored
         .updates
         .iter()
         .map(|(seq, data)| (*seq, data.as_slice()));
-    committed::replay(stored.snapshot.as_deref(), rows).map_err(LoadError::Corrupt)
+    committed::replay_checked(stored.snapshot.as_deref(), rows).map_err(LoadError::Corrupt)
 }
 
 /// The room's lease, released when the room is dropped without releasing it (a panic
@@ -424,8 +448,13 @@ impl Room {
             .await
             .map_err(|e| format!("reload failed: {e}"))?;
         let diff = loaded.doc.transact().encode_diff_v1(seen);
-        let Loaded { mut stored, doc } = loaded;
+        let Loaded {
+            mut stored,
+            doc,
+            repair,
+        } = loaded;
         self.doc = doc;
+        self.snapshots.repair |= repair;
         self.answers.invalidate();
         self.snapshots.version = stored.snapshot_version;
         self.last_seq = stored.last_seq();

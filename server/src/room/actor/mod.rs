@@ -19,6 +19,7 @@
 //! - While storage is stalled (an append failed or passed its deadline and is being retried),
 //!   the waiting reads are answered from the committed copy (`committed.rs`) instead.
 
+mod held;
 mod lifecycle;
 mod peers;
 mod pipeline;
@@ -70,13 +71,16 @@ struct Peer {
 enum Origin {
     Peer(PeerId),
     Http(tokio::sync::oneshot::Sender<Result<i64, ApplyError>>),
+    /// One of an HTTP request's updates applied together (`ApplyCmd::then`), other than its
+    /// last, which carries the reply.
+    Part,
 }
 
 impl Origin {
     fn peer(&self) -> Option<PeerId> {
         match self {
             Origin::Peer(p) => Some(*p),
-            Origin::Http(_) => None,
+            Origin::Http(_) | Origin::Part => None,
         }
     }
 }
@@ -91,6 +95,11 @@ struct Queued {
     author: Option<Arc<str>>,
     /// The log position the `Doc` must be at for it to apply (`ApplyCmd::expect_seq`).
     expect_seq: Option<i64>,
+    /// When it was first held back for missing dependencies, if it was (`held.rs`).
+    held_since: Option<Instant>,
+    /// It follows the previous update as part of the same request's updates applied together
+    /// (`ApplyCmd::then`): never committed in another append than that one.
+    joined: bool,
 }
 
 /// An update applied to the `Doc` and being committed.
@@ -101,6 +110,8 @@ struct Applied {
     author: Option<Arc<str>>,
     /// What applying it changed, for the history.
     changes: Changes,
+    /// As [`Queued::joined`].
+    joined: bool,
 }
 
 /// What one update changed in the `Doc`: content units inserted and deleted, and the client
@@ -291,12 +302,18 @@ impl Room {
         lease: Option<(Epoch, Instant)>,
         stats: Arc<crate::room::stats::RoomStats>,
     ) -> Room {
-        let Loaded { mut stored, doc } = loaded;
+        let Loaded {
+            mut stored,
+            doc,
+            repair,
+        } = loaded;
         let copy_limit = committed_copy_limit(&registry);
+        let mut snapshots = Snapshots::new(&stored);
+        snapshots.repair = repair;
         let room = Room {
             lease: Lease::new(&registry, stored.id, lease),
             pipeline: Pipeline::new(&registry),
-            snapshots: Snapshots::new(&stored),
+            snapshots,
             registry,
             name,
             doc_id: stored.id,
@@ -342,6 +359,10 @@ impl Room {
         // This room's share of `quire_room_queue_bytes`, as last reported.
         let gauge = self.registry.metrics.room_queue_bytes.clone();
         let mut reported = 0i64;
+        // A document loaded with rows set aside is snapshotted at once (`Snapshots::repair`).
+        if self.pipeline.inflight.is_none() && self.snapshot_due() {
+            self.start_snapshot();
+        }
         let exit = loop {
             let queued = self.pipeline.queued_bytes as i64;
             gauge.add(queued - reported);
@@ -389,6 +410,7 @@ impl Room {
         let version_due = self.version_due_at();
         let awareness_due = self.peers.awareness_due;
         let answers_due = self.answers.release_due();
+        let held_due = self.held_due();
         tokio::select! {
             res = wait_inflight(&mut self.pipeline.inflight), if self.pipeline.inflight.is_some() => {
                 let reason = self.on_op_done(res).await.err()?;
@@ -423,7 +445,8 @@ impl Room {
             }
             _ = timers.sweep.tick(), if !self.peers.awareness.is_empty() => {
                 let timeout = self.registry.config.awareness_timeout;
-                if let Some(gone) = self.peers.awareness.expire(Instant::now(), timeout) {
+                let grace = self.registry.config.presence_grace;
+                if let Some(gone) = self.peers.awareness.expire(Instant::now(), timeout, grace) {
                     self.relay_awareness(gone, None);
                 }
                 None
@@ -434,6 +457,10 @@ impl Room {
             }
             _ = sleep_until(answers_due.unwrap_or_else(Instant::now)), if answers_due.is_some() => {
                 self.answers.release(Instant::now());
+                None
+            }
+            _ = sleep_until(held_due.unwrap_or_else(Instant::now)), if held_due.is_some() => {
+                self.expire_held(Instant::now());
                 None
             }
             _ = sleep_until(next_expiry), if !self.peers.expiries.is_empty() => {
@@ -516,9 +543,14 @@ impl Room {
                     reply,
                     author,
                     expect_seq,
+                    then,
                     ..
                 } = *apply;
-                self.apply_from_http(raw, update, reply, author, expect_seq);
+                if then.is_empty() {
+                    self.apply_from_http(raw, update, reply, author, expect_seq);
+                } else {
+                    self.apply_together(author, raw, update, then, reply);
+                }
             }
             RoomCmd::Reauth { peer, auth, reply } => {
                 let _ = reply.send(self.reauth(peer, *auth));
@@ -687,6 +719,7 @@ mod tests {
                     author: None,
                     budget: None,
                     expect_seq,
+                    then: Vec::new(),
                 };
                 room.command(RoomCmd::Apply(Box::new(cmd)))
                     .await

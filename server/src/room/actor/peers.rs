@@ -124,16 +124,15 @@ impl Room {
                 let (user, echo) = (sender.auth.user.clone(), sender.auth.hocuspocus);
                 let verified = sender.auth.verified();
                 let peers = &self.peers.by_id;
-                // Another connection's client id: only once that connection is gone, or if
-                // it is the same user's (a reconnect racing the old socket's end).
-                let may_take = |owner: PeerId| {
-                    peers
-                        .get(&owner)
-                        .is_none_or(|o| user.is_some() && o.auth.user == user)
-                };
+                // Another connection's client id: only if it is the same user's (a reconnect
+                // racing the old socket's end), or once that connection is gone and its
+                // grace period over (`awareness.rs`).
+                let is_open = |owner: PeerId| peers.contains_key(&owner);
                 let from = Sender {
                     peer,
-                    may_take: &may_take,
+                    user: user.as_deref(),
+                    is_open: &is_open,
+                    grace: self.registry.config.presence_grace,
                     verified: verified.as_ref(),
                 };
                 let applied = self.peers.awareness.apply(&update, &from, Instant::now());
@@ -289,9 +288,7 @@ impl Room {
         if let Some(at) = gone.expires {
             self.peers.expiries.remove(&(at, peer));
         }
-        if self.pipeline.dangling.remove(&peer) {
-            self.pipeline.withheld.retain(|(p, _)| *p != peer);
-        }
+        self.drop_held(peer);
         self.reads.deferred_step1.remove(&peer);
         if let Some(removal) = self.peers.awareness.remove_peer(peer, Instant::now()) {
             self.relay_awareness(removal, None);

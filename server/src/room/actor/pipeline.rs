@@ -2,7 +2,7 @@
 //! append in flight, one batch staged behind it), and broadcast and acknowledged only once
 //! committed; a failing append stalls the room and is retried.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -10,14 +10,17 @@ use tokio::sync::oneshot;
 use tokio::time::{sleep, Duration, Instant};
 use tracing::{debug, info, warn};
 use yrs::updates::decoder::Decode;
-use yrs::{Doc, ReadTxn, StateVector, Transact, Update};
+use yrs::updates::encoder::Encode;
+use yrs::{ReadTxn, StateVector, Transact, Update};
 
+use super::held::{missing_text, Held, HeldUpdate};
 use super::lifecycle::within;
 use super::{
     Applied, AppliedBatch, Changes, Inflight, OpResult, Origin, Queued, Room, Stalled, StorageOp,
     Waiter,
 };
 use crate::close;
+use crate::integrity::{admit, plan, Admission};
 use crate::protocol;
 use crate::room::{ApplyError, CloseReason, PeerId, Registry};
 use crate::storage::{LogEntry, StorageError};
@@ -38,21 +41,6 @@ pub(super) fn commit_backoff(attempt: u32) -> Duration {
     COMMIT_RETRY_BASE
         .saturating_mul(2u32.saturating_pow(attempt.saturating_sub(1).min(16)))
         .min(COMMIT_RETRY_MAX)
-}
-
-/// Whether the `Doc` holds pending (unintegrated) blocks of an update whose clients' blocks
-/// start at `starts`: blocks of one of those clients at or after its start. (Client ids are
-/// not authenticated in Yjs, so a peer writing under another's id could make it look
-/// pending; it would only delay that peer's durable acknowledgements.)
-pub(super) fn left_pending(doc: &Doc, starts: &StateVector) -> bool {
-    let txn = doc.transact();
-    let Some(pending) = txn.store().pending_update() else {
-        return false;
-    };
-    let held = pending.update.state_vector_lower();
-    starts
-        .iter()
-        .any(|(client, start)| held.get(client) >= *start && held.contains_client(client))
 }
 
 /// A Yjs v1 update with no structs and an empty delete set.
@@ -95,14 +83,14 @@ pub(super) struct Pipeline {
     /// A full batch applied while the previous one commits, appended next.
     pub(super) staged: Option<AppliedBatch>,
     /// What waits for `committed_idx` to reach an index, in order.
-    waiters: VecDeque<(u64, Waiter)>,
+    pub(super) waiters: VecDeque<(u64, Waiter)>,
     /// The index of the last update received, and of the last committed.
-    received_idx: u64,
+    pub(super) received_idx: u64,
     committed_idx: u64,
-    /// Peers that sent an update whose dependencies the document lacks (yrs keeps it
-    /// pending, not integrated). Their durable acknowledgements wait in `withheld` until a
-    /// commit leaves the document with nothing pending: "saved" must mean others see it.
-    pub(super) dangling: HashSet<PeerId>,
+    /// Updates peers sent ahead of what they depend on, held for them (`held.rs`). A peer's
+    /// durable acknowledgements wait in `withheld` while it holds any: "saved" must mean
+    /// others see it.
+    pub(super) held: Held,
     pub(super) withheld: Vec<(PeerId, Bytes)>,
     /// Set when an update failed half-way through being applied: the `Doc` may hold part of
     /// it, so it is rebuilt from storage before anything else happens. Holds what peers may
@@ -127,7 +115,7 @@ impl Pipeline {
             waiters: VecDeque::new(),
             received_idx: 0,
             committed_idx: 0,
-            dangling: HashSet::new(),
+            held: Held::new(registry.metrics.held_update_bytes.clone()),
             withheld: Vec::new(),
             reload_needed: None,
             stalled: Stalled {
@@ -224,8 +212,79 @@ impl Room {
             Err(Origin::Http(reply)) => {
                 let _ = reply.send(Err(ApplyError::TooLarge));
             }
-            Err(Origin::Peer(_)) => {}
+            Err(Origin::Peer(_) | Origin::Part) => {}
         }
+    }
+
+    /// Updates of one request applied together (`ApplyCmd::then`): each is checked to
+    /// integrate onto the document and the ones before it, before any is queued (else the
+    /// caller is told what is missing and nothing changes); then they are queued as one group,
+    /// which the pipeline never splits between appends. The reply comes with the last.
+    pub(super) fn apply_together(
+        &mut self,
+        author: Option<Arc<str>>,
+        raw: Bytes,
+        update: Update,
+        then: Vec<(Option<Arc<str>>, Bytes)>,
+        reply: oneshot::Sender<Result<i64, ApplyError>>,
+    ) {
+        if self.pipeline.stalled.is_on() {
+            let _ = reply.send(Err(ApplyError::Unavailable));
+            return;
+        }
+        let mut members = vec![(author, raw, update)];
+        for (author, raw) in then {
+            match Update::decode_v1(&raw) {
+                Ok(update) => members.push((author, raw, update)),
+                Err(e) => {
+                    let _ = reply.send(Err(ApplyError::Invalid(e.to_string())));
+                    return;
+                }
+            }
+        }
+        let mut sv = self.state_vector();
+        for (_, _, update) in &members {
+            match plan(&sv, update) {
+                Ok(reached) => sv = reached,
+                Err(missing) => {
+                    self.registry.metrics.updates_unintegrable.inc();
+                    let _ = reply.send(Err(ApplyError::Missing(missing_text(missing))));
+                    return;
+                }
+            }
+        }
+        let total: u64 = members.iter().map(|(_, raw, _)| raw.len() as u64).sum();
+        let limit = self.registry.config.max_doc_size;
+        if self.stored_bytes + self.pipeline.applied_bytes + self.pipeline.queued_bytes + total
+            > limit
+        {
+            let _ = reply.send(Err(ApplyError::TooLarge));
+            return;
+        }
+        let last = members.len() - 1;
+        let mut reply = Some(reply);
+        for (i, (author, raw, update)) in members.into_iter().enumerate() {
+            let origin = match (i == last, reply.take()) {
+                (true, Some(reply)) => Origin::Http(reply),
+                (_, r) => {
+                    reply = r;
+                    Origin::Part
+                }
+            };
+            self.pipeline.received_idx += 1;
+            self.pipeline.queued_bytes += raw.len() as u64;
+            self.pipeline.queued.push_back(Queued {
+                idx: self.pipeline.received_idx,
+                origin,
+                raw,
+                update: Some(update),
+                author,
+                expect_seq: None,
+                held_since: None,
+                joined: i > 0,
+            });
+        }
+        self.maybe_start_commit();
     }
 
     /// Enters the stalled state (`Some(why)`: the last append failed or timed out) or leaves
@@ -282,6 +341,8 @@ impl Room {
             update: Some(update),
             author,
             expect_seq,
+            held_since: None,
+            joined: false,
         });
         Ok(())
     }
@@ -351,7 +412,8 @@ impl Room {
         let mut batch: Vec<Applied> = Vec::new();
         let mut upto_idx = self.pipeline.committed_idx;
         let mut rejected = None;
-        while batch.len() < max {
+        // A request's updates applied together go in one append, whatever `commit_batch`.
+        while batch.len() < max || self.pipeline.queued.front().is_some_and(|q| q.joined) {
             let Some(q) = self.pipeline.queued.pop_front() else {
                 break;
             };
@@ -374,23 +436,40 @@ impl Room {
                 Some(u) => Ok(u),
                 None => Update::decode_v1(&q.raw).map_err(|e| e.to_string()),
             };
-            // Where each client's blocks in the update start, to tell afterwards whether
-            // they are what yrs left pending.
-            let starts = update.as_ref().map(Update::state_vector_lower).ok();
+            // Only what integrates completely enters the document (`integrity.rs`).
+            let (raw, update) = match update {
+                Ok(mut u) => match admit(&self.state_vector(), &mut u) {
+                    Admission::Integrates { cut: None } => (q.raw, Ok(u)),
+                    Admission::Integrates { cut: Some(_) } => {
+                        self.registry.metrics.deletes_cut.inc();
+                        (Bytes::from(u.encode_v1()), Ok(u))
+                    }
+                    Admission::Missing(missing) => {
+                        let held = HeldUpdate {
+                            raw: q.raw,
+                            author: q.author,
+                            waits: missing,
+                            since: q.held_since.unwrap_or_else(Instant::now),
+                        };
+                        self.hold(q.origin, held);
+                        continue;
+                    }
+                },
+                Err(e) => (q.raw, Err(e)),
+            };
             match update.and_then(|u| self.apply(u).map_err(|e| e.to_string())) {
                 Ok(Some(changes)) => {
-                    if let (Origin::Peer(peer), Some(starts)) = (&q.origin, &starts) {
-                        if left_pending(&self.doc, starts) {
-                            self.pipeline.dangling.insert(*peer);
-                        }
-                    }
                     batch.push(Applied {
                         idx: q.idx,
                         origin: q.origin,
-                        raw: q.raw,
+                        raw,
                         author: q.author,
                         changes,
-                    })
+                        joined: q.joined,
+                    });
+                    if !self.pipeline.held.is_empty() {
+                        self.release_held();
+                    }
                 }
                 Ok(None) => {
                     self.registry.metrics.updates_duplicate.inc();
@@ -447,6 +526,7 @@ impl Room {
             Origin::Http(reply) => {
                 let _ = reply.send(Err(ApplyError::Invalid(e)));
             }
+            Origin::Part => {}
         }
         self.pipeline.reload_needed = Some(committed_sv);
     }
@@ -464,6 +544,8 @@ impl Room {
                 // Applied once already, onto the state it expected, which the updates
                 // before it rebuild.
                 expect_seq: None,
+                held_since: None,
+                joined: a.joined,
             });
         }
     }
@@ -634,7 +716,6 @@ impl Room {
             .updates_out
             .fetch_add(delivered, std::sync::atomic::Ordering::Relaxed);
         self.release_waiters();
-        self.release_withheld();
     }
 
     /// An append failed: give the room up (fenced, deleted), reload and retry at the new
@@ -714,29 +795,14 @@ impl Room {
         }
     }
 
-    /// Echoes a durable acknowledgement, or withholds it while the peer has an update
-    /// pending on missing dependencies.
+    /// Echoes a durable acknowledgement, or withholds it while the peer holds updates that
+    /// wait for their dependencies.
     pub(super) fn send_ack(&mut self, peer: PeerId, raw: Bytes) {
-        if self.pipeline.dangling.contains(&peer) {
+        if self.pipeline.held.holds(peer) {
             // Only the newest request is kept: its echo stands for the earlier ones.
             self.pipeline.withheld.retain(|(p, _)| *p != peer);
             self.pipeline.withheld.push((peer, raw));
         } else {
-            self.send_to(peer, raw);
-        }
-    }
-
-    /// After a commit: if the document holds nothing pending (and no staged batch that
-    /// might be what resolved it), the withheld acknowledgements go out.
-    pub(super) fn release_withheld(&mut self) {
-        if self.pipeline.dangling.is_empty()
-            || self.pipeline.staged.is_some()
-            || self.doc.transact().has_missing_updates()
-        {
-            return;
-        }
-        self.pipeline.dangling.clear();
-        for (peer, raw) in std::mem::take(&mut self.pipeline.withheld) {
             self.send_to(peer, raw);
         }
     }

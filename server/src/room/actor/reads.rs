@@ -6,35 +6,13 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
-use yrs::{Doc, ReadTxn, StateVector, Transact};
+use yrs::{ReadTxn, StateVector, Transact};
+
+pub use crate::history::doc_json;
 
 use super::{DeferredRead, Room};
 use crate::room::queue::{Answer, SendError};
 use crate::room::PeerId;
-
-/// The document's root types as JSON. Roots loaded from updates have no declared type, so
-/// the type is inferred from the content the way yrs does (text, array or map).
-pub fn doc_json(doc: &Doc) -> serde_json::Value {
-    use yrs::types::AsPrelim;
-    use yrs::types::ToJson;
-    use yrs::{ArrayRef, In, MapRef, Out, TextRef, XmlFragmentRef};
-    let txn = doc.transact();
-    let mut out = serde_json::Map::new();
-    for (name, root) in txn.root_refs() {
-        let typed = match &root {
-            Out::UndefinedRef(branch) => match root.as_prelim(&txn) {
-                In::Text(_) => Out::YText(TextRef::from(*branch)),
-                In::Array(_) => Out::YArray(ArrayRef::from(*branch)),
-                In::Map(_) => Out::YMap(MapRef::from(*branch)),
-                _ => Out::YXmlFragment(XmlFragmentRef::from(*branch)),
-            },
-            _ => root.clone(),
-        };
-        let json = serde_json::to_value(typed.to_json(&txn)).unwrap_or(serde_json::Value::Null);
-        out.insert(name.to_owned(), json);
-    }
-    serde_json::Value::Object(out)
-}
 
 /// Reads deferred while the `Doc` holds uncommitted updates.
 #[derive(Default)]

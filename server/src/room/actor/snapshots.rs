@@ -102,6 +102,9 @@ pub(super) struct Snapshots {
     pub(super) failed: bool,
     /// yrs could not encode the document for a snapshot (see `spawn_snapshot`).
     unencodable: bool,
+    /// Stored rows were set aside when the document loaded: a snapshot is due at once, so
+    /// that loads start past them.
+    pub(super) repair: bool,
     /// A snapshot of a large document being encoded on a blocking thread while appends go on,
     /// and one encoded that waits for the storage slot.
     pub(super) encoding: Option<Encoding>,
@@ -117,6 +120,7 @@ impl Snapshots {
             since_bytes: stored.updates.iter().map(|(_, u)| u.len() as u64).sum(),
             failed: false,
             unencodable: false,
+            repair: false,
             encoding: None,
             encoded: None,
         }
@@ -149,12 +153,13 @@ impl Room {
             && !self.snapshots.failed
             && self.pipeline.reload_needed.is_none()
             && !(self.snapshots.unencodable && self.doc.transact().has_missing_updates())
-            && snapshot_due(
-                c,
-                self.snapshots.since_updates,
-                self.snapshots.since_bytes,
-                self.stored_bytes.saturating_sub(self.snapshots.since_bytes),
-            )
+            && (self.snapshots.repair
+                || snapshot_due(
+                    c,
+                    self.snapshots.since_updates,
+                    self.snapshots.since_bytes,
+                    self.stored_bytes.saturating_sub(self.snapshots.since_bytes),
+                ))
     }
 
     /// Starts the snapshot that is due (nothing in flight, nothing staged): writes one encoded
@@ -402,6 +407,7 @@ impl Room {
                 self.committed.snapshotted(data, upto_seq, self.last_seq);
                 debug!(upto_seq, size, "snapshot written");
                 self.snapshots.version = new_version;
+                self.snapshots.repair = false;
                 // Rows committed while it was encoded away from the room stay in the log.
                 let logged_after = (self.last_seq - upto_seq) as u64;
                 self.snapshots.since_updates = logged_after;

@@ -1,0 +1,13 @@
+-- What stored log rows held that does not integrate into their document (docs/durability.md,
+-- "Only updates that integrate"): logged by a Quire that did not check updates, found when
+-- the document loads, kept out of it, and listed for operators (`quire doctor`,
+-- `GET /api/v1/admin/set-aside`). `data` is the whole row when its blocks depend on content
+-- never stored, or only the deletions it named of content no one holds (a Yjs v1 update).
+CREATE TABLE set_aside (
+    doc_id     INTEGER NOT NULL REFERENCES documents(id),
+    seq        INTEGER NOT NULL,
+    data       BLOB    NOT NULL,
+    reason     TEXT    NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (doc_id, seq)
+);
