@@ -313,3 +313,28 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod cut_tests {
+    use super::{admit, Admission};
+    use yrs::updates::decoder::Decode;
+    use yrs::updates::encoder::Encode;
+    use yrs::{ClientID, IdSet, StateVector, Update, ID};
+
+    #[test]
+    fn deletions_of_a_client_nobody_has_seen_are_all_cut() {
+        let mut ds = IdSet::new();
+        ds.insert(ID::new(ClientID::new(3), 0), 100_000);
+        let mut u = Update::new();
+        u.set_delete_set(ds);
+        let mut u = Update::decode_v1(&u.encode_v1()).expect("decodes");
+        let mut sv = StateVector::default();
+        sv.set_max(ClientID::new(1), 4);
+        assert!(matches!(
+            admit(&sv, &mut u),
+            Admission::Integrates { cut: Some(_) }
+        ));
+        assert!(u.delete_set().is_empty(), "{:?}", u.delete_set());
+        assert_eq!(u.encode_v1(), vec![0, 0]);
+    }
+}

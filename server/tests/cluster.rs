@@ -770,6 +770,57 @@ async fn a_restore_retried_after_a_forward_timeout_runs_once() {
     }
 }
 
+/// A writer relayed through a node that does not own the document sends the second of two
+/// updates of its own and a delete set for the victim's future clocks: the owner's room holds
+/// the one and cuts the other, so every edit the victim types after reaches a fresh client of
+/// the other node; an update that does not integrate, posted to the other node, is forwarded
+/// and refused (422) with nothing applied.
+#[tokio::test]
+#[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
+async fn a_relayed_writer_cannot_wedge_a_document_and_forwarded_updates_are_checked() {
+    require_postgres();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nats = Nats::start().await;
+    let nodes = forwarding_pair(dir.path(), &nats, false, Duration::from_secs(10)).await;
+    owned_with_version(&nodes[0], "wdg", "base").await;
+    let at = |node: &TestServer| format!("{}?token={}", node.url("wdg"), writer_token("wdg"));
+    let mut victim = Client::connect(&at(&nodes[0]), 3).await;
+    let mut attacker = Client::connect(&at(&nodes[1]), 4).await;
+    // The deletions first, acknowledged (so they reach the owner before the victim types:
+    // deleting what exists is any writer's right), then the update that never integrates.
+    let (_, second) = ahead_pair(77);
+    attacker.send_update(&deletes_only(3, 0, 100_000)).await;
+    attacker.durable_ack(1).await;
+    attacker.send_update(&second).await;
+    for i in 0..10 {
+        let len = victim.text_len() as u32;
+        victim.insert(len, &format!("<{i}>")).await;
+    }
+    victim.durable_ack(1).await;
+    let fresh = Client::connect(&at(&nodes[1]), 5).await;
+    let expected: String = std::iter::once("base".to_owned())
+        .chain((0..10).map(|i| format!("<{i}>")))
+        .collect();
+    assert_eq!(fresh.text(), expected);
+    let forwarded = nodes[1].metric("quire_forwarded_requests_total").await;
+    let resp = reqwest::Client::new()
+        .post(nodes[1].http("/api/v1/docs/wdg/update"))
+        .bearer_auth(writer_token("wdg"))
+        .header("content-type", "application/octet-stream")
+        .body(second)
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(resp.status(), 422, "{:?}", resp.text().await);
+    assert!(nodes[1].metric("quire_forwarded_requests_total").await > forwarded);
+    let again = Client::connect(&at(&nodes[0]), 6).await;
+    assert_eq!(again.text(), expected, "nothing applied");
+    fresh.close().await;
+    again.close().await;
+    attacker.close().await;
+    victim.close().await;
+}
+
 /// A merge asked of a node that does not own the parent is forwarded to the parent's owner
 /// and applied through its room: the parent's live client there gets it, and a fresh client
 /// of either node reads it.

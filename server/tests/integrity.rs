@@ -14,33 +14,10 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use yrs::updates::decoder::Decode;
 use yrs::updates::encoder::Encode;
-use yrs::{ClientID, Doc, IdSet, ReadTxn, StateVector, Text, Transact, Update, ID};
+use yrs::{Doc, ReadTxn, StateVector, Text, Transact, Update};
 
 fn ws(server: &TestServer, doc: &str, user: &str, perm: Permission) -> String {
     format!("{}?token={}", server.url(doc), token(user, doc, perm))
-}
-
-/// Client `client`'s two edits of the text, as two updates: only the second is ever sent by
-/// the attacker (it depends on the first).
-fn two_edits(client: u64) -> (Vec<u8>, Vec<u8>) {
-    let d = Doc::with_client_id(client);
-    let t = d.get_or_insert_text("text");
-    let s0 = d.transact().state_vector();
-    t.insert(&mut d.transact_mut(), 0, "FIRST");
-    let s1 = d.transact().state_vector();
-    t.insert(&mut d.transact_mut(), 5, "SECOND");
-    let first = d.transact().encode_state_as_update_v1(&s0);
-    let second = d.transact().encode_state_as_update_v1(&s1);
-    (first, second)
-}
-
-/// An update that only deletes `client`'s clocks `from..from + len`.
-fn deletes(client: u64, from: u32, len: u32) -> Vec<u8> {
-    let mut ds = IdSet::new();
-    ds.insert(ID::new(ClientID::new(client), from), len);
-    let mut u = Update::new();
-    u.set_delete_set(ds);
-    u.encode_v1()
 }
 
 async fn send(
@@ -128,10 +105,10 @@ async fn a_writer_cannot_wedge_a_document() {
     victim.durable_ack(1).await;
 
     let mut attacker = Client::connect(&ws(&server, doc, "mallory", Permission::Write), 2).await;
-    let (_, second) = two_edits(77);
+    let (_, second) = ahead_pair(77);
     attacker.send_update(&second).await;
     // Clocks 6.. of the victim's client do not exist yet.
-    attacker.send_update(&deletes(1, 6, 100_000)).await;
+    attacker.send_update(&deletes_only(1, 6, 100_000)).await;
     assert_eq!(
         attacker.wait_closed().await,
         Some(1013),
@@ -178,7 +155,7 @@ async fn a_writer_cannot_wedge_a_document() {
 async fn an_out_of_order_pair_integrates_from_anyone() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = TestServer::start(test_config(dir.path())).await;
-    let (first, second) = two_edits(40);
+    let (first, second) = ahead_pair(40);
     let mut a = Client::connect(&server.url("order"), 1).await;
     let mut b = Client::connect(&server.url("order"), 2).await;
     a.send_update(&second).await;
@@ -201,14 +178,14 @@ async fn an_out_of_order_pair_integrates_from_anyone() {
     let fresh = Client::connect(&server.url("order"), 3).await;
     assert_eq!(fresh.text(), "FIRSTSECOND");
     // One connection, the two in reverse order.
-    let (first, second) = two_edits(41);
+    let (first, second) = ahead_pair(41);
     a.send_update(&second).await;
     a.send_update(&first).await;
     a.durable_ack(2).await;
     let fresh = Client::connect(&server.url("order"), 4).await;
     assert_eq!(fresh.text().matches("FIRSTSECOND").count(), 2);
     // Over HTTP an update that does not integrate is refused, nothing applied.
-    let (_, second) = two_edits(42);
+    let (_, second) = ahead_pair(42);
     let resp = reqwest::Client::new()
         .post(server.http("/api/v1/docs/order/update"))
         .header("content-type", "application/octet-stream")
@@ -253,8 +230,8 @@ async fn a_store_holding_a_pending_row_sets_it_aside_and_snapshots() {
     let hello = d
         .transact()
         .encode_state_as_update_v1(&StateVector::default());
-    let (_, pending) = two_edits(77);
-    let beyond = deletes(1, 3, 1000);
+    let (_, pending) = ahead_pair(77);
+    let beyond = deletes_only(1, 3, 1000);
     let stores = open_test_stores(dir.path()).await;
     stores
         .docs
@@ -375,14 +352,14 @@ async fn a_wedge_through_a_branch_never_reaches_the_parent() {
     )
     .await;
     let innocent = mallory.insert(0, "Suggested title. ").await;
-    let (_, second) = two_edits(77);
+    let (_, second) = ahead_pair(77);
     let both = Update::merge_updates([
         Update::decode_v1(&innocent).expect("decodes"),
         Update::decode_v1(&second).expect("decodes"),
     ])
     .encode_v1();
     mallory.send_update(&both).await;
-    mallory.send_update(&deletes(10, 11, 100_000)).await;
+    mallory.send_update(&deletes_only(10, 11, 100_000)).await;
     assert_eq!(mallory.wait_closed().await, Some(1013));
     let (listed, tag) = changes(&http, &server).await;
     let list = listed["changes"].as_array().expect("changes");

@@ -4,6 +4,7 @@
 mod api;
 mod client;
 mod cluster;
+mod wedge;
 
 #[allow(unused_imports)]
 pub use api::*;
@@ -11,6 +12,8 @@ pub use api::*;
 pub use client::*;
 #[allow(unused_imports)]
 pub use cluster::*;
+#[allow(unused_imports)]
+pub use wedge::*;
 
 use std::net::SocketAddr;
 use std::path::Path;
