@@ -114,8 +114,6 @@ async fn a_writer_cannot_wedge_a_document() {
         Some(1013),
         "the attacker's held update timed out"
     );
-    assert!(server.metric("quire_held_update_closes_total").await >= 1.0);
-    assert!(server.metric("quire_deletes_cut_total").await >= 1.0);
 
     for i in 0..30 {
         let len = victim.text_len() as u32;
