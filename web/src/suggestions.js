@@ -218,6 +218,26 @@ export function suggestionsPanel (name, client, text, view) {
         dep.textContent = `needs ${c.depends_on.map(changeLabel).join(', ')}`
         li.append(dep)
       }
+      // Its effect on roots that are not texts (a map, an XML fragment): before and after.
+      for (const r of c.other_roots || []) {
+        if (r.before == null && r.after == null) continue
+        const effect = document.createElement('div')
+        effect.className = 'effect'
+        effect.dataset.root = r.root
+        const del = document.createElement('del')
+        del.textContent = r.before
+        const ins = document.createElement('ins')
+        ins.textContent = r.after
+        effect.append(`${r.root}: `, del, ' → ', ins)
+        li.append(effect)
+      }
+      if (c.mergeable === false) {
+        // An effect the review cannot show: it cannot be accepted.
+        const why = document.createElement('span')
+        why.className = 'unshown'
+        why.textContent = `cannot be accepted: ${c.unshown || 'its effects cannot be shown'}`
+        li.append(why)
+      }
       if (c.state === 'open' && branchOpen && canReview) {
         const actions = document.createElement('div')
         actions.className = 'change-actions'
@@ -225,6 +245,7 @@ export function suggestionsPanel (name, client, text, view) {
         accept.type = 'button'
         accept.className = 'accept'
         accept.textContent = 'Accept'
+        accept.disabled = c.mergeable === false
         accept.addEventListener('click', () => merge([c.id]))
         const reject = document.createElement('button')
         reject.type = 'button'
@@ -283,7 +304,9 @@ export function suggestionsPanel (name, client, text, view) {
     // What the reviewer sees is what merges: each change named with the last position the
     // panel shows; the server refuses (409 change-grew) a change that grew since.
     const listed = (state.data && state.data.changes) || []
-    const chosen = ids == null ? listed.filter((c) => c.state === 'open') : listed.filter((c) => ids.includes(c.id))
+    const chosen = ids == null
+      ? listed.filter((c) => c.state === 'open' && c.mergeable !== false)
+      : listed.filter((c) => ids.includes(c.id))
     const seen = chosen.map((c) => ({ id: c.id, last_seq: c.last_seq }))
     try {
       const r = await call(name, '/merge', {
