@@ -1084,6 +1084,40 @@ fn doctor_checks_the_database_migrations_and_bus() {
     assert!(printed.contains("FAIL bus"), "{printed}");
 }
 
+/// `quire doctor` lists the stored updates set aside when their documents loaded (they did not
+/// integrate; docs/durability.md), as information, not a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_lists_what_was_set_aside() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_url(dir.path());
+    quire_ok(&["migrate", "--database", &db]);
+    let printed = quire_ok(&["doctor", "--database", &db]);
+    assert!(
+        printed.contains("ok   set aside      no stored update was set aside"),
+        "{printed}"
+    );
+    let stores = open_test_stores(dir.path()).await;
+    let doc = stores.docs.load("kept/out").await.expect("document");
+    let row = quire_server::storage::set_aside::SetAsideRow {
+        seq: 7,
+        data: vec![0, 0],
+        reason: "depends on content never stored (client 77, clock 0)".into(),
+    };
+    stores
+        .docs
+        .shared()
+        .set_aside(doc.id, &[row])
+        .await
+        .expect("set aside");
+    let printed = quire_ok(&["doctor", "--database", &db]);
+    assert!(
+        printed.contains("1 stored updates kept out of their documents")
+            && printed.contains("kept/out row 7 (2 bytes): depends on content never stored"),
+        "{printed}"
+    );
+    assert!(printed.contains("checks passed"), "{printed}");
+}
+
 /// The `curl` examples of docs/api.md ("The content routes from `curl`") run as written
 /// against a server with an auth key, with a token the CLI issued: every command succeeds
 /// (`curl -f`), and the copy has the content the example's update carried.
