@@ -36,6 +36,9 @@ pub fn plan(sv: &StateVector, update: &Update) -> Result<StateVector, ID> {
         sv,
         moved: HashMap::new(),
     };
+    // (yrs's state vector stops at a client's first hole, so an id past a hole a document an
+    // earlier Quire stored still has counts as missing too.)
+    let met = |state: &Clocks<'_>, dep: &ID| state.get(dep.client) > dep.clock;
     // Clients whose next block waits for a client's clock: (client waited on) -> min-heap of
     // (clock needed, index of the waiting client).
     let mut waiting: HashMap<ClientID, BinaryHeap<Reverse<(u32, usize)>>> = HashMap::new();
@@ -58,7 +61,7 @@ pub fn plan(sv: &StateVector, update: &Update) -> Result<StateVector, ID> {
             let unmet = earlier
                 .into_iter()
                 .chain(block.deps.iter().flatten().copied())
-                .find(|dep| state.get(dep.client) <= dep.clock);
+                .find(|dep| !met(&state, dep));
             if let Some(dep) = unmet {
                 waiting
                     .entry(dep.client)
@@ -85,22 +88,44 @@ pub fn plan(sv: &StateVector, update: &Update) -> Result<StateVector, ID> {
             }
         }
     }
-    for (ci, (client, blocks)) in clients.iter().enumerate() {
-        let Some(block) = blocks[next[ci]..].iter().find(|b| !b.skip) else {
-            continue;
-        };
-        // What it waits for: its client's next clock, or the first dependency not held.
+    // Stuck: name a dependency nobody in the update can bring (a root), so that whoever waits
+    // for it is woken when it arrives; one another stuck block of the update would bring is no
+    // use to wait for.
+    let unmet_of = |ci: usize| -> Option<ID> {
+        let (client, blocks) = &clients[ci];
+        let block = blocks[next[ci]..].iter().find(|b| !b.skip)?;
         let have = state.get(*client);
         if block.id.clock > have {
-            return Err(ID::new(*client, have));
+            return Some(ID::new(*client, have));
         }
-        let dep = block
-            .deps
-            .iter()
-            .flatten()
-            .copied()
-            .find(|dep| state.get(dep.client) <= dep.clock);
-        return Err(dep.unwrap_or(block.id));
+        let earlier = block.id.clock.checked_sub(1).map(|c| ID::new(*client, c));
+        earlier
+            .into_iter()
+            .chain(block.deps.iter().flatten().copied())
+            .find(|dep| !met(&state, dep))
+            .or(Some(block.id))
+    };
+    // Whether a stuck block of the update covers `id`.
+    let carried = |id: &ID| {
+        clients.iter().enumerate().any(|(ci, (client, blocks))| {
+            *client == id.client
+                && blocks[next[ci]..].iter().any(|b| {
+                    !b.skip && b.id.clock <= id.clock && id.clock < b.id.clock.saturating_add(b.len)
+                })
+        })
+    };
+    let mut first = None;
+    for ci in 0..clients.len() {
+        if let Some(dep) = unmet_of(ci) {
+            if !carried(&dep) {
+                return Err(dep);
+            }
+            first.get_or_insert(dep);
+        }
+    }
+    if let Some(dep) = first {
+        // Every stuck block waits for another stuck block: a cycle, which nothing completes.
+        return Err(dep);
     }
     let mut reached = sv.clone();
     for (client, clock) in state.moved {
@@ -336,5 +361,52 @@ mod cut_tests {
         ));
         assert!(u.delete_set().is_empty(), "{:?}", u.delete_set());
         assert_eq!(u.encode_v1(), vec![0, 0]);
+    }
+}
+
+#[cfg(test)]
+mod root_tests {
+    use super::plan;
+    use yrs::updates::decoder::Decode;
+    use yrs::{ClientID, Doc, ReadTxn, StateVector, Text, Transact, Update, ID};
+
+    fn since(doc: &Doc, sv: &StateVector) -> Update {
+        Update::decode_v1(&doc.transact().encode_state_as_update_v1(sv)).expect("decodes")
+    }
+
+    /// A waits on B's item, which the update carries; B waits on C's, which nobody sent: the
+    /// update names C's (what must arrive), not B's (which it brings itself).
+    #[test]
+    fn a_stuck_update_names_what_must_arrive_not_what_it_carries() {
+        let c = Doc::with_client_id(3);
+        c.get_or_insert_text("t")
+            .insert(&mut c.transact_mut(), 0, "c");
+        let b = Doc::with_client_id(2);
+        b.transact_mut()
+            .apply_update(since(&c, &StateVector::default()))
+            .expect("applies");
+        let before_b = b.transact().state_vector();
+        b.get_or_insert_text("t")
+            .insert(&mut b.transact_mut(), 1, "b");
+        let a = Doc::with_client_id(1);
+        a.transact_mut()
+            .apply_update(since(&b, &StateVector::default()))
+            .expect("applies");
+        let before_a = a.transact().state_vector();
+        a.get_or_insert_text("t")
+            .insert(&mut a.transact_mut(), 2, "a");
+        for order in 0..2 {
+            let parts = [since(&b, &before_b), since(&a, &before_a)];
+            let parts: Vec<Update> = if order == 0 {
+                parts.into_iter().collect()
+            } else {
+                parts.into_iter().rev().collect()
+            };
+            let both = Update::merge_updates(parts);
+            assert_eq!(
+                plan(&StateVector::default(), &both),
+                Err(ID::new(ClientID::new(3), 0))
+            );
+        }
     }
 }

@@ -137,11 +137,51 @@ async fn a_snapshot_of_a_change_ahead_of_its_clients_earlier_one_reloads_whole()
     let mut late = Client::connect(&url, 2).await;
     assert_eq!(late.text(), "base ");
     assert_eq!(key(&late.doc).as_deref(), Some("second"));
+    // Another client, which has the earlier change, types right after it: its edit refers to
+    // an item in the document's hole, so it waits for that connection alone (yrs would keep
+    // it pending in the document, which could then not be read whole).
+    let other = Doc::with_client_id(9);
+    for u in [&base, &first, &second] {
+        other
+            .transact_mut()
+            .apply_update(Update::decode_v1(u).expect("decodes"))
+            .expect("applies");
+    }
+    let typed = {
+        let text = other.get_or_insert_text("text");
+        let at = text
+            .get_string(&other.transact())
+            .find("first ")
+            .expect("first")
+            + 6;
+        let mut txn = other.transact_mut();
+        text.insert(&mut txn, at as u32, "AFTER ");
+        txn.encode_update_v1()
+    };
+    let mut typist = Client::connect(&url, 9).await;
+    typist.send_update(&typed).await;
+    let ack = quire_server::protocol::encode_durable_ack(1);
+    typist.send_raw(ack.clone()).await;
+    assert!(
+        !typist
+            .pump_until(Duration::from_millis(300), |c| c
+                .acks_received
+                .contains(&ack))
+            .await,
+        "held, not stored, until what it refers to arrives"
+    );
+    let (status, _) = http_get(server.addr, "/api/v1/docs/ahead/update").await;
+    assert_eq!(status, 200, "the document is read whole meanwhile");
     // The earlier change completes the document for everyone.
     late.send_update(&first).await;
     late.durable_ack(2).await;
+    assert!(
+        typist
+            .pump_until(PATIENCE, |c| c.acks_received.contains(&ack))
+            .await
+    );
     let fresh = Client::connect(&url, 3).await;
-    assert!(fresh.text().contains("first "), "{:?}", fresh.text());
+    assert!(fresh.text().contains("first AFTER "), "{:?}", fresh.text());
     assert!(fresh.text().contains("base "), "{:?}", fresh.text());
     assert_eq!(key(&fresh.doc).as_deref(), Some("second"));
     server.stop().await;

@@ -182,6 +182,58 @@ async fn an_out_of_order_pair_integrates_from_anyone() {
     a.durable_ack(2).await;
     let fresh = Client::connect(&server.url("order"), 4).await;
     assert_eq!(fresh.text().matches("FIRSTSECOND").count(), 2);
+    // A connection's later deletion of what its held update inserts waits behind it, and
+    // applies once it does (judged before it, the deletion would be cut and "b" come back).
+    // Client 50 types "XY", then "abc", then deletes the "b": three updates, the first never
+    // sent on this connection.
+    let xy = {
+        let d = Doc::with_client_id(50);
+        d.get_or_insert_text("w")
+            .insert(&mut d.transact_mut(), 0, "XY");
+        let u = d
+            .transact()
+            .encode_state_as_update_v1(&StateVector::default());
+        u
+    };
+    let insert_abc = {
+        let d = Doc::with_client_id(50);
+        let t = d.get_or_insert_text("w");
+        t.insert(&mut d.transact_mut(), 0, "XY");
+        let sv = d.transact().state_vector();
+        t.insert(&mut d.transact_mut(), 2, "abc");
+        let u = d.transact().encode_state_as_update_v1(&sv);
+        u
+    };
+    let delete_b = {
+        let d = Doc::with_client_id(50);
+        let t = d.get_or_insert_text("w");
+        t.insert(&mut d.transact_mut(), 0, "XY");
+        t.insert(&mut d.transact_mut(), 2, "abc");
+        let before = d.transact().snapshot();
+        t.remove_range(&mut d.transact_mut(), 3, 1);
+        let after = d.transact().snapshot();
+        let mut ds = after.delete_set.clone();
+        ds.diff_with(&before.delete_set);
+        let mut u = Update::new();
+        u.set_delete_set(ds);
+        u.encode_v1()
+    };
+    a.send_update(&insert_abc).await;
+    a.send_update(&delete_b).await;
+    b.send_update(&xy).await;
+    b.durable_ack(2).await;
+    a.durable_ack(3).await;
+    let fresh = Client::connect(&server.url("order"), 5).await;
+    let w_text = {
+        use yrs::GetString;
+        let t = fresh.doc.get_or_insert_text("w");
+        let txn = fresh.doc.transact();
+        t.get_string(&txn)
+    };
+    assert_eq!(
+        w_text, "XYac",
+        "the deletion applied after the insertion it follows"
+    );
     // Over HTTP an update that does not integrate is refused, nothing applied.
     let (_, second) = ahead_pair(42);
     let resp = reqwest::Client::new()

@@ -40,6 +40,19 @@ pub fn replay_stored(stored: &crate::storage::StoredDoc) -> Result<yrs::Doc, Str
             .map(|(seq, data)| (*seq, data.as_slice())),
     )
 }
+/// [`replay_stored`], and what of the log rows was set aside because it does not integrate
+/// (to record before anything snapshots past those rows).
+pub fn replay_stored_checked(
+    stored: &crate::storage::StoredDoc,
+) -> Result<(yrs::Doc, Vec<crate::storage::set_aside::SetAsideRow>), String> {
+    committed::replay_checked(
+        stored.snapshot.as_deref(),
+        stored
+            .updates
+            .iter()
+            .map(|(seq, data)| (*seq, data.as_slice())),
+    )
+}
 pub use registry::Registry;
 
 /// A document's committed state read from storage, for a node that does not serve it (see

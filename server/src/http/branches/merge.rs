@@ -203,6 +203,17 @@ async fn merge_locked(
         }
     }
     let (review, rows) = review_of(app, branch, admission).await?;
+    if let Some(seen) = &if_match {
+        // Again after the review read the log: a row committed in between is in it.
+        let now = changes_tag(app, row, principal).await?;
+        if branch_part(seen) != branch_part(&now) {
+            return Err(ApiError::new(
+                StatusCode::PRECONDITION_FAILED,
+                "precondition-failed",
+                "the branch's changes moved since that listing: list them again",
+            ));
+        }
+    }
     for seen in request.changes.iter().flatten() {
         if let ChangeRef::Seen { id, last_seq } = *seen {
             if let Some(c) = review.change(id).filter(|c| c.last_seq != last_seq) {

@@ -63,6 +63,11 @@ impl Held {
         self.by_peer.contains_key(&peer)
     }
 
+    /// What `peer`'s first held update waits for, if it holds any.
+    pub(super) fn waits_of(&self, peer: PeerId) -> Option<ID> {
+        self.by_peer.get(&peer)?.updates.front().map(|u| u.waits)
+    }
+
     /// Holds `update` for `peer`, unless that would take it past `max_bytes`.
     pub(super) fn hold(
         &mut self,
@@ -195,9 +200,18 @@ impl Room {
                     joined: false,
                 });
             }
+            // Its acknowledgements, withheld or waiting for an earlier position, now wait for
+            // the released updates to commit.
+            let idx = self.pipeline.received_idx;
+            let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pipeline.waiters)
+                .into_iter()
+                .partition(|(_, w)| matches!(w, Waiter::Ack(p, _) if *p == peer));
+            self.pipeline.waiters = rest.into();
+            for (_, w) in mine {
+                self.pipeline.waiters.push_back((idx, w));
+            }
             if let Some(at) = self.pipeline.withheld.iter().position(|(p, _)| *p == peer) {
                 let (_, raw) = self.pipeline.withheld.remove(at);
-                let idx = self.pipeline.received_idx;
                 self.pipeline
                     .waiters
                     .push_back((idx, Waiter::Ack(peer, raw)));
@@ -234,6 +248,12 @@ impl Room {
     /// The `Doc`'s state vector.
     pub(super) fn state_vector(&self) -> StateVector {
         self.doc.transact().state_vector()
+    }
+
+    /// Whether `update` integrates into the `Doc` (`integrity.rs`), its deletions of what
+    /// nobody holds cut.
+    pub(super) fn admission(&self, update: &mut yrs::Update) -> crate::integrity::Admission {
+        crate::integrity::admit(&self.state_vector(), update)
     }
 }
 

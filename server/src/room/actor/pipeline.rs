@@ -20,7 +20,7 @@ use super::{
     Waiter,
 };
 use crate::close;
-use crate::integrity::{admit, plan, Admission};
+use crate::integrity::{plan, Admission};
 use crate::protocol;
 use crate::room::{ApplyError, CloseReason, PeerId, Registry};
 use crate::storage::{LogEntry, StorageError};
@@ -438,9 +438,23 @@ impl Room {
             };
             // Only what integrates completely enters the document (`integrity.rs`).
             let (raw, update) = match update {
-                Ok(mut u) => match admit(&self.state_vector(), &mut u) {
+                Ok(mut u) => match self.admission(&mut u) {
                     Admission::Integrates { cut: None } => (q.raw, Ok(u)),
                     Admission::Integrates { cut: Some(_) } => {
+                        // Deletions of what the document does not hold, from a connection
+                        // holding an update: they may be of what that update inserts (a
+                        // backspace after it), so they wait behind it instead of being cut.
+                        let behind = q.origin.peer().and_then(|p| self.pipeline.held.waits_of(p));
+                        if let Some(waits) = behind {
+                            let held = HeldUpdate {
+                                raw: q.raw,
+                                author: q.author,
+                                waits,
+                                since: q.held_since.unwrap_or_else(Instant::now),
+                            };
+                            self.hold(q.origin, held);
+                            continue;
+                        }
                         self.registry.metrics.deletes_cut.inc();
                         (Bytes::from(u.encode_v1()), Ok(u))
                     }
