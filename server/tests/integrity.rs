@@ -717,3 +717,51 @@ async fn a_closed_connections_presence_cannot_be_taken_over() {
     watcher.close().await;
     server.stop().await;
 }
+
+/// A merge that applied a change and stopped before recording it (the process died between
+/// the append and the decision) leaves the change in the parent with no decision: a reject then
+/// finds it there, records it as merged and is refused. (The gap is made here by applying the
+/// change's own update to the parent.)
+#[tokio::test]
+async fn a_reject_of_a_change_already_in_the_parent_records_it_merged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = branch_server(dir.path(), Default::default()).await;
+    let http = reqwest::Client::new();
+    let owner = parent_and_branch(&http, &server).await;
+    let mut alice =
+        Client::connect(&ws(&server, "spec-review", "alice", Permission::Write), 21).await;
+    let update = alice.insert(5, " dear").await;
+    alice.durable_ack(1).await;
+    let (status, applied) = send(
+        &http,
+        http.post(api(&server, "/docs/spec/update"))
+            .bearer_auth(ADMIN)
+            .header("content-type", "application/octet-stream")
+            .body(update),
+        "update",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{applied}");
+    let (listed, _) = changes(&http, &server).await;
+    let id = listed["changes"][0]["id"].as_i64().expect("id");
+    assert_eq!(listed["changes"][0]["state"], "open");
+    let (status, refused) = send(
+        &http,
+        http.post(api(
+            &server,
+            &format!("/docs/spec-review/changes/{id}/reject"),
+        ))
+        .bearer_auth(ADMIN),
+        "reject",
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    let (listed, _) = changes(&http, &server).await;
+    assert_eq!(listed["changes"][0]["state"], "merged", "{listed}");
+    let fresh = Client::connect(&ws(&server, "spec", "reader", Permission::Read), 34).await;
+    assert_eq!(fresh.text(), "Hello dear world");
+    fresh.close().await;
+    alice.close().await;
+    owner.close().await;
+    server.stop().await;
+}

@@ -573,6 +573,7 @@ async fn every_documented_route_answers_on_any_node_as_on_the_owner() {
         ),
         ("POST", "/tokens/revoke", Some(json!({"user_id": "nobody"}))),
         ("GET", "/admin/outbox", None),
+        ("GET", "/admin/set-aside", None),
     ] {
         let on_a = call(&http, a, method, path, body.clone(), None).await.0;
         let on_c = call(&http, c, method, path, body, None).await.0;

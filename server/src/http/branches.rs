@@ -415,7 +415,7 @@ pub async fn reject_change(
     // Under the parent's merge lock: a change is never rejected while a merge applies it.
     let lock = restore_lock(parent.id);
     let held = lock.lock().await;
-    let result = reject_locked(&app, &principal, (&row, &branch), id, admission).await;
+    let result = reject_locked(&app, &principal, (&row, &branch, &parent), id, admission).await;
     drop(held);
     drop(lock);
     forget_restore_lock(parent.id);
@@ -425,11 +425,11 @@ pub async fn reject_change(
 async fn reject_locked(
     app: &AppState,
     principal: &Principal,
-    (row, branch): (&BranchRow, &DocMeta),
+    (row, branch, parent): (&BranchRow, &DocMeta, &DocMeta),
     id: i64,
     admission: crate::gate::Admission,
 ) -> ApiResult<Change> {
-    let (review, _) = review_of(app, branch, admission).await?;
+    let (review, rows) = review_of(app, branch, admission).await?;
     let Some(change) = review.change(id) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -437,6 +437,28 @@ async fn reject_locked(
             format!("the branch has no change {id}"),
         ));
     };
+    // A merge that applied this change and stopped before recording it (a crash between the
+    // append and the decision) left it in the parent: it is merged, and recorded so now.
+    if change.state == "open" && in_parent(app, parent, &review, &rows, id).await? {
+        app.api
+            .decide(
+                branch.id,
+                DecisionRow {
+                    change_id: id,
+                    last_seq: change.last_seq,
+                    decision: Decision::Merged,
+                    decided_by: Some(principal.user.clone()),
+                    parent_seq: None,
+                    created_at: crate::storage::now_ms(),
+                },
+            )
+            .await?;
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "change-merged",
+            format!("change {id} is in the parent already (merged)"),
+        ));
+    }
     let stored = app
         .api
         .decide(
@@ -463,6 +485,34 @@ async fn reject_locked(
     change.state = "rejected";
     change.last_seq = stored.last_seq;
     Ok(change)
+}
+
+/// Whether the parent holds everything change `id` would merge (its blocks and deletions).
+async fn in_parent(
+    app: &AppState,
+    parent: &DocMeta,
+    review: &Review,
+    rows: &[crate::storage::branches::BranchLogRow],
+    id: i64,
+) -> ApiResult<bool> {
+    let plan = review
+        .merge_plan(rows, &[id].into())
+        .map_err(stored_invalid)?;
+    if plan.is_empty() {
+        return Ok(false);
+    }
+    let (_, state) = latest(app, parent, Form::UpdateV1).await?;
+    heavy(app.gate.admit(parent.id).await?, move || {
+        let doc = yrs::Doc::new();
+        let current = Update::decode_v1(&state).map_err(|e| stored_invalid(e.to_string()))?;
+        doc.transact_mut()
+            .apply_update(current)
+            .map_err(|e| stored_invalid(e.to_string()))?;
+        Ok(plan.iter().all(|(_, u)| {
+            Update::decode_v1(u).is_ok_and(|u| crate::integrity::contained(&doc, &u))
+        }))
+    })
+    .await
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -39,6 +39,8 @@ struct PeerHeld {
 /// Every connection's held updates.
 pub(super) struct Held {
     by_peer: HashMap<PeerId, PeerHeld>,
+    /// Bytes held by all of the room's connections.
+    total: u64,
     /// Bytes held by all connections (`quire_held_update_bytes`).
     gauge: prometheus::IntGauge,
 }
@@ -50,6 +52,7 @@ impl Held {
     pub(super) fn new(gauge: prometheus::IntGauge) -> Held {
         Held {
             by_peer: HashMap::new(),
+            total: 0,
             gauge,
         }
     }
@@ -68,16 +71,18 @@ impl Held {
         self.by_peer.get(&peer)?.updates.front().map(|u| u.waits)
     }
 
-    /// Holds `update` for `peer`, unless that would take it past `max_bytes`.
+    /// Holds `update` for `peer`, unless that would take it past `max_bytes`, or the room's
+    /// connections together past `max_room` (many connections each holding their share).
     pub(super) fn hold(
         &mut self,
         peer: PeerId,
         update: HeldUpdate,
         max_bytes: u64,
+        max_room: u64,
     ) -> Result<(), OverBound> {
         let held = self.by_peer.entry(peer).or_default();
         let size = update.raw.len() as u64;
-        if held.bytes + size > max_bytes {
+        if held.bytes + size > max_bytes || self.total + size > max_room {
             if held.updates.is_empty() {
                 self.by_peer.remove(&peer);
             }
@@ -85,6 +90,7 @@ impl Held {
         }
         held.bytes += size;
         held.updates.push_back(update);
+        self.total += size;
         self.gauge.add(size as i64);
         Ok(())
     }
@@ -111,6 +117,7 @@ impl Held {
     /// Forgets what `peer` holds; what it held, if anything.
     pub(super) fn drop_peer(&mut self, peer: PeerId) -> Option<Vec<HeldUpdate>> {
         let held = self.by_peer.remove(&peer)?;
+        self.total -= held.bytes;
         self.gauge.sub(held.bytes as i64);
         Some(held.updates.into())
     }
@@ -162,19 +169,23 @@ impl Room {
                     return; // gone: what it sent goes with it
                 }
                 let max = self.registry.config.held_update_bytes;
+                // Held updates are inbound bytes the room keeps: all of them together within
+                // `room_queue_bytes`.
+                let max_room = self.registry.config.room_queue_bytes as u64;
                 debug!(
                     peer,
                     client = missing.client.get(),
                     clock = missing.clock,
                     "update held: a dependency is missing"
                 );
-                if self.pipeline.held.hold(peer, update, max).is_ok() {
+                if self.pipeline.held.hold(peer, update, max, max_room).is_ok() {
                     self.registry.metrics.updates_held.inc();
                     return;
                 }
                 self.registry.metrics.held_update_closes.inc();
                 self.drop_held(peer);
                 let why = "updates wait on content never sent (held_update_bytes); resync";
+                // (Or the room's connections hold `room_queue_bytes` between them already.)
                 self.close_peer(peer, CloseReason::new(close::TRY_AGAIN_LATER, why));
             }
         }
@@ -291,19 +302,26 @@ mod tests {
         let mut held = Held::new(gauge.clone());
         let t0 = Instant::now();
         let (a, b) = (1, 2);
-        assert!(held.hold(a, update(ID::new(c(7), 3), t0, 10), 25).is_ok());
-        assert!(held.hold(a, update(ID::new(c(8), 0), t0, 10), 25).is_ok());
+        assert!(held
+            .hold(a, update(ID::new(c(7), 3), t0, 10), 25, 1000)
+            .is_ok());
+        assert!(held
+            .hold(a, update(ID::new(c(8), 0), t0, 10), 25, 1000)
+            .is_ok());
         assert!(
-            held.hold(a, update(ID::new(c(8), 0), t0, 10), 25).is_err(),
+            held.hold(a, update(ID::new(c(8), 0), t0, 10), 25, 1000)
+                .is_err(),
             "over 25 bytes"
         );
+        let later = t0 + Duration::from_secs(5);
         assert!(held
-            .hold(
-                b,
-                update(ID::new(c(9), 0), t0 + Duration::from_secs(5), 1),
-                25
-            )
+            .hold(b, update(ID::new(c(9), 0), later, 1), 25, 1000)
             .is_ok());
+        assert!(
+            held.hold(b, update(ID::new(c(9), 0), t0, 3), 25, 23)
+                .is_err(),
+            "the room's connections together over 23 bytes"
+        );
         assert_eq!(gauge.get(), 21);
         // Client 7 reaches clock 3 only: nothing is ready.
         let mut sv = StateVector::default();

@@ -20,7 +20,7 @@ use super::{
     Waiter,
 };
 use crate::close;
-use crate::integrity::{plan, Admission};
+use crate::integrity::{contained, plan, Admission};
 use crate::protocol;
 use crate::room::{ApplyError, CloseReason, PeerId, Registry};
 use crate::storage::{LogEntry, StorageError};
@@ -46,28 +46,6 @@ pub(super) fn commit_backoff(attempt: u32) -> Duration {
 /// A Yjs v1 update with no structs and an empty delete set.
 pub(super) fn is_empty_update(update: &[u8]) -> bool {
     update == [0, 0]
-}
-
-/// Whether `doc` already holds everything `update` carries: its blocks and its deletions.
-pub(super) fn contained(doc: &yrs::Doc, update: &Update) -> bool {
-    let txn = doc.transact();
-    let have = txn.state_vector();
-    // Every block's range, wherever it starts (`Update::state_vector` counts only clients
-    // whose blocks start at clock 0, so it misses an ordinary incremental update).
-    let blocks_in = update.insertions(true).iter().all(|(client, ranges)| {
-        let clock = have.get(client);
-        ranges.iter().all(|range| range.end <= clock)
-    });
-    if !blocks_in {
-        return false;
-    }
-    if update.delete_set().is_empty() {
-        return true;
-    }
-    update
-        .delete_set()
-        .diff(&txn.snapshot().delete_set)
-        .is_empty()
 }
 
 /// Updates on their way from arrival to commit (see the actor's notes), and the state of
@@ -819,57 +797,5 @@ impl Room {
         } else {
             self.send_to(peer, raw);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::contained;
-    use yrs::updates::decoder::Decode;
-    use yrs::{Doc, ReadTxn, StateVector, Text, Transact, Update};
-
-    fn update_since(doc: &Doc, sv: &StateVector) -> Update {
-        let bytes = doc.transact().encode_state_as_update_v1(sv);
-        Update::decode_v1(&bytes).expect("decodes")
-    }
-
-    #[test]
-    fn only_updates_the_document_already_holds_count_as_contained() {
-        let server = Doc::with_client_id(1);
-        let text = server.get_or_insert_text("t");
-        text.insert(&mut server.transact_mut(), 0, "hello world");
-        text.remove_range(&mut server.transact_mut(), 0, 6);
-        // A reader's Sync Step 2: everything it was sent, deletions included.
-        let reader = Doc::with_client_id(2);
-        reader
-            .transact_mut()
-            .apply_update(update_since(&server, &StateVector::default()))
-            .expect("applies");
-        let step2 = update_since(&reader, &server.transact().state_vector());
-        assert!(contained(&server, &step2), "nothing new");
-        // The reader's edits: its first, at clock 0, and its second, at clock 1 (an update
-        // whose blocks do not start at clock 0).
-        let rtext = reader.get_or_insert_text("t");
-        let sv0 = reader.transact().state_vector();
-        rtext.insert(&mut reader.transact_mut(), 0, "a");
-        assert!(!contained(&server, &update_since(&reader, &sv0)));
-        let sv1 = reader.transact().state_vector();
-        rtext.insert(&mut reader.transact_mut(), 0, "b");
-        let second = update_since(&reader, &sv1);
-        assert!(!contained(&server, &second), "an edit past clock 0");
-        // A deletion of text the server still has.
-        let reader2 = Doc::with_client_id(3);
-        reader2
-            .transact_mut()
-            .apply_update(update_since(&server, &StateVector::default()))
-            .expect("applies");
-        let sv = reader2.transact().state_vector();
-        reader2
-            .get_or_insert_text("t")
-            .remove_range(&mut reader2.transact_mut(), 0, 1);
-        assert!(
-            !contained(&server, &update_since(&reader2, &sv)),
-            "a new deletion"
-        );
     }
 }
