@@ -23,7 +23,8 @@ pub const INTERNAL: u16 = 1011;
 /// The server is restarting.
 pub const RESTART: u16 = 1012;
 /// Backpressure: this connection's outbound queue overflowed, or the document has too many
-/// connections. Reconnect (with backoff) and resync.
+/// connections, or updates it sent waited too long (or too much) for content that never
+/// arrived (`held_update_timeout`, `held_update_bytes`). Reconnect (with backoff) and resync.
 pub const TRY_AGAIN_LATER: u16 = 1013;
 /// The update would make the document larger than `max_doc_size`.
 pub const DOC_TOO_LARGE: u16 = 4413;
