@@ -17,7 +17,7 @@ use libfuzzer_sys::fuzz_target;
 use quire_server::counts;
 use quire_server::protocol::{decode_frame, encode_awareness, Message};
 use quire_server::room::awareness::{stamp, AwarenessTable, Sender};
-use tokio::time::Instant;
+use tokio::time::{Duration, Instant};
 use yrs::encoding::read::{Cursor, Read};
 use yrs::sync::AwarenessUpdate;
 use yrs::updates::decoder::Decode;
@@ -99,9 +99,13 @@ fuzz_target!(|data: &[u8]| {
             other => panic!("{update:?} re-encodes into a frame that decodes as {other:?}"),
         }
         let expected = apply_model(&mut model, &update, peer);
+        // Anonymous peers whose owners count as closed: any of them may take any id, the
+        // y-protocols rules the model follows.
         let from = Sender {
             peer,
-            may_take: &|_| true,
+            user: None,
+            is_open: &|_| false,
+            grace: Duration::ZERO,
             verified: None,
         };
         let changed = table.apply(&update, &from, now).relay.is_some();
