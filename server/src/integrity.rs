@@ -62,6 +62,17 @@ pub fn plan(sv: &StateVector, update: &Update) -> Result<StateVector, ID> {
                 .into_iter()
                 .chain(block.deps.iter().flatten().copied())
                 .find(|dep| !met(&state, dep));
+            // An item refers only to items created before it: one of its own client's at or
+            // after its first clock (its own range) is bytes no Yjs client writes, which yrs may
+            // not survive integrating. It never integrates.
+            if block
+                .deps
+                .iter()
+                .flatten()
+                .any(|dep| dep.client == *client && dep.clock >= block.id.clock)
+            {
+                return Err(ID::new(*client, u32::MAX));
+            }
             if let Some(dep) = unmet {
                 waiting
                     .entry(dep.client)
@@ -132,6 +143,18 @@ pub fn plan(sv: &StateVector, update: &Update) -> Result<StateVector, ID> {
         reached.set_max(client, clock);
     }
     Ok(reached)
+}
+
+/// What to wait for before trying an update [`plan`] found `missing` for again, onto a
+/// document at `sv`: `missing` itself, or, if the document already holds it (an update whose
+/// blocks refer to themselves or otherwise can never integrate), an id that never arrives, so
+/// that nothing retries it in a loop.
+pub fn wait_for(sv: &StateVector, missing: ID) -> ID {
+    if sv.get(&missing.client) > missing.clock {
+        ID::new(missing.client, u32::MAX)
+    } else {
+        missing
+    }
 }
 
 /// Whether `update` integrates completely onto a document at `sv`; if it does, deletions of
@@ -482,5 +505,25 @@ mod contained_tests {
             !contained(&server, &update_since(&reader2, &sv)),
             "a new deletion"
         );
+    }
+}
+
+#[cfg(test)]
+mod self_reference {
+    use super::plan;
+    use yrs::updates::decoder::Decode;
+    use yrs::{ClientID, StateVector, Update, ID};
+
+    /// Fuzz finding (`room_update`, seed 1): a deleted block of client 1 over clocks 0..12721
+    /// whose parent is its own clock 1. Onto a document holding client 1's first clocks it
+    /// looked integrable, and the room hung applying it. An item refers only to earlier items.
+    #[test]
+    fn a_block_referring_to_its_own_range_never_integrates() {
+        let u = Update::decode_v1(&[1, 1, 1, 0, 1, 0x84, 1, 1, 1, 0xb1, 0x63, 0]).expect("decodes");
+        for clock in [0, 2, 5] {
+            let mut sv = StateVector::default();
+            sv.set_max(ClientID::new(1), clock);
+            assert_eq!(plan(&sv, &u), Err(ID::new(ClientID::new(1), u32::MAX)));
+        }
     }
 }

@@ -28,7 +28,7 @@ use yrs::updates::decoder::Decode;
 use yrs::updates::encoder::Encode;
 use yrs::{Doc, ReadTxn, StateVector, Transact, Update, ID};
 
-use crate::integrity::{admit, Admission};
+use crate::integrity::{admit, wait_for, Admission};
 
 use crate::protocol;
 use crate::storage::set_aside::SetAsideRow;
@@ -101,8 +101,10 @@ fn admit_row(
     mut update: Update,
     aside: &mut Vec<SetAsideRow>,
 ) -> Result<Option<ID>, String> {
-    match admit(&txn.state_vector(), &mut update) {
-        Admission::Missing(missing) => return Ok(Some(missing)),
+    let sv = txn.state_vector();
+    match admit(&sv, &mut update) {
+        // (An id the document holds already: it waits for what never comes, not in a loop.)
+        Admission::Missing(missing) => return Ok(Some(wait_for(&sv, missing))),
         Admission::Integrates { cut: Some(cut) } => {
             warn!(
                 seq,

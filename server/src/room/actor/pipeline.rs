@@ -20,7 +20,7 @@ use super::{
     Waiter,
 };
 use crate::close;
-use crate::integrity::{contained, plan, Admission};
+use crate::integrity::{contained, plan, wait_for, Admission};
 use crate::protocol;
 use crate::room::{ApplyError, CloseReason, PeerId, Registry};
 use crate::storage::{LogEntry, StorageError};
@@ -440,7 +440,7 @@ impl Room {
                         let held = HeldUpdate {
                             raw: q.raw,
                             author: q.author,
-                            waits: missing,
+                            waits: wait_for(&self.state_vector(), missing),
                             since: q.held_since.unwrap_or_else(Instant::now),
                         };
                         self.hold(q.origin, held);
