@@ -477,13 +477,13 @@ impl Room {
                     }
                 }
                 Err(e) => {
-                    rejected = Some((q.origin, e));
+                    rejected = Some((q.origin, e, q.idx));
                     break;
                 }
             }
         }
-        if let Some((origin, e)) = rejected {
-            self.reject_update(batch, origin, e, committed_sv);
+        if let Some((origin, e, idx)) = rejected {
+            self.reject_update(batch, origin, e, committed_sv, idx);
             return None;
         }
         self.registry
@@ -507,7 +507,22 @@ impl Room {
         origin: Origin,
         e: String,
         committed_sv: StateVector,
+        idx: u64,
     ) {
+        // Its place in the order is done with: an empty update stands in for it after the
+        // good ones, so what waits for it (a durable acknowledgement, another peer's barrier)
+        // is answered once they commit, not only after a later update does.
+        self.pipeline.queued_bytes += Update::EMPTY_V1.len() as u64;
+        self.pipeline.queued.push_front(Queued {
+            idx,
+            origin: Origin::Part,
+            raw: Bytes::from_static(Update::EMPTY_V1),
+            update: None,
+            author: None,
+            expect_seq: None,
+            held_since: None,
+            joined: false,
+        });
         self.requeue_unapplied(good);
         warn!(error = %e, "update rejected by yrs");
         self.registry.metrics.malformed_messages.inc();
