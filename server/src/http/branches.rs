@@ -20,14 +20,13 @@ use super::history::{first_row, forget_restore_lock, new_doc_name, restore_lock}
 use super::reads::{
     check_position, content, current, heavy, latest, not_retained, stored_invalid, version_meta,
 };
-use super::shared::{applied, ask_room, doc_for, doc_path, live, ApiResult};
+use super::shared::{applied, doc_for, doc_path, live, ApiResult};
 use crate::app::AppState;
 use crate::auth::{Permission, Principal};
 use crate::branches::{self, Change, Review, TextView};
 use crate::gate::{At, Form};
 use crate::problem::responses::*;
 use crate::problem::ApiError;
-use crate::room::{ApplyCmd, RoomCmd};
 use crate::storage::api::DocMeta;
 use crate::storage::branches::{BranchRow, Decision, DecisionRow};
 
@@ -359,19 +358,7 @@ async fn apply_as(
     author: Option<Arc<str>>,
     update: Vec<u8>,
 ) -> ApiResult<i64> {
-    let raw = Bytes::from(update);
-    let result = ask_room(app, &doc.name, |reply| {
-        RoomCmd::Apply(Box::new(ApplyCmd {
-            raw: raw.clone(),
-            update: Update::decode_v1(&raw).unwrap_or_else(|_| Update::new()),
-            reply,
-            author: author.clone(),
-            budget: None,
-            expect_seq: None,
-            then: Vec::new(),
-        }))
-    })
-    .await?;
+    let result = merge::ask_apply(app, doc, author, Bytes::from(update), Vec::new()).await?;
     applied(result, stored_invalid)
 }
 

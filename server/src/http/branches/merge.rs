@@ -95,8 +95,27 @@ async fn apply_all(
     let Some((author, raw)) = plan.next() else {
         return Err(stored_invalid("a merge with nothing to apply".to_owned()));
     };
-    let then: Vec<(Option<Arc<str>>, Bytes)> = plan.collect();
-    let result = ask_room(app, &doc.name, |reply| {
+    let result = ask_apply(app, doc, author, raw, plan.collect()).await?;
+    match result {
+        Err(crate::room::ApplyError::Missing(why)) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "change-does-not-integrate",
+            format!("the merge does not integrate into the parent, nothing was applied: {why}"),
+        )),
+        result => applied(result, stored_invalid),
+    }
+}
+
+/// Asks `doc`'s room to apply `raw` as `author`'s, then `then` with it (in one append); the
+/// room's answer.
+pub(super) async fn ask_apply(
+    app: &AppState,
+    doc: &DocMeta,
+    author: Option<Arc<str>>,
+    raw: Bytes,
+    then: Vec<(Option<Arc<str>>, Bytes)>,
+) -> ApiResult<Result<i64, crate::room::ApplyError>> {
+    ask_room(app, &doc.name, |reply| {
         RoomCmd::Apply(Box::new(ApplyCmd {
             raw: raw.clone(),
             update: Update::decode_v1(&raw).unwrap_or_else(|_| Update::new()),
@@ -107,15 +126,7 @@ async fn apply_all(
             then: then.clone(),
         }))
     })
-    .await?;
-    match result {
-        Err(crate::room::ApplyError::Missing(why)) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "change-does-not-integrate",
-            format!("the merge does not integrate into the parent, nothing was applied: {why}"),
-        )),
-        result => applied(result, stored_invalid),
-    }
+    .await
 }
 
 /// Merges the chosen changes (all open ones if none are named) into the parent, through the

@@ -198,10 +198,8 @@ impl Room {
         let sv = self.state_vector();
         for (peer, updates) in self.pipeline.held.take_ready(&sv) {
             for u in updates {
-                self.pipeline.received_idx += 1;
-                self.pipeline.queued_bytes += u.raw.len() as u64;
-                self.pipeline.queued.push_back(Queued {
-                    idx: self.pipeline.received_idx,
+                self.push_queued(Queued {
+                    idx: 0,
                     origin: Origin::Peer(peer),
                     raw: u.raw,
                     update: None,

@@ -249,10 +249,8 @@ impl Room {
                     Origin::Part
                 }
             };
-            self.pipeline.received_idx += 1;
-            self.pipeline.queued_bytes += raw.len() as u64;
-            self.pipeline.queued.push_back(Queued {
-                idx: self.pipeline.received_idx,
+            self.push_queued(Queued {
+                idx: 0,
                 origin,
                 raw,
                 update: Some(update),
@@ -310,10 +308,8 @@ impl Room {
             warn!(limit, "update refused: document would exceed max_doc_size");
             return Err(origin);
         }
-        self.pipeline.received_idx += 1;
-        self.pipeline.queued_bytes += raw.len() as u64;
-        self.pipeline.queued.push_back(Queued {
-            idx: self.pipeline.received_idx,
+        self.push_queued(Queued {
+            idx: 0,
             origin,
             raw,
             update: Some(update),
@@ -323,6 +319,14 @@ impl Room {
             joined: false,
         });
         Ok(())
+    }
+
+    /// Puts `q` at the back of the queue under the next index (`q.idx` is replaced).
+    pub(super) fn push_queued(&mut self, mut q: Queued) {
+        self.pipeline.received_idx += 1;
+        self.pipeline.queued_bytes += q.raw.len() as u64;
+        q.idx = self.pipeline.received_idx;
+        self.pipeline.queued.push_back(q);
     }
 
     /// Starts the next append if nothing is in flight (the staged batch, or the queued updates
