@@ -71,6 +71,10 @@ pub struct Gate {
     node: Arc<Semaphore>,
     state: Mutex<State>,
     metrics: Arc<Metrics>,
+    /// Where each [`Inflight`] waits once its drop has given everything back (tests force
+    /// two drops to overlap with it).
+    #[cfg(test)]
+    dropped: Mutex<Option<Arc<std::sync::Barrier>>>,
 }
 
 #[derive(Default)]
@@ -83,6 +87,29 @@ struct State {
     cache: Cache,
     /// Computations under way: later readers of the same key wait for them.
     inflight: HashMap<Key, Arc<OnceCell<Bytes>>>,
+    /// Whole-document requests in flight per caller (the entry goes when that is none): by
+    /// user, which is the address when the server takes no credentials
+    /// (`Principal::open`).
+    callers: HashMap<String, usize>,
+}
+
+/// One of a caller's whole-document requests in flight, from before its admission until its
+/// answer is sent (or its connection is gone): given back when dropped.
+pub struct CallerSlot {
+    gate: Arc<Gate>,
+    caller: String,
+}
+
+impl Drop for CallerSlot {
+    fn drop(&mut self) {
+        let mut state = self.gate.state();
+        if let Some(n) = state.callers.get_mut(&self.caller) {
+            *n -= 1;
+            if *n == 0 {
+                state.callers.remove(&self.caller);
+            }
+        }
+    }
 }
 
 /// The cached answers, least recently used first out, within a byte budget.
@@ -139,23 +166,49 @@ impl Drop for Waiting<'_> {
 }
 
 /// A computation under way for a key, forgotten when its last reader is done with it (or
-/// gone): later readers then find the cache, or start afresh.
+/// gone): later readers then find the cache, or start afresh. Its reference to the cell is
+/// given back under the map's lock, where the count is read: of two readers dropping at once
+/// on two workers, the second to take the lock sees only the map's reference and removes it.
 struct Inflight<'a> {
     gate: &'a Gate,
     key: Key,
-    cell: Arc<OnceCell<Bytes>>,
+    cell: Option<Arc<OnceCell<Bytes>>>,
 }
+
+impl Inflight<'_> {
+    fn cell(&self) -> &OnceCell<Bytes> {
+        // (Taken only in `drop`.)
+        self.cell.as_deref().unwrap_or(&EMPTY_CELL)
+    }
+}
+
+/// What [`Inflight::cell`] answers after `drop` took the cell (never reached).
+static EMPTY_CELL: OnceCell<Bytes> = OnceCell::const_new();
 
 impl Drop for Inflight<'_> {
     fn drop(&mut self) {
         let mut state = self.gate.state();
-        // The map's reference and ours: no other reader waits on this cell.
-        if state
+        let Some(cell) = self.cell.take() else {
+            return;
+        };
+        let mine = state
             .inflight
             .get(&self.key)
-            .is_some_and(|c| Arc::ptr_eq(c, &self.cell) && Arc::strong_count(&self.cell) <= 2)
+            .is_some_and(|c| Arc::ptr_eq(c, &cell));
+        drop(cell);
+        // Only the map's reference is left: no other reader waits on this cell.
+        if mine
+            && state
+                .inflight
+                .get(&self.key)
+                .is_some_and(|c| Arc::strong_count(c) == 1)
         {
             state.inflight.remove(&self.key);
+        }
+        drop(state);
+        #[cfg(test)]
+        if let Some(both) = self.gate.dropped.lock().ok().and_then(|b| b.clone()) {
+            both.wait();
         }
     }
 }
@@ -170,6 +223,8 @@ impl Gate {
             config,
             state: Mutex::new(State::default()),
             metrics,
+            #[cfg(test)]
+            dropped: Mutex::default(),
         })
     }
 
@@ -228,6 +283,26 @@ impl Gate {
         })
     }
 
+    /// One of `caller`'s `per_caller` whole-document requests, or `None` (429) when all are in
+    /// flight: a caller's own requests (answers it does not read included) never take more.
+    pub fn caller_slot(self: &Arc<Gate>, caller: &str) -> Option<CallerSlot> {
+        let mut state = self.state();
+        let n = state.callers.entry(caller.to_owned()).or_insert(0);
+        if *n >= self.config.per_caller {
+            drop(state);
+            self.metrics
+                .heavy_refused
+                .with_label_values(&["caller"])
+                .inc();
+            return None;
+        }
+        *n += 1;
+        Some(CallerSlot {
+            gate: self.clone(),
+            caller: caller.to_owned(),
+        })
+    }
+
     /// A place in the wait queue, or 503 when it is full.
     fn enqueue(&self) -> Result<Waiting<'_>, Refused> {
         let mut state = self.state();
@@ -277,11 +352,11 @@ impl Gate {
         let inflight = Inflight {
             gate: self,
             key,
-            cell,
+            cell: Some(cell),
         };
         let mut built = false;
         let result = inflight
-            .cell
+            .cell()
             .get_or_try_init(|| {
                 built = true;
                 build
@@ -361,6 +436,7 @@ mod tests {
                 queue,
                 wait: Duration::from_millis(200),
                 cache_bytes,
+                per_caller: 2,
             },
             Arc::new(Metrics::new()),
         )
@@ -471,6 +547,39 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         panic!("the slot was not given back");
+    }
+
+    #[test]
+    fn the_single_flight_map_forgets_a_key_whose_readers_drop_together() {
+        // A builder and a waiter of one computation dropped at the same moment on two
+        // threads: each waits for the other at the end of its drop, so both have checked the
+        // map before either is gone. Whichever checks last must find only the map's reference.
+        let gate = gate(4, 4, 8, 1 << 20);
+        *gate.dropped.lock().expect("not poisoned") = Some(Arc::new(std::sync::Barrier::new(2)));
+        for round in 0..100 {
+            let cell: Arc<OnceCell<Bytes>> = Arc::default();
+            gate.state().inflight.insert(key(1, round), cell.clone());
+            let readers = [cell.clone(), cell];
+            let barrier = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                for cell in readers {
+                    let (gate, barrier) = (&gate, &barrier);
+                    s.spawn(move || {
+                        let reader = Inflight {
+                            gate,
+                            key: key(1, round),
+                            cell: Some(cell),
+                        };
+                        barrier.wait();
+                        drop(reader);
+                    });
+                }
+            });
+            assert!(
+                gate.state().inflight.is_empty(),
+                "round {round}: the entry outlived its readers"
+            );
+        }
     }
 
     #[tokio::test]
