@@ -113,6 +113,8 @@ pub struct GateConfig {
     pub wait: Duration,
     /// Bytes of computed answers kept.
     pub cache_bytes: usize,
+    /// Whole-document requests in flight at once per caller (computing, waiting or sending).
+    pub per_caller: usize,
 }
 
 /// SQLite's `synchronous` pragma. `full` (the default) fsyncs the WAL on every commit, so an
@@ -382,6 +384,25 @@ pub struct Settings {
     /// Longest a whole-document request waits for a free slot before 503 [default: 5s]
     #[arg(long, env = "QUIRE_HEAVY_WAIT")]
     pub heavy_wait: Option<HumanDuration>,
+    /// Whole-document requests one caller (a user; an address when no credentials are
+    /// configured) may have in flight at once on this node, from admission until its answer
+    /// is sent; more get 429 `too-many-heavy-requests` [default: 4]
+    #[arg(long, env = "QUIRE_HEAVY_PER_CALLER")]
+    pub heavy_per_caller: Option<usize>,
+    /// Longest a connection's write may make no progress (an HTTP answer the client does not
+    /// read, a WebSocket whose client stopped reading); then the connection is closed
+    /// [default: 30s]
+    #[arg(long, env = "QUIRE_WRITE_TIMEOUT")]
+    pub write_timeout: Option<HumanDuration>,
+    /// Longest a merge, a reject or a restore waits for the document's merge lock (another
+    /// one under way); then 503 `document-busy-merging` [default: 10s]
+    #[arg(long, env = "QUIRE_MERGE_LOCK_WAIT")]
+    pub merge_lock_wait: Option<HumanDuration>,
+    /// Bytes of document content one JSON edit request may scan (a replace searching a text,
+    /// an XML walk) on the document's room; past it 422 `edit-too-costly`, nothing applied
+    /// [default: 33554432]
+    #[arg(long, env = "QUIRE_EDIT_WORK_BYTES")]
+    pub edit_work_bytes: Option<usize>,
     /// Bytes of computed history answers (content at a position or version, encoded
     /// states) kept so repeated reads cost one computation [default: 67108864]
     #[arg(long, env = "QUIRE_HISTORY_CACHE_BYTES")]
@@ -449,6 +470,10 @@ pub struct Config {
     pub forward_timeout: Duration,
     /// The heavy-work gate.
     pub gate: GateConfig,
+    /// Longest a connection's write may make no progress before it is closed.
+    pub write_timeout: Duration,
+    /// Longest a merge, reject or restore waits for the document's merge lock.
+    pub merge_lock_wait: Duration,
     /// Bytes of named and restore versions one document may hold.
     pub max_version_bytes: u64,
     pub webhooks: WebhookConfig,
@@ -503,6 +528,8 @@ pub struct Limits {
 #[derive(Debug, Clone)]
 pub struct RoomConfig {
     pub max_doc_size: u64,
+    /// Bytes of content one JSON edit may scan on the room (`edit_work_bytes`).
+    pub edit_work_bytes: usize,
     pub max_connections: usize,
     pub commit_batch: usize,
     pub awareness_timeout: Duration,
@@ -662,6 +689,10 @@ impl Settings {
             heavy_queue,
             heavy_wait,
             history_cache_bytes,
+            heavy_per_caller,
+            write_timeout,
+            merge_lock_wait,
+            edit_work_bytes,
             max_version_bytes,
             webhook_urls,
             webhook_secret,
@@ -736,6 +767,7 @@ impl Settings {
                 room_queue: self.room_queue.unwrap_or(1024).max(1),
                 room_queue_bytes: self.room_queue_bytes.unwrap_or(64 << 20).max(1),
                 held_update_bytes: self.held_update_bytes.unwrap_or(8 << 20),
+                edit_work_bytes: self.edit_work_bytes.unwrap_or(32 << 20).max(1),
                 held_update_timeout: d(self.held_update_timeout, Duration::from_secs(30))
                     .max(Duration::from_millis(10)),
                 ping_interval: d(self.ping_interval, Duration::from_secs(30)),
@@ -782,7 +814,11 @@ impl Settings {
                 queue: self.heavy_queue.unwrap_or(32),
                 wait: d(self.heavy_wait, Duration::from_secs(5)),
                 cache_bytes: self.history_cache_bytes.unwrap_or(64 << 20),
+                per_caller: self.heavy_per_caller.unwrap_or(4).max(1),
             },
+            write_timeout: d(self.write_timeout, Duration::from_secs(30))
+                .max(Duration::from_millis(10)),
+            merge_lock_wait: d(self.merge_lock_wait, Duration::from_secs(10)),
             max_version_bytes: self.max_version_bytes.unwrap_or(1 << 30),
             bus_url: self.bus_url,
             bus_credentials: self.bus_credentials,
@@ -806,69 +842,4 @@ impl Settings {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn higher_layer_wins_and_defaults_fill_the_rest() {
-        let file: Settings = toml::from_str(
-            r#"
-            bind = "127.0.0.1:9000"
-            ping_interval = "5s"
-            snapshot_updates = 10
-            sqlite_commit_delay = "3ms"
-            postgres_commit_siblings = 4
-            "#,
-        )
-        .expect("valid toml");
-        let flags = Settings {
-            bind: Some("127.0.0.1:9100".parse().expect("addr")),
-            ..Settings::default()
-        };
-        let cfg = flags.or(file).resolve();
-        assert_eq!(cfg.bind.port(), 9100);
-        assert_eq!(cfg.room.ping_interval, Duration::from_secs(5));
-        assert_eq!(cfg.room.snapshot_updates, 10);
-        assert_eq!(cfg.idle_timeout, Duration::from_secs(90));
-        assert_eq!(cfg.sqlite_synchronous, SqliteSync::Full);
-        assert_eq!(cfg.sqlite_commit.delay, Duration::from_millis(3));
-        assert_eq!(cfg.sqlite_commit.siblings, 8);
-        assert_eq!(cfg.postgres_commit.delay, Duration::from_millis(10));
-        assert_eq!(cfg.postgres_commit.siblings, 4);
-    }
-
-    #[test]
-    fn secrets_never_show_in_debug_output() {
-        let file: Settings = toml::from_str(
-            r#"
-            database_url = "postgres://quire:hunter2pw@db/quire"
-            auth_keys = ["k1:0123456789abcdefSECRET"]
-            admin_key = "ADMINKEY-0123456789"
-            webhook_secret = "WEBHOOKSECRET"
-            bus_url = "nats://quire:NATSPASSWORD@nats:4222"
-            "#,
-        )
-        .expect("valid toml");
-        let shown = format!("{file:?} {:?}", file.clone().resolve());
-        for secret in [
-            "hunter2pw",
-            "SECRET",
-            "ADMINKEY",
-            "WEBHOOKSECRET",
-            "NATSPASSWORD",
-        ] {
-            assert!(!shown.contains(secret), "{secret} leaked into {shown}");
-        }
-        assert!(shown.contains("[redacted]"));
-        let cfg = file.resolve();
-        assert_eq!(
-            cfg.admin_key.as_ref().map(Secret::expose),
-            Some("ADMINKEY-0123456789")
-        );
-    }
-
-    #[test]
-    fn unknown_keys_in_the_file_are_rejected() {
-        assert!(toml::from_str::<Settings>("bindd = \"x\"").is_err());
-    }
-}
+mod tests;

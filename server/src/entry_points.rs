@@ -52,8 +52,9 @@ pub enum Cost {
     /// queues.
     PerUpdate,
     /// Grows with the whole document. An HTTP route of this class passes the heavy-work gate
-    /// (`gate.rs`); Sync Step 1 is answered from a Step 2 encoded once per version and shared;
-    /// a forwarded request meets the gate on the owner.
+    /// (`gate.rs`) to compute, and counts against its caller's `heavy_per_caller` until its
+    /// answer is sent (`http::per_caller`); Sync Step 1 is answered from a Step 2 encoded once
+    /// per version and shared; a forwarded request meets the gate on the owner.
     PerDocument,
 }
 
@@ -105,7 +106,7 @@ use Surface::{Bus, Hocuspocus, YWebsocket};
 /// Every API request: body at most 2 MiB; every credential failure counts per address.
 const API: &str = "auth_failures_per_minute_per_addr";
 /// The heavy-work gate's bounds.
-const GATE: &str = "heavy-work gate: heavy_per_node, heavy_per_doc (429), heavy_queue and heavy_wait (503), history_cache_bytes";
+const GATE: &str = "heavy-work gate: heavy_per_node, heavy_per_doc (429), heavy_queue and heavy_wait (503), history_cache_bytes; heavy_per_caller in flight per caller, answer sent included (429); the answer is sent without a gate slot and dropped after write_timeout without progress";
 /// A socket's bounds.
 const SOCKET: &str = "max_message_size, peer_queue, peer_queue_bytes (1013), room_queue_bytes; only what integrates enters: updates waiting for their dependencies are held for the connection within held_update_bytes and held_update_timeout (1013), deletions of what does not exist are cut";
 

@@ -346,8 +346,9 @@ impl Metrics {
                     Opts::new(
                         "heavy_refused_total",
                         "Requests the heavy-work gate refused: `document` (429, no share of the \
-                         document came free within heavy_wait) or `node` (503, the queue full or \
-                         no node slot within heavy_wait)",
+                         document came free within heavy_wait), `node` (503, the queue full or \
+                         no node slot within heavy_wait) or `caller` (429, the caller had \
+                         heavy_per_caller requests in flight)",
                     ),
                     &["why"],
                 )

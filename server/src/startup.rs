@@ -146,6 +146,7 @@ async fn serve_node(
         listener,
         router,
         header_timeout,
+        app.config.write_timeout,
         shutdown.clone(),
     ));
 

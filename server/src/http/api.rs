@@ -116,6 +116,11 @@ pub fn routes(app: &AppState) -> Router<AppState> {
         .route("/admin/dead/{id}/retry", post(admin::retry_dead))
         .route("/admin/stream", get(admin::stream))
         .route("/openapi.json", get(openapi_json))
+        // Whole-document routes: at most `heavy_per_caller` in flight per caller.
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            super::per_caller,
+        ))
 }
 
 #[derive(OpenApi)]

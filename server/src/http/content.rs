@@ -75,7 +75,7 @@ pub(super) async fn get_update(
             bytes::Bytes::from(diff)
         }
     };
-    reads::send_whole(&app, &doc, update, "application/octet-stream").await
+    reads::send_whole(update, "application/octet-stream").await
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -199,5 +199,5 @@ pub(super) async fn get_json(
         return reads::json_at(&app, &doc, p.at.as_deref(), p.at_position).await;
     }
     let json = reads::current(&app, &doc, Form::Json).await?;
-    reads::send_whole(&app, &doc, json, "application/json").await
+    reads::send_whole(json, "application/json").await
 }

@@ -242,7 +242,7 @@ pub async fn version_json(
     // The version's row first: a deleted version is 404 even while its content is cached.
     version_meta(&app, &doc, id).await?;
     let json = content(&app, &doc, At::Version(id), Form::Json).await?;
-    send_whole(&app, &doc, json, "application/json").await
+    send_whole(json, "application/json").await
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -1,4 +1,5 @@
-//! The listener: accepts connections and serves HTTP/1 on each, with a header timeout.
+//! The listener: accepts connections and serves HTTP/1 on each, with a header timeout and a
+//! write deadline.
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -15,10 +16,16 @@ use tokio_util::sync::CancellationToken;
 /// was unacknowledged wait for the client's delayed ACK (measured: about 13 ms on loopback
 /// for one delivery in three when four clients type in one document). The client's address
 /// reaches handlers as [`axum::extract::ConnectInfo`], for the per-address limits.
+///
+/// A write that makes no progress for `write_timeout` fails and closes its connection: an
+/// answer the client never reads (a whole-document read with a zero receive window) holds
+/// its bytes and its caller's slot that long at most, and a WebSocket whose client stopped
+/// reading is closed as well (its room's queue bounds apply before that).
 pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
     header_timeout: std::time::Duration,
+    write_timeout: std::time::Duration,
     shutdown: CancellationToken,
 ) {
     use hyper::server::conn::http1;
@@ -50,8 +57,10 @@ pub async fn serve(
                     .insert(axum::extract::ConnectInfo(peer));
                 router.clone().oneshot(req.map(axum::body::Body::new))
             });
+            let mut io = tokio_io_timeout::TimeoutStream::new(tcp);
+            io.set_write_timeout(Some(write_timeout));
             let conn = builder
-                .serve_connection(TokioIo::new(tcp), service)
+                .serve_connection(TokioIo::new(Box::pin(io)), service)
                 .with_upgrades();
             tokio::pin!(conn);
             tokio::select! {

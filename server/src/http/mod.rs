@@ -213,6 +213,76 @@ fn client_ip(req: &Request) -> Option<std::net::IpAddr> {
         .map(|c| c.0.ip())
 }
 
+/// The API routes whose cost grows with the whole document (`Cost::PerDocument` in the
+/// entry-point table), as `METHOD /path`.
+static PER_DOCUMENT: std::sync::LazyLock<std::collections::HashSet<&'static str>> =
+    std::sync::LazyLock::new(|| {
+        crate::entry_points::ENTRY_POINTS
+            .iter()
+            .filter(|e| {
+                e.surface == crate::entry_points::Surface::Http
+                    && e.cost == crate::entry_points::Cost::PerDocument
+            })
+            .map(|e| e.name)
+            .collect()
+    });
+
+/// Bounds the whole-document requests each caller has in flight (`heavy_per_caller`): one of
+/// the caller's slots is taken before the handler runs and given back only when the answer's
+/// body has been sent or dropped (a client that does not read holds its own slots, and no
+/// one else's, until `write_timeout` closes its connection). 429 beyond.
+pub(super) async fn per_caller(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| format!("{} {}", req.method(), p.as_str()));
+    if !route.is_some_and(|r| PER_DOCUMENT.contains(r.as_str())) {
+        return next.run(req).await;
+    }
+    let Some(principal) = req.extensions().get::<Principal>() else {
+        return next.run(req).await;
+    };
+    let Some(slot) = app.gate.caller_slot(&principal.user) else {
+        return too_many(
+            "too-many-heavy-requests",
+            &format!(
+                "this caller already has {} whole-document requests in flight \
+                 (heavy_per_caller); retry once one has been answered",
+                app.config.gate.per_caller
+            ),
+            std::time::Duration::from_secs(1),
+        );
+    };
+    let (parts, body) = next.run(req).await.into_parts();
+    Response::from_parts(parts, axum::body::Body::new(Holding { body, _slot: slot }))
+}
+
+/// A response body with what it holds until it is sent or dropped.
+struct Holding {
+    body: axum::body::Body,
+    _slot: crate::gate::CallerSlot,
+}
+
+impl axum::body::HttpBody for Holding {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Checks the bearer credential of an API request and stores the [`Principal`] in the request.
 async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
     // A request another node forwarded: the principal it verified, checked again here for a

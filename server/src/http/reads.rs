@@ -233,22 +233,13 @@ pub(super) fn json_bytes(value: &serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_else(|_| b"null".to_vec())
 }
 
-/// A whole-document answer as a response. Sending it costs as much as the document too (a
-/// cached answer of a 20 MB document is 20 MB to write), so its body is sent under an
-/// admission of the gate, held until the body is written or the client goes.
-pub(super) async fn send_whole(
-    app: &AppState,
-    doc: &DocMeta,
-    body: Bytes,
-    content_type: &'static str,
-) -> ApiResult<Response> {
-    let admission = app.gate.admit(doc.id).await?;
+/// A whole-document answer as a response. The admission paid for computing it; sending it
+/// takes no slot of the gate: the bytes are the cache's (shared, never copied), the caller's
+/// own `heavy_per_caller` slot is held until they are sent, and a client that stops reading
+/// is disconnected after `write_timeout` (`listen.rs`).
+pub(super) async fn send_whole(body: Bytes, content_type: &'static str) -> ApiResult<Response> {
     let len = body.len();
-    let stream = Sending {
-        body,
-        sent: 0,
-        _admission: admission,
-    };
+    let stream = Sending { body, sent: 0 };
     let mut resp = Response::new(axum::body::Body::from_stream(stream));
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -257,11 +248,10 @@ pub(super) async fn send_whole(
     Ok(resp)
 }
 
-/// [`send_whole`]'s body: slices of the answer (no copy), with the admission.
+/// [`send_whole`]'s body: slices of the answer (no copy).
 pub(super) struct Sending {
     body: Bytes,
     sent: usize,
-    _admission: crate::gate::Admission,
 }
 
 /// Bytes handed to the connection at a time.
@@ -381,7 +371,7 @@ pub(super) async fn json_at(
         }
         None => latest(app, doc, Form::Json).await?.1,
     };
-    send_whole(app, doc, json, "application/json").await
+    send_whole(json, "application/json").await
 }
 
 /// The version's row (without its state), or 404.

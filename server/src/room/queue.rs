@@ -274,6 +274,24 @@ impl QueueRx {
         }
     }
 
+    /// [`QueueRx::poll_killed`] for a connection whose write is stuck, with the keep-alive
+    /// tick as well (taken, as [`QueueRx::poll_next`] takes it): the connection checks its
+    /// peer is alive on it even while it cannot write.
+    pub fn poll_stuck(&self, cx: &mut Context<'_>) -> Poll<Next> {
+        self.0.waker.register(cx.waker());
+        let mut state = self.0.lock();
+        if let Some(reason) = state.kill.clone() {
+            return Poll::Ready(Next::Kill(reason));
+        }
+        if state.closed {
+            return Poll::Ready(Next::Closed);
+        }
+        if std::mem::take(&mut state.ping) {
+            return Poll::Ready(Next::Ping);
+        }
+        Poll::Pending
+    }
+
     /// A queued frame if one is there now (a close order comes first and stops the drain).
     pub fn try_recv(&self) -> Option<Bytes> {
         let mut state = self.0.lock();

@@ -388,7 +388,7 @@ impl Pump {
             // nothing once it is given, and `poll_next` gives it first.)
             if self.held.is_some() || self.ping {
                 match Pin::new(&mut *conn).poll_ready(cx) {
-                    Poll::Pending => return self.out_rx.poll_killed(cx).map(Some),
+                    Poll::Pending => return self.poll_stuck(app, seen, cx),
                     Poll::Ready(Err(_)) => return Poll::Ready(None),
                     Poll::Ready(Ok(())) => {}
                 }
@@ -415,7 +415,7 @@ impl Pump {
             }
             if self.flushing {
                 match Pin::new(&mut *conn).poll_flush(cx) {
-                    Poll::Pending => return self.out_rx.poll_killed(cx).map(Some),
+                    Poll::Pending => return self.poll_stuck(app, seen, cx),
                     Poll::Ready(Err(_)) => return Poll::Ready(None),
                     Poll::Ready(Ok(())) => self.flushing = false,
                 }
@@ -428,11 +428,8 @@ impl Pump {
                 // The room's keep-alive tick: close a client silent for too long, ping the
                 // others.
                 Next::Ping => {
-                    if seen.last().elapsed() >= app.config.idle_timeout {
-                        return Poll::Ready(Some(CloseReason::new(
-                            close::GOING_AWAY,
-                            "idle timeout",
-                        )));
+                    if let Some(idle) = idle(app, seen) {
+                        return Poll::Ready(Some(idle));
                     }
                     self.ping = true;
                     self.burst_left = 0;
@@ -442,6 +439,30 @@ impl Pump {
             }
         }
     }
+
+    /// A write waits on a client that does not read: the room's close order still gets
+    /// through, and the keep-alive tick still closes a client silent for `idle_timeout` (its
+    /// ping goes out after the stuck frame, if ever).
+    fn poll_stuck(&mut self, app: &App, seen: &LastSeen, cx: &mut Context<'_>) -> Poll<Option<CloseReason>> {
+        loop {
+            match ready!(self.out_rx.poll_stuck(cx)) {
+                Next::Ping => {
+                    if let Some(idle) = idle(app, seen) {
+                        return Poll::Ready(Some(idle));
+                    }
+                    self.ping = true;
+                }
+                Next::Kill(reason) => return Poll::Ready(Some(reason)),
+                Next::Closed | Next::Frame(_) => return Poll::Ready(Some(queue::closed_reason())),
+            }
+        }
+    }
+}
+
+/// The close for a client heard from last `idle_timeout` ago or more.
+fn idle(app: &App, seen: &LastSeen) -> Option<CloseReason> {
+    (seen.last().elapsed() >= app.config.idle_timeout)
+        .then(|| CloseReason::new(close::GOING_AWAY, "idle timeout"))
 }
 
 /// The reason a peer is closed with when its room went away.

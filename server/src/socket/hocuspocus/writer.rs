@@ -198,12 +198,16 @@ impl Writer {
         loop {
             // The timer first, whatever else there is to write: a steady stream of frames
             // must not hold back the pings (and the idle check) for as long as it lasts.
-            if !self.ping_due && self.ping.poll_due(cx).is_ready() {
+            // Checked while a write is stuck too (a ping already due included): a client that
+            // neither reads nor sends is closed after `idle_timeout` either way.
+            if self.ping.poll_due(cx).is_ready() {
                 if seen.last().elapsed() >= self.idle_timeout {
                     let reason = CloseReason::new(close::GOING_AWAY, "idle timeout");
                     return Poll::Ready(Some(reason));
                 }
                 self.ping_due = true;
+                // The next tick wakes this task even if nothing else does (a stuck write).
+                let _ = self.ping.poll_due(cx);
             }
             while !self.pending.is_empty() || self.ping_due {
                 match Pin::new(&mut *conn).poll_ready(cx) {
