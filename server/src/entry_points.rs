@@ -200,7 +200,7 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     msg(Bus, "Beat", Cluster, Constant, "one connection", "none"),
     msg(Bus, "Kill", Cluster, Constant, "one connection", "none"),
     msg(Bus, "Changed", Cluster, Constant, "older than CHANGE_MAX_AGE is ignored", "none"),
-    msg(Bus, "Request", Cluster, PerDocument, "forward_timeout; the owner's API bounds and heavy-work gate", "the caller's, on the node it called"),
+    msg(Bus, "Request", Cluster, PerDocument, "forward_timeout; the owner's API bounds and heavy-work gate; admitted once per nonce, only if sent within 30 s and after the owner's process started; at most 65,536 nonces per window, past them refused with an answer (503 forward-refused), never dropped", "the caller's, on the node it called"),
     msg(Bus, "Response", Cluster, Constant, "answers only a request this node is waiting for", "none"),
     msg(Bus, "Reauth", Cluster, Constant, "one connection", "none"),
     msg(Bus, "Batch", Cluster, PerUpdate, "BATCH_ENVELOPES envelopes, the message at most max(BATCH_BYTES, max_message_size + 1 KiB); each envelope in it is bounded as its own kind, and one malformed or longer than max_message_size + 1 KiB is skipped and counted (its connection sees the hole: 1012)", "none: the envelopes' own"),

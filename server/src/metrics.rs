@@ -76,7 +76,7 @@ pub struct Metrics {
     pub versions_refused: IntCounter,
     pub awareness_refused: IntCounter,
     pub awareness_relays: IntCounter,
-    pub forward_refused: IntCounter,
+    pub forward_refused: IntCounterVec,
     pub stateless_refused: IntCounter,
 }
 
@@ -370,10 +370,20 @@ impl Metrics {
                 "stateless_refused_total",
                 "Stateless messages dropped because their Hocuspocus session is read-only",
             ),
-            forward_refused: counter(
-                "forward_refused_total",
-                "Forwarded requests this node dropped: replayed (a nonce seen), stale (older than \
-                 30 s), or malformed",
+            forward_refused: reg(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "forward_refused_total",
+                        "Forwarded requests this node refused, by `why`: `seen` (a nonce \
+                         already served: a replay, dropped), `stale` (sent more than 30 s \
+                         ago or ahead), `before_start` (sent before this process started), \
+                         `full` (65,536 nonces within the window) or `malformed`; all but \
+                         `seen` are answered 503 or 400 at once",
+                    ),
+                    &["why"],
+                )
+                .unwrap_or_else(|_| unreachable_metric()),
             ),
             awareness_refused: counter(
                 "awareness_refused_total",

@@ -224,7 +224,9 @@ async fn build(
         relay_leases: Arc::default(),
         address_limits: Arc::new(limits::AddressLimits::new(&config.limits)),
         gate: gate::Gate::new(config.gate, metrics.clone()),
-        forward_guard: Arc::default(),
+        forward_guard: Arc::new(crate::bus::replay::ReplayGuard::new(
+            crate::storage::now_ms(),
+        )),
         bus,
         config: Arc::new(config),
         store: stores.docs.clone(),

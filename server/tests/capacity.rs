@@ -100,9 +100,15 @@ async fn answers_nobody_reads_hold_no_gate_slot_and_are_dropped_after_the_write_
     let http = reqwest::Client::new();
     let (status, body, took) = timed(http.get(server.http("/api/v1/docs/small/json"))).await;
     assert_eq!(status, 200, "{body}");
-    assert!(took < Duration::from_secs(1), "another document's read took {took:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "another document's read took {took:?}"
+    );
     let (status, body, _) = timed(http.get(server.http("/api/v1/docs/big/json"))).await;
-    assert_eq!(status, 200, "the same document, read by a client that reads");
+    assert_eq!(
+        status, 200,
+        "the same document, read by a client that reads"
+    );
     assert_eq!(body.len(), BIG + r#"{"text":""}"#.len());
     let edit = serde_json::json!({"ops": [{"text": "text", "insert": "!", "at": 0}]});
     let (status, body, took) =

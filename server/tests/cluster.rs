@@ -650,7 +650,8 @@ async fn append(node: &TestServer, doc: &str, text: &str, id: u64) {
 
 /// A forwarded request carries no credential across the bus (a subscriber to every subject
 /// sees neither the token nor the admin key), and a captured restore envelope published again
-/// later is dropped by the owner: the edits made since stay.
+/// later is dropped by the owner, and refused by the owner restarted within the replay window:
+/// the edits made since stay.
 #[tokio::test]
 #[ignore = "PostgreSQL pass only: QUIRE_TEST_DATABASE=postgres cargo test -- --include-ignored"]
 async fn forwarded_requests_carry_no_credential_and_a_replayed_one_changes_nothing() {
@@ -705,11 +706,19 @@ async fn forwarded_requests_carry_no_credential_and_a_replayed_one_changes_nothi
 
     // Edits after the restore, then the captured restore published again: dropped.
     append(&nodes[0], "fwd", " after", 3).await;
-    let refused = nodes[0].metric("quire_forward_refused_total").await;
-    spy.publish(subject, payload).await.expect("replay");
+    let refused = nodes[0]
+        .metric("quire_forward_refused_total{why=\"seen\"}")
+        .await;
+    spy.publish(subject.clone(), payload.clone())
+        .await
+        .expect("replay");
     spy.flush().await.expect("flush");
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    while nodes[0].metric("quire_forward_refused_total").await <= refused {
+    while nodes[0]
+        .metric("quire_forward_refused_total{why=\"seen\"}")
+        .await
+        <= refused
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the replay was not refused"
@@ -717,7 +726,31 @@ async fn forwarded_requests_carry_no_credential_and_a_replayed_one_changes_nothi
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(fresh(&nodes[0], "fwd").await, "base after");
-    for node in nodes {
+
+    // The owner restarted within the replay window: its nonces are gone, but the captured
+    // request was sent before it started, so it is refused all the same.
+    let mut nodes = nodes;
+    let b = nodes.pop().expect("node B");
+    let a = nodes.pop().expect("node A");
+    a.stop().await;
+    let mut cfg = node_config(dir.path(), "node-a", &nats.url);
+    cfg.auth_keys = vec![API_KEY.into()];
+    cfg.admin_key = Some(API_ADMIN.into());
+    let a = TestServer::start(cfg).await;
+    append(&a, "fwd", " again", 4).await;
+    let name = "quire_forward_refused_total{why=\"before_start\"}";
+    spy.publish(subject, payload).await.expect("replay");
+    spy.flush().await.expect("flush");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while a.metric(name).await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the restarted owner did not refuse the captured request"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(fresh(&a, "fwd").await, "base after again");
+    for node in [a, b] {
         node.stop().await;
     }
 }

@@ -270,19 +270,41 @@ pub async fn serve_forwarded(app: AppState, router: axum::Router, request: Forwa
         builder = builder.header(name.as_str(), value.as_str());
     }
     let from = request.from.clone();
-    // A replayed or stale envelope is dropped (its sender, if it is waiting, answers 503).
+    // A replayed envelope is dropped (no sender waits for it: its nonce was answered); any
+    // other refusal is answered at once, so the node that forwarded it tells its caller
+    // instead of waiting `forward_timeout`.
     if let Err(why) =
         app.forward_guard
             .admit(&request.nonce, request.sent_at_ms, crate::storage::now_ms())
     {
-        app.metrics.forward_refused.inc();
-        tracing::warn!(from = %from, reason = ?why, "dropped a forwarded request");
+        app.metrics
+            .forward_refused
+            .with_label_values(&[why.why()])
+            .inc();
+        tracing::warn!(from = %from, reason = why.why(), "refused a forwarded request");
+        if why != crate::bus::replay::Replay::Seen {
+            let mut refusal = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "forward-refused",
+                format!(
+                    "the document's owner refused the forwarded request ({}); retry",
+                    why.why()
+                ),
+            );
+            refusal.retry_after = Some(std::time::Duration::from_secs(1));
+            answer(&bus, &from, request.id, refusal.into_response()).await;
+        }
         return;
     }
     let principal: Principal = match serde_json::from_str(&request.principal) {
         Ok(p) => p,
         Err(_) => {
-            app.metrics.forward_refused.inc();
+            app.metrics
+                .forward_refused
+                .with_label_values(&["malformed"])
+                .inc();
+            let refusal = ApiError::bad_request("forward-malformed", "the principal is malformed");
+            answer(&bus, &from, request.id, refusal.into_response()).await;
             return;
         }
     };
@@ -298,16 +320,21 @@ pub async fn serve_forwarded(app: AppState, router: axum::Router, request: Forwa
         },
         Err(_) => StatusCode::BAD_REQUEST.into_response(),
     };
+    answer(&bus, &from, request.id, response).await;
+}
+
+/// Sends `response` over the bus to `from`, as the answer to its request `id`.
+async fn answer(bus: &crate::bus::Bus, from: &str, id: u64, response: Response) {
     let (parts, body) = response.into_parts();
     let body = axum::body::to_bytes(body, MAX_REQUEST_BODY * 8)
         .await
         .unwrap_or_default();
     let answer = Forwarded {
-        id: request.id,
+        id,
         status: parts.status.as_u16(),
         headers: carried(&parts.headers),
         body,
         ..Forwarded::default()
     };
-    bus.respond(&from, request.id, answer).await;
+    bus.respond(from, id, answer).await;
 }

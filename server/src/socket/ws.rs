@@ -443,7 +443,12 @@ impl Pump {
     /// A write waits on a client that does not read: the room's close order still gets
     /// through, and the keep-alive tick still closes a client silent for `idle_timeout` (its
     /// ping goes out after the stuck frame, if ever).
-    fn poll_stuck(&mut self, app: &App, seen: &LastSeen, cx: &mut Context<'_>) -> Poll<Option<CloseReason>> {
+    fn poll_stuck(
+        &mut self,
+        app: &App,
+        seen: &LastSeen,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<CloseReason>> {
         loop {
             match ready!(self.out_rx.poll_stuck(cx)) {
                 Next::Ping => {
