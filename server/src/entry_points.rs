@@ -139,7 +139,7 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     http("POST /api/v1/docs/{name}/versions", Write, PerDocument, "heavy-work gate; max_version_bytes (507)", API),
     http("DELETE /api/v1/docs/{name}/versions/{id}", Write, Constant, "one row; someone else's named or restore version: its author, the document's owner or admin only (403)", API),
     http("GET /api/v1/docs/{name}/versions/{id}/json", Read, PerDocument, GATE, API),
-    http("POST /api/v1/docs/{name}/versions/{id}/restore", Write, PerDocument, "heavy-work gate; one restore per document at a time; max_version_bytes (507, before anything changes)", API),
+    http("POST /api/v1/docs/{name}/versions/{id}/restore", Write, PerDocument, "heavy-work gate; one restore, merge or reject per document at a time, its lock waited for within merge_lock_wait (503) without a gate slot; max_version_bytes (507, before anything changes)", API),
     http("GET /api/v1/docs/{name}/diff", Read, PerDocument, GATE, API),
     http("POST /api/v1/docs/{name}/fork", Read, PerDocument, "heavy-work gate; write permission on the new name", API),
     // Branches (docs/branches.md).
@@ -147,8 +147,8 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     http("GET /api/v1/docs/{name}/branches", Read, PerDocument, "heavy-work gate; at most 200 branches, each one's log positions read without their updates", API),
     http("GET /api/v1/docs/{name}/branch", Read, PerDocument, "heavy-work gate; the branch's log positions read without their updates", API),
     http("GET /api/v1/docs/{name}/changes", Read, PerDocument, "heavy-work gate (the branch's log is read and grouped under an admission); every row checked to integrate; at most 64 MiB replayed to show the effects on roots that are not texts", API),
-    http("POST /api/v1/docs/{name}/changes/{id}/reject", Write, PerDocument, "heavy-work gate; write permission on the parent; one decision row per change; under the parent's merge lock; a change already in the parent (a merge that stopped before recording it) is recorded merged, 409", API),
-    http("POST /api/v1/docs/{name}/merge", Write, PerDocument, "heavy-work gate; at most 10,000 changes named, each with the last_seq reviewed or the listing's ETag (428 / 409 change-grew / 412); write permission on the parent; one merge or restore per parent at a time; max_version_bytes (507, before anything changes); changes with effects the review cannot show refused (409); applied together in one append, checked to integrate first (409, nothing applied); the review replays at most 64 MiB to show effects on non-text roots", API),
+    http("POST /api/v1/docs/{name}/changes/{id}/reject", Write, PerDocument, "heavy-work gate; write permission on the parent; one decision row per change; under the parent's merge lock, waited for within merge_lock_wait (503) without a gate slot; a change already in the parent (a merge that stopped before recording it) is recorded merged, 409", API),
+    http("POST /api/v1/docs/{name}/merge", Write, PerDocument, "heavy-work gate; at most 10,000 changes named, each with the last_seq reviewed or the listing's ETag (428 / 409 change-grew / 412); write permission on the parent; one merge, reject or restore per parent at a time, its lock waited for within merge_lock_wait (503) without a gate slot; the plan computed under the gate; max_version_bytes (507, before anything changes); changes with effects the review cannot show refused (409); applied together in one append, checked to integrate first (409, nothing applied); the review replays at most 64 MiB to show effects on non-text roots", API),
     http("POST /api/v1/docs/{name}/update-from-parent", Write, PerDocument, "heavy-work gate; max_doc_size; the branch's room queues", API),
     http("POST /api/v1/docs/{name}/close", Write, PerDocument, "heavy-work gate; one row (optimistic version check); write on the parent, or the branch's author", API),
     // Access, people, tokens.

@@ -347,8 +347,9 @@ impl Metrics {
                         "heavy_refused_total",
                         "Requests the heavy-work gate refused: `document` (429, no share of the \
                          document came free within heavy_wait), `node` (503, the queue full or \
-                         no node slot within heavy_wait) or `caller` (429, the caller had \
-                         heavy_per_caller requests in flight)",
+                         no node slot within heavy_wait), `caller` (429, the caller had \
+                         heavy_per_caller requests in flight) or `merge_lock` (503, another \
+                         merge, reject or restore of the document held it for merge_lock_wait)",
                     ),
                     &["why"],
                 )

@@ -650,6 +650,91 @@ async fn a_reject_racing_a_merge_leaves_content_and_decision_in_agreement() {
     owner.close().await;
 }
 
+/// A merge waiting for the parent's merge lock (a reject here, behind a merge paused between
+/// applying and recording) holds no slot of the gate while it waits, and gives up after
+/// `merge_lock_wait` with 503. Before the fix it took its admission first and waited without
+/// a deadline: on a node with one slot, every whole-document read waited behind it.
+#[tokio::test]
+async fn a_decision_waiting_for_the_parents_lock_holds_no_slot_and_has_a_deadline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hold = Arc::new(quire_server::app::EditHold::default());
+    let hooks = quire_server::app::TestHooks {
+        merge_hold: Some(hold.clone()),
+        ..Default::default()
+    };
+    let mut cfg = secured(dir.path());
+    cfg.room.history.version_idle = GAP;
+    cfg.gate.per_node = 1;
+    cfg.gate.wait = Duration::from_millis(500);
+    cfg.merge_lock_wait = Duration::from_secs(2);
+    let server = Arc::new(TestServer::start_with_hooks(cfg, hooks).await);
+    let http = reqwest::Client::new();
+    let owner = parent_and_branch(&http, &server).await;
+    let mut alice =
+        Client::connect(&ws(&server, "spec-review", "alice", Permission::Write), 21).await;
+    alice.insert(5, " dear").await;
+    alice.durable_ack(1).await;
+    alice.insert(0, "Oh ").await;
+    alice.durable_ack(2).await;
+    let (listed, _) = changes(&http, &server).await;
+    let change = listed["changes"][0].clone();
+    let id = change["id"].as_i64().expect("id");
+    let merging = {
+        let (http, server) = (http.clone(), server.clone());
+        let body = json!({"changes": [{"id": id, "last_seq": change["last_seq"]}]});
+        tokio::spawn(async move {
+            send(
+                &http,
+                http.post(api(&server, "/docs/spec-review/merge"))
+                    .bearer_auth(ADMIN)
+                    .json(&body),
+                "merge",
+            )
+            .await
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), hold.reached.notified())
+        .await
+        .expect("the merge applied its change");
+    let started = std::time::Instant::now();
+    let rejecting = {
+        let (http, server) = (http.clone(), server.clone());
+        tokio::spawn(async move {
+            send(
+                &http,
+                http.post(api(
+                    &server,
+                    &format!("/docs/spec-review/changes/{id}/reject"),
+                ))
+                .bearer_auth(ADMIN),
+                "reject",
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // While the reject waits, the node's one slot is free: a whole-document read answers.
+    let (status, body) = send(
+        &http,
+        http.get(api(&server, "/docs/spec/json")).bearer_auth(ADMIN),
+        "read",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, refused) = rejecting.await.expect("reject task");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert_eq!(
+        refused["type"],
+        "https://quire.dev/problems/document-busy-merging"
+    );
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    hold.resume.notify_one();
+    let (status, merged) = merging.await.expect("merge task");
+    assert_eq!(status, StatusCode::OK, "{merged}");
+    alice.close().await;
+    owner.close().await;
+}
+
 /// A closed connection's presence client id stays its user's for `presence_grace`: another
 /// user's state under it is refused, the same user reconnecting takes it back.
 #[tokio::test]

@@ -16,7 +16,7 @@ use yrs::updates::decoder::Decode;
 use yrs::{ReadTxn, Transact, Update};
 
 use super::extract::{ApiJson, ApiPath};
-use super::history::{first_row, forget_restore_lock, new_doc_name, restore_lock};
+use super::history::{first_row, merge_lock, new_doc_name};
 use super::reads::{
     check_position, content, current, heavy, latest, not_retained, stored_invalid, version_meta,
 };
@@ -394,18 +394,15 @@ pub async fn reject_change(
     ApiPath((name, id)): ApiPath<(String, i64)>,
 ) -> ApiResult<Json<Change>> {
     let branch = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
-    let admission = app.gate.admit(branch.id).await?;
     let row = branch_of(&app, &branch).await?;
     open(&row)?;
     // Who may decide is checked before the review is computed: a reader pays nothing.
     let parent = live(doc_for(&app, &principal, &row.parent, Permission::Write).await?)?;
     // Under the parent's merge lock: a change is never rejected while a merge applies it.
-    let lock = restore_lock(parent.id);
-    let held = lock.lock().await;
+    // (Admitted once it holds the lock: no slot of the gate is held while it waits.)
+    let _held = merge_lock(&app, parent.id).await?;
+    let admission = app.gate.admit(branch.id).await?;
     let result = reject_locked(&app, &principal, (&row, &branch, &parent), id, admission).await;
-    drop(held);
-    drop(lock);
-    forget_restore_lock(parent.id);
     result.map(Json)
 }
 

@@ -337,8 +337,7 @@ pub async fn restore_version(
     }
     // One restore of a document at a time (they all run on its owner): two computed from
     // the same content would each insert the text deleted since, twice over.
-    let lock = restore_lock(doc.id);
-    let _one_at_a_time = lock.lock().await;
+    let one_at_a_time = merge_lock(&app, doc.id).await?;
     // The current content, committed, from the room (this node owns it: `on_owner`).
     let current = current(&app, &doc, Form::UpdateV1).await?;
     if let Some(hold) = &app.hooks.restore_hold {
@@ -369,9 +368,7 @@ pub async fn restore_version(
         Err(e) if e.status == StatusCode::GONE => state_now(&app, &doc).await?,
         Err(e) => return Err(e),
     };
-    drop(_one_at_a_time);
-    drop(lock);
-    forget_restore_lock(doc.id);
+    drop(one_at_a_time);
     // The restore is made: its version is recorded whatever the budget says now (checked
     // above), so an applied restore always has its version.
     let version = record(
@@ -418,15 +415,58 @@ fn restore_locks() -> &'static RestoreLocks {
     LOCKS.get_or_init(Default::default)
 }
 
-pub(super) fn restore_lock(doc: i64) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+fn restore_lock(doc: i64) -> std::sync::Arc<tokio::sync::Mutex<()>> {
     let mut locks = restore_locks()
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     locks.entry(doc).or_default().clone()
 }
 
+/// The document's merge lock held: one restore, merge or reject of it at a time (they all
+/// run on its owner); given back, and forgotten once no one waits for it, when dropped.
+pub(super) struct MergeLock {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    doc: i64,
+}
+
+impl Drop for MergeLock {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        forget_restore_lock(self.doc);
+    }
+}
+
+/// Takes the document's merge lock, waiting at most `merge_lock_wait` (503
+/// `document-busy-merging` past it). A caller holds no slot of the gate while it waits: it
+/// is admitted once it holds the lock.
+pub(super) async fn merge_lock(app: &AppState, doc: i64) -> ApiResult<MergeLock> {
+    let lock = restore_lock(doc);
+    let waited = tokio::time::timeout(app.config.merge_lock_wait, lock.lock_owned()).await;
+    match waited {
+        Ok(guard) => Ok(MergeLock {
+            guard: Some(guard),
+            doc,
+        }),
+        Err(_) => {
+            forget_restore_lock(doc);
+            app.metrics
+                .heavy_refused
+                .with_label_values(&["merge_lock"])
+                .inc();
+            let mut busy = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "document-busy-merging",
+                "another merge, reject or restore of this document is under way and did not end \
+                 within merge_lock_wait; retry after the time in Retry-After",
+            );
+            busy.retry_after = Some(std::time::Duration::from_secs(1));
+            Err(busy)
+        }
+    }
+}
+
 /// Drops the document's lock once no restore holds or waits for it.
-pub(super) fn forget_restore_lock(doc: i64) {
+fn forget_restore_lock(doc: i64) {
     let mut locks = restore_locks()
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -20,8 +20,8 @@ use crate::auth::{Permission, Principal};
 use crate::branches;
 use crate::gate::Form;
 use crate::http::extract::{ApiBytes, ApiPath};
-use crate::http::history::{budget_full, forget_restore_lock, record, restore_lock};
-use crate::http::reads::{latest, stored_invalid};
+use crate::http::history::{budget_full, merge_lock, record};
+use crate::http::reads::{heavy, latest, stored_invalid};
 use crate::http::shared::{applied, ask_room, doc_for, live, ApiResult};
 use crate::problem::responses::*;
 use crate::problem::ApiError;
@@ -158,7 +158,6 @@ pub async fn merge(
         ));
     }
     let branch = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
-    let admission = app.gate.admit(branch.id).await?;
     // What the reviewer saw: every change named with its last position, or the listing's ETag.
     let if_match = headers
         .get(header::IF_MATCH)
@@ -179,9 +178,10 @@ pub async fn merge(
     let row = branch_of(&app, &branch).await?;
     open(&row)?;
     let parent = live(doc_for(&app, &principal, &row.parent, Permission::Write).await?)?;
-    // One merge or restore of a parent at a time (they all run on its owner).
-    let lock = restore_lock(parent.id);
-    let _one_at_a_time = lock.lock().await;
+    // One merge or restore of a parent at a time (they all run on its owner), waited for
+    // within merge_lock_wait and without a slot of the gate: admitted once it holds the lock.
+    let _one_at_a_time = merge_lock(&app, parent.id).await?;
+    let admission = app.gate.admit(branch.id).await?;
     let result = merge_locked(
         &app,
         &principal,
@@ -190,9 +190,6 @@ pub async fn merge(
         admission,
     )
     .await;
-    drop(_one_at_a_time);
-    drop(lock);
-    forget_restore_lock(parent.id);
     result.map(Json)
 }
 
@@ -320,9 +317,15 @@ async fn merge_locked(
             version_after: None,
         });
     }
-    let plan = review
-        .merge_plan(&rows, &selected)
-        .map_err(stored_invalid)?;
+    // The plan merges the chosen rows chunk by chunk: heavy work, admitted and run on the
+    // blocking pool.
+    let admission = app.gate.admit(branch.id).await?;
+    let chosen = selected.clone();
+    let (plan, review) = heavy(admission, move || {
+        let plan = review.merge_plan(&rows, &chosen).map_err(stored_invalid)?;
+        Ok((plan, review))
+    })
+    .await?;
     // The versions before and after: refused before anything changes if they would not fit
     // the parent's version budget.
     let (seq_before, state_before) = latest(app, parent, Form::StateV2).await?;
