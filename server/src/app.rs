@@ -68,7 +68,8 @@ pub struct TestHooks {
     /// A restore waits here (at most half a second) between reading the current content and
     /// applying its change, so a test can make two restores meet there.
     pub restore_hold: Option<Arc<tokio::sync::Barrier>>,
-    /// The first JSON edit stops here between computing its update and applying it.
+    /// The first JSON edit stops here after it is parsed and before it is sent to its
+    /// document's room, so a test can make another client's edit land first.
     pub edit_hold: Option<Arc<EditHold>>,
     /// The first merge stops here after applying its changes and before recording them as
     /// merged, so a test can send a reject into that gap.

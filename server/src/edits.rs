@@ -26,14 +26,14 @@ use yrs::types::text::YChange;
 use yrs::updates::decoder::Decode;
 use yrs::updates::encoder::Encode;
 use yrs::{
-    Any, Array, ArrayRef, ClientID, Doc, Map, MapRef, OffsetKind, Options, Out, ReadTxn,
-    StateVector, Text, TextRef, Transact, TransactionMut, Update, Xml, XmlElementPrelim,
-    XmlFragment, XmlFragmentRef, XmlOut, XmlTextPrelim, XmlTextRef,
+    Any, ArrayRef, ClientID, Doc, MapRef, OffsetKind, Options, Out, ReadTxn, StateVector, Text,
+    TextRef, Transact, TransactionMut, Update, XmlFragment, XmlFragmentRef, XmlOut, XmlTextRef,
 };
 
-use crate::history::{root_kinds, RootKind};
+use crate::history::RootKind;
 
 mod parse;
+mod plan;
 pub use parse::parse;
 
 /// Most operations in one edit.
@@ -178,6 +178,9 @@ pub enum EditError {
     /// A precondition no longer holds, or a replace found nothing (409): nothing applied.
     #[error("{}{reason}", prefix(.at))]
     Failed { at: Part, reason: String },
+    /// Reading what it needs would pass the request's work budget (422): nothing applied.
+    #[error("{}{reason}", prefix(.at))]
+    TooCostly { at: Part, reason: String },
     /// The document's state does not decode.
     #[error("the document's state: {0}")]
     Stored(String),
@@ -197,7 +200,9 @@ impl EditError {
     /// 0}`, `{"state_vector": "<the current one>"}`.
     pub fn current(&self) -> Option<Value> {
         let at = match self {
-            EditError::Invalid { at, .. } | EditError::Failed { at, .. } => at,
+            EditError::Invalid { at, .. }
+            | EditError::Failed { at, .. }
+            | EditError::TooCostly { at, .. } => at,
             EditError::Stored(_) => return None,
         };
         match at {
@@ -223,7 +228,25 @@ fn failed(at: Part, reason: impl Into<String>) -> EditError {
     }
 }
 
-/// A root of the scratch document, typed as the edit's operations use it.
+/// The client id `author`'s JSON edits of document `doc` are made under: the same for every
+/// edit they make (so a thousand edits add one entry to the document's state vector), and
+/// apart from the ids Yjs clients pick (random 32-bit numbers): at or above 2^32, below
+/// 2^53 (JavaScript's exact integers). The room continues its clock from the document.
+pub fn edit_client(doc: i64, author: &str) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    hash.update(b"quire edit client\0");
+    hash.update(doc.to_le_bytes());
+    hash.update(author.as_bytes());
+    let digest = hash.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    const LOW: u64 = 1 << 32;
+    const SPAN: u64 = (1 << 53) - LOW;
+    LOW + u64::from_le_bytes(first) % SPAN
+}
+
+/// A root of the document, typed as the edit's operations use it.
 enum Root {
     Text(TextRef),
     Map(MapRef),
@@ -231,9 +254,10 @@ enum Root {
     Xml(XmlFragmentRef),
 }
 
-/// Applies `edits` to the document whose state is `current` (a Yjs v1 update), as a change
-/// by `client_id`: the update, the state vectors before and after, what each operation
-/// changed. Nothing is kept: on an error, no update exists.
+/// Applies `edits` to the document whose state is `current` (a Yjs v1 update), on a scratch
+/// copy (text offsets in UTF-16 code units), as a change by `client_id`: what [`apply_to`]
+/// gives. Nothing is kept: on an error, no update exists. (Tools and tests; the server's rooms
+/// edit their live document with [`apply_to`].)
 pub fn apply(current: &[u8], edits: &Edits, client_id: u64) -> Result<Outcome, EditError> {
     let doc = Doc::with_options(Options {
         client_id: ClientID::new(client_id),
@@ -244,6 +268,28 @@ pub fn apply(current: &[u8], edits: &Edits, client_id: u64) -> Result<Outcome, E
     doc.transact_mut()
         .apply_update(update)
         .map_err(|e| EditError::Stored(e.to_string()))?;
+    apply_to(&doc, edits, client_id, usize::MAX, |_| ()).map(|(outcome, ())| outcome)
+}
+
+/// Applies `edits` to `doc` (whose text offsets must count UTF-16 code units), in one
+/// transaction whose new items are made as `client`: the update, the state vectors before
+/// and after, what each operation changed; and what `inspect` reads of the transaction
+/// before it commits. Every operation is checked first, against the state the ones before it
+/// leave (`plan.rs`): a refused edit changes nothing in `doc`. Reading content (a replace's
+/// search, a copy of a root several operations touch, a precondition) is charged to `work`
+/// bytes, past which the edit is refused (422).
+pub fn apply_to<R>(
+    doc: &Doc,
+    edits: &Edits,
+    client: u64,
+    work: usize,
+    inspect: impl FnOnce(&TransactionMut) -> R,
+) -> Result<(Outcome, R), EditError> {
+    if doc.offset_kind() != OffsetKind::Utf16 {
+        return Err(EditError::Stored(
+            "the document does not count text in UTF-16 code units".into(),
+        ));
+    }
     let base = doc.transact().state_vector();
     if let Some(expected) = &edits.state_vector {
         if *expected != base {
@@ -254,48 +300,38 @@ pub fn apply(current: &[u8], edits: &Edits, client_id: u64) -> Result<Outcome, E
             ));
         }
     }
-    let existing = existing_kinds(&doc);
-    let roots = typed_roots(&doc, edits, &existing)?;
-    check_conditions(&doc, &edits.if_contains, &existing)?;
+    let existing = existing_kinds(doc);
+    let roots = typed_roots(doc, edits, &existing)?;
+    let mut work = work;
+    check_conditions(doc, &edits.if_contains, &existing, &mut work)?;
 
     let mut txn = doc.transact_mut();
-    let mut budget = MAX_EDIT_INSERT_BYTES;
-    let mut changes = Vec::with_capacity(edits.ops.len());
-    for (i, op) in edits.ops.iter().enumerate() {
-        let change = apply_op(&mut txn, &roots, op, &mut budget).map_err(|e| match e {
-            Refusal::Invalid(reason) => invalid(Part::Op(i), reason),
-            Refusal::Failed(reason) => failed(Part::Op(i), reason),
-        })?;
-        changes.push(Change { op: i, ..change });
-    }
+    let (steps, mut changes, _) = plan::plan(&txn, &roots, edits, work)?;
+    let own = txn.set_local_client(ClientID::new(client));
+    plan::perform(&mut txn, &roots, edits, steps, &mut changes);
+    txn.set_local_client(own);
     let update = txn.encode_update_v1();
+    let inspected = inspect(&txn);
     drop(txn);
     let state_vector = doc.transact().state_vector().encode_v1();
-    Ok(Outcome {
-        update,
-        base,
-        state_vector,
-        changes,
-    })
+    Ok((
+        Outcome {
+            update,
+            base,
+            state_vector,
+            changes,
+        },
+        inspected,
+    ))
 }
 
-/// The kind of each root the document holds; `None` for one holding nothing visible (a root
-/// written only by remote updates has no declared type, and an emptied one shows none).
+/// The kind of each root the document holds, read from its content (`plan::live_kind`);
+/// `None` for one holding nothing visible.
 fn existing_kinds(doc: &Doc) -> HashMap<String, Option<RootKind>> {
-    let mut kinds: HashMap<String, Option<RootKind>> = root_kinds(doc)
-        .into_iter()
-        .map(|(name, kind)| (name, Some(kind)))
-        .collect();
     let txn = doc.transact();
-    for (name, root) in txn.root_refs() {
-        if let Out::UndefinedRef(branch) = root {
-            let empty = branch.content_len == 0 && MapRef::from(branch).len(&txn) == 0;
-            if empty {
-                kinds.insert(name.to_owned(), None);
-            }
-        }
-    }
-    kinds
+    txn.root_refs()
+        .map(|(name, root)| (name.to_owned(), plan::live_kind(&root, &txn)))
+        .collect()
 }
 
 fn kind_name(kind: RootKind) -> &'static str {
@@ -390,13 +426,19 @@ fn typed_roots(
 }
 
 /// 409 for the first condition that does not hold: its root is missing or does not contain
-/// its value. (`typed_roots` has refused a condition on a root of another kind.)
+/// its value. (`typed_roots` has refused a condition on a root of another kind.) What each
+/// reads is charged to `work`.
 fn check_conditions(
     doc: &Doc,
     conditions: &[Contains],
     existing: &HashMap<String, Option<RootKind>>,
+    work: &mut usize,
 ) -> Result<(), EditError> {
     for (i, c) in conditions.iter().enumerate() {
+        let mut read = |content: String| -> Result<bool, EditError> {
+            plan::charge(work, content.len()).map_err(|e| e.at(Part::IfContains(i)))?;
+            Ok(content.contains(&c.value))
+        };
         let holds = match existing.get(&c.root) {
             None => false,
             Some(_) if c.value.is_empty() => true,
@@ -404,15 +446,20 @@ fn check_conditions(
             Some(Some(RootKind::Text)) => {
                 let text = doc.get_or_insert_text(c.root.as_str());
                 let txn = doc.transact();
-                visible(&text, &txn).contains(&c.value)
+                read(visible(&text, &txn))?
             }
             Some(Some(RootKind::Map | RootKind::Array)) => false,
             Some(Some(RootKind::Xml)) => {
                 let xml = doc.get_or_insert_xml_fragment(c.root.as_str());
                 let txn = doc.transact();
-                text_nodes(&xml, &txn, None)
-                    .map(|nodes| nodes.iter().any(|t| visible(t, &txn).contains(&c.value)))
-                    .unwrap_or(false)
+                let mut found = false;
+                for node in text_nodes(&xml, &txn, None).unwrap_or_default() {
+                    if read(visible(&node, &txn))? {
+                        found = true;
+                        break;
+                    }
+                }
+                found
             }
         };
         if !holds {
@@ -430,179 +477,6 @@ fn check_conditions(
 enum Refusal {
     Invalid(String),
     Failed(String),
-}
-
-fn apply_op(
-    txn: &mut TransactionMut,
-    roots: &HashMap<String, Root>,
-    op: &Op,
-    budget: &mut usize,
-) -> Result<Change, Refusal> {
-    let (name, _) = op.root();
-    let root = roots
-        .get(name)
-        .ok_or_else(|| Refusal::Invalid(format!("root \"{name}\" was not typed")))?;
-    let mut spend = |bytes: usize| -> Result<(), Refusal> {
-        *budget = budget.checked_sub(bytes).ok_or_else(|| {
-            Refusal::Invalid(format!(
-                "the edit inserts more than {MAX_EDIT_INSERT_BYTES} bytes (MAX_EDIT_INSERT_BYTES)"
-            ))
-        })?;
-        Ok(())
-    };
-    let mut change = Change::default();
-    match (op, root) {
-        (Op::TextInsert { text, at, .. }, Root::Text(t)) => {
-            spend(text.len())?;
-            let content = visible(t, txn);
-            let len = utf16_len(&content);
-            let at = at.unwrap_or(len);
-            check_at(&content, at, "at")?;
-            t.insert(txn, at, text);
-            change.inserted = u64::from(utf16_len(text));
-        }
-        (Op::TextDelete { len, at, .. }, Root::Text(t)) => {
-            let content = visible(t, txn);
-            check_range(&content, *at, *len)?;
-            t.remove_range(txn, *at, *len);
-            change.deleted = u64::from(*len);
-        }
-        (Op::TextReplace { replace, .. }, Root::Text(t)) => {
-            let found = replace_in(txn, t, replace, &mut spend)?;
-            if found.replaced == 0 {
-                return Err(Refusal::Failed(format!(
-                    "root \"{name}\" does not contain {:?}",
-                    replace.old
-                )));
-            }
-            change = found;
-        }
-        (
-            Op::MapSet {
-                key, value, size, ..
-            },
-            Root::Map(m),
-        ) => {
-            spend(*size)?;
-            let existed = m.get(txn, key).is_some();
-            m.insert(txn, key.as_str(), value.clone());
-            change.inserted = 1;
-            change.deleted = u64::from(existed);
-        }
-        (Op::MapDelete { key, .. }, Root::Map(m)) => {
-            change.deleted = u64::from(m.remove(txn, key).is_some());
-        }
-        (
-            Op::ArrayInsert {
-                values, at, size, ..
-            },
-            Root::Array(a),
-        ) => {
-            spend(*size)?;
-            let len = a.len(txn);
-            let at = at.unwrap_or(len);
-            if at > len {
-                return Err(Refusal::Invalid(format!(
-                    "\"at\" {at} is past the array's end ({len} elements)"
-                )));
-            }
-            a.insert_range(txn, at, values.iter().cloned());
-            change.inserted = values.len() as u64;
-        }
-        (Op::ArrayDelete { len, at, .. }, Root::Array(a)) => {
-            let size = a.len(txn);
-            if u64::from(*at) + u64::from(*len) > u64::from(size) {
-                return Err(Refusal::Invalid(format!(
-                    "deleting {len} elements at {at} goes past the array's end ({size} elements)"
-                )));
-            }
-            a.remove_range(txn, *at, *len);
-            change.deleted = u64::from(*len);
-        }
-        (Op::XmlInsert { node, at, .. }, Root::Xml(x)) => {
-            spend(node.size)?;
-            let len = x.len(txn);
-            let at = at.unwrap_or(len);
-            if at > len {
-                return Err(Refusal::Invalid(format!(
-                    "\"at\" {at} is past the fragment's end ({len} nodes)"
-                )));
-            }
-            let element = x.insert(txn, at, XmlElementPrelim::empty(node.kind.as_str()));
-            for (key, value) in &node.attrs {
-                element.insert_attribute(txn, key.as_str(), value.clone());
-            }
-            if let Some(text) = node.text.as_deref().filter(|t| !t.is_empty()) {
-                element.push_back(txn, XmlTextPrelim::new(text));
-            }
-            change.inserted = 1;
-        }
-        (
-            Op::XmlReplace {
-                replace, element, ..
-            },
-            Root::Xml(x),
-        ) => {
-            let nodes = text_nodes(x, txn, *element).map_err(Refusal::Invalid)?;
-            for node in nodes {
-                if change.replaced > 0 && !replace.all {
-                    break;
-                }
-                let found = replace_in(txn, &node, replace, &mut spend)?;
-                change.inserted += found.inserted;
-                change.deleted += found.deleted;
-                change.replaced += found.replaced;
-            }
-            if change.replaced == 0 {
-                let inside = element.map_or(String::new(), |e| format!(" (in node {e})"));
-                return Err(Refusal::Failed(format!(
-                    "root \"{name}\" does not contain {:?}{inside}",
-                    replace.old
-                )));
-            }
-        }
-        _ => return Err(Refusal::Invalid("the root's kind changed".into())),
-    }
-    Ok(change)
-}
-
-/// Replaces the first occurrence of `replace.old` in `text` (or every one) by `replace.new`.
-fn replace_in<T: Text>(
-    txn: &mut TransactionMut,
-    text: &T,
-    replace: &Replace,
-    spend: &mut impl FnMut(usize) -> Result<(), Refusal>,
-) -> Result<Change, Refusal> {
-    let content = visible(text, txn);
-    let mut at16 = Vec::new();
-    let (mut bytes, mut units) = (0usize, 0u32);
-    for (start, _) in content.match_indices(replace.old.as_str()) {
-        units += utf16_len(content.get(bytes..start).unwrap_or(""));
-        bytes = start;
-        at16.push(units);
-        if !replace.all {
-            break;
-        }
-    }
-    let old_len = utf16_len(&replace.old);
-    let new_len = utf16_len(&replace.new);
-    for _ in &at16 {
-        spend(replace.new.len().max(1))?;
-    }
-    // From the last to the first, so that the earlier offsets stay right.
-    for &at in at16.iter().rev() {
-        text.remove_range(txn, at, old_len);
-        if !replace.new.is_empty() {
-            text.insert(txn, at, &replace.new);
-        }
-    }
-    let n = at16.len() as u64;
-    Ok(Change {
-        op: 0,
-        inserted: n * u64::from(new_len),
-        deleted: n * u64::from(old_len),
-        replaced: n,
-    })
 }
 
 /// The `XmlText` nodes of a fragment in document order: all of them, or those of its
@@ -686,5 +560,7 @@ fn check_range(content: &str, at: u32, len: u32) -> Result<(), Refusal> {
     check_at(content, at + len, "at + delete")
 }
 
+#[cfg(test)]
+mod live_tests;
 #[cfg(test)]
 mod tests;

@@ -131,7 +131,7 @@ pub const ENTRY_POINTS: &[EntryPoint] = &[
     http("GET /api/v1/docs/{name}/update", Read, PerDocument, GATE, API),
     http("POST /api/v1/docs/{name}/update", Write, PerUpdate, "2 MiB body, max_doc_size, the room's queues; only an update that integrates (422 update-missing-dependencies otherwise, nothing applied)", API),
     http("GET /api/v1/docs/{name}/json", Read, PerDocument, GATE, API),
-    http("POST /api/v1/docs/{name}/edits", Write, PerDocument, "heavy-work gate (the scratch copy of the document); 2 MiB body, MAX_EDIT_OPS (1000 operations), MAX_EDIT_INSERT_BYTES (4 MiB inserted); max_doc_size, the room's queues; at most 5 computations while the document moves (then 503)", API),
+    http("POST /api/v1/docs/{name}/edits", Write, PerUpdate, "made by the document's room on its document, in its turn (no copy of the document, no retry): 2 MiB body, MAX_EDIT_OPS (1000 operations), MAX_EDIT_INSERT_BYTES (4 MiB inserted), edit_work_bytes of content read (422 edit-too-costly); max_doc_size, the room's queues; one client id per author and document", API),
     http("POST /api/v1/docs/{name}/stateless", Write, Constant, "max_stateless_bytes", API),
     // History.
     http("GET /api/v1/docs/{name}/history", Read, Constant, "page of at most 100 sessions (indexed reads)", API),

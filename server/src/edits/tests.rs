@@ -12,11 +12,11 @@ use yrs::{
 use super::*;
 
 /// The client id the edits are made as.
-const EDITOR: u64 = 99;
+pub(super) const EDITOR: u64 = 99;
 
 /// A document by client 1 holding what `fill` writes (it takes its roots, then opens its
 /// transaction: yrs takes the store to make a root), as a Yjs v1 state.
-fn state(fill: impl FnOnce(&Doc)) -> Vec<u8> {
+pub(super) fn state(fill: impl FnOnce(&Doc)) -> Vec<u8> {
     let doc = Doc::with_client_id(1);
     fill(&doc);
     let state = doc
@@ -27,7 +27,7 @@ fn state(fill: impl FnOnce(&Doc)) -> Vec<u8> {
 
 /// `content` (text), `meta` (map), `list` (array) and `default` (a Tiptap fragment: a
 /// heading and two paragraphs).
-fn sample() -> Vec<u8> {
+pub(super) fn sample() -> Vec<u8> {
     state(|doc| {
         let text = doc.get_or_insert_text("content");
         let meta = doc.get_or_insert_map("meta");

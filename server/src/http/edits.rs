@@ -1,10 +1,9 @@
-//! JSON edits over HTTP (`POST /docs/{name}/edits`, docs/api.md): the operations are made
-//! into a Yjs update on a scratch copy of the committed state (`crate::edits`), off the
-//! runtime under the heavy-work gate, then applied through the document's room like a
-//! client's update (committed, broadcast, attributed to the caller), and only onto the state
-//! it was computed from (the room checks the log position): should the document have moved in
-//! between, the edit is computed again from the new state, a few times at most, so that its
-//! preconditions and indices hold at the state it lands on.
+//! JSON edits over HTTP (`POST /docs/{name}/edits`, docs/api.md): the request is parsed
+//! here and made by the document's room on its live document, in its turn among the updates
+//! (`room/actor/edits.rs`): its preconditions are checked in the same step, against exactly
+//! the state it lands on, so there is no whole-document copy and no retry; it is committed,
+//! broadcast and attributed to the caller like a client's update, under the caller's own
+//! client id in the document.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,24 +14,16 @@ use axum::{Extension, Json};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use yrs::updates::decoder::Decode;
-use yrs::Update;
 
 use super::extract::{ApiJson, ApiPath};
-use super::reads::{self, stored_invalid};
+use super::reads::stored_invalid;
 use super::shared::{applied, ask_room, doc_for, live, ApiResult};
 use crate::app::AppState;
 use crate::auth::{Permission, Principal};
 use crate::edits::{self, Change, EditError};
-use crate::gate::Form;
-use crate::history;
 use crate::problem::responses::*;
 use crate::problem::ApiError;
-use crate::room::{ApplyCmd, ApplyError, RoomCmd};
-
-/// Computations of one edit: the first, and those after the document moved between computing
-/// and applying it. Past them the edit gets 503 `document-changing` (retry later).
-const TRIES: u32 = 5;
+use crate::room::{ApplyError, EditCmd, RoomCmd};
 
 /// The request, as the OpenAPI document shows it (the handler reads it as JSON and
 /// `crate::edits::parse` checks it, naming the operation a problem is in).
@@ -94,71 +85,42 @@ pub(super) async fn post_edits(
     let doc = live(doc_for(&app, &principal, &name, Permission::Write).await?)?;
     let request = Arc::new(edits::parse(&body).map_err(edit_error)?);
     let author: Arc<str> = principal.user.as_str().into();
-    let guarded = !request.if_contains.is_empty() || request.state_vector.is_some();
-    let mut hold = app.hooks.edit_hold.clone().filter(|h| h.claim());
-    for attempt in 0..TRIES {
-        if attempt > 0 {
-            // The room had updates not yet committed; give them a moment to be.
-            tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
-        }
-        // The committed state (the gate's cached whole state; read through the gate).
-        let (at, current) = reads::current_at(&app, &doc, Form::UpdateV1).await?;
-        let admission = app.gate.admit(doc.id).await?;
-        let work = request.clone();
-        let client = history::server_client_id();
-        let outcome = reads::heavy(admission, move || {
-            edits::apply(&current, &work, client).map_err(edit_error)
-        })
-        .await?;
-        if let Some(hold) = hold.take() {
-            hold.reached.notify_one();
-            let _ = tokio::time::timeout(Duration::from_secs(5), hold.resume.notified()).await;
-        }
-        let raw = bytes::Bytes::from(outcome.update);
-        let result = ask_room(&app, &doc.name, |reply| {
-            RoomCmd::Apply(Box::new(ApplyCmd {
-                raw: raw.clone(),
-                update: Update::decode_v1(&raw).unwrap_or_else(|_| Update::new()),
-                reply,
-                author: Some(author.clone()),
-                budget: None,
-                // Preconditions hold only on the state they were checked on: such an edit
-                // applies onto exactly that state, or is computed again. Without them it
-                // merges like any client's edit made on that state (its positions are
-                // anchored to the items around them), so live typing never holds it back.
-                expect_seq: guarded.then_some(at),
-                then: Vec::new(),
-            }))
-        })
-        .await?;
-        match result {
-            // Computed again from the new state, where the preconditions are checked again
-            // (a `state_vector` the document has moved past is 409 then).
-            Err(ApplyError::Moved) => continue,
-            result => {
-                let seq = applied(result, |e| {
-                    stored_invalid(format!("an edit's update was refused: {e}"))
-                })?;
-                let state_vector =
-                    base64::engine::general_purpose::STANDARD.encode(&outcome.state_vector);
-                return Ok(Json(EditsApplied {
-                    seq,
-                    state_vector,
-                    changes: outcome.changes,
-                }));
-            }
-        }
+    let client = edits::edit_client(doc.id, &principal.user);
+    if let Some(hold) = app.hooks.edit_hold.clone().filter(|h| h.claim()) {
+        hold.reached.notify_one();
+        let _ = tokio::time::timeout(Duration::from_secs(5), hold.resume.notified()).await;
     }
-    let mut busy = ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "document-changing",
-        format!(
-            "the document changed between computing the edit and applying it, {TRIES} times \
-             over; nothing was applied: retry after the time in Retry-After"
-        ),
-    );
-    busy.retry_after = Some(Duration::from_secs(1));
-    Err(busy)
+    let mut made = None;
+    let committed = ask_room(&app, &doc.name, |committed| {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        made = Some(rx);
+        RoomCmd::Edit(Box::new(EditCmd {
+            edits: request.clone(),
+            author: author.clone(),
+            client,
+            made: tx,
+            committed,
+        }))
+    })
+    .await?;
+    // (Sent when the edit was made, before its commit or refusal was answered.)
+    let outcome = made.and_then(|mut rx| rx.try_recv().ok());
+    if let (Err(ApplyError::EditRefused), Some(Err(refused))) = (&committed, &outcome) {
+        return Err(edit_error(refused.clone()));
+    }
+    let seq = applied(committed, |e| {
+        stored_invalid(format!("an edit's update was refused: {e}"))
+    })?;
+    let outcome = match outcome {
+        Some(Ok(outcome)) => outcome,
+        _ => return Err(stored_invalid("the room did not report the edit".into())),
+    };
+    let state_vector = base64::engine::general_purpose::STANDARD.encode(&outcome.state_vector);
+    Ok(Json(EditsApplied {
+        seq,
+        state_vector,
+        changes: outcome.changes,
+    }))
 }
 
 /// An edit's refusal as a problem: 400 `invalid-edit`, 409 `precondition-failed`, with
@@ -170,6 +132,11 @@ fn edit_error(e: EditError) -> ApiError {
         EditError::Failed { .. } => {
             ApiError::new(StatusCode::CONFLICT, "precondition-failed", e.to_string())
         }
+        EditError::TooCostly { .. } => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "edit-too-costly",
+            e.to_string(),
+        ),
         EditError::Stored(why) => return stored_invalid(why.clone()),
     };
     error.current = current;

@@ -213,6 +213,7 @@ pub(super) fn applied(
             "precondition-failed",
             "the document changed since the update was computed",
         )),
+        Err(ApplyError::EditRefused) => Err(invalid("the edit was refused".into())),
     }
 }
 

@@ -52,7 +52,28 @@ pub(super) fn replay_checked<'a>(
     snapshot: Option<&[u8]>,
     rows: impl IntoIterator<Item = (i64, &'a [u8])>,
 ) -> Result<(Doc, Vec<SetAsideRow>), String> {
-    let doc = Doc::new();
+    replay_into(Doc::new(), snapshot, rows)
+}
+
+/// [`replay_checked`] into the `Doc` a room edits: text offsets in UTF-16 code units, as
+/// JavaScript and Yjs count them (JSON edits index into it; a text's length is then its
+/// items' lengths, kept by yrs, with no pass over the string).
+pub(super) fn replay_live<'a>(
+    snapshot: Option<&[u8]>,
+    rows: impl IntoIterator<Item = (i64, &'a [u8])>,
+) -> Result<(Doc, Vec<SetAsideRow>), String> {
+    let options = yrs::Options {
+        offset_kind: yrs::OffsetKind::Utf16,
+        ..yrs::Options::default()
+    };
+    replay_into(Doc::with_options(options), snapshot, rows)
+}
+
+fn replay_into<'a>(
+    doc: Doc,
+    snapshot: Option<&[u8]>,
+    rows: impl IntoIterator<Item = (i64, &'a [u8])>,
+) -> Result<(Doc, Vec<SetAsideRow>), String> {
     let mut aside = Vec::new();
     {
         let mut txn = doc.transact_mut();

@@ -296,6 +296,23 @@ pub enum RoomCmd {
     /// Applies an update sent over HTTP like a client's; replies once it is committed, with the
     /// log sequence number the document has reached (`None` if it changed nothing new).
     Apply(Box<ApplyCmd>),
+    /// Makes a JSON edit on the room's document, in its turn among the updates (its
+    /// preconditions checked in the same step); replies once it is committed.
+    Edit(Box<EditCmd>),
+}
+
+/// What [`RoomCmd::Edit`] carries.
+pub struct EditCmd {
+    pub edits: Arc<crate::edits::Edits>,
+    /// Who makes it (the history's author).
+    pub author: Arc<str>,
+    /// The author's client id in this document (`crate::edits::edit_client`).
+    pub client: u64,
+    /// What the edit did, or why it was refused, as soon as it is made.
+    pub made: oneshot::Sender<Result<crate::edits::Outcome, crate::edits::EditError>>,
+    /// The log position once it is committed; [`ApplyError::EditRefused`] when it was refused
+    /// (the reason is in `made`).
+    pub committed: oneshot::Sender<Result<i64, ApplyError>>,
 }
 
 /// Why [`RoomHandle::try_send`] did not queue a frame's messages.
@@ -353,6 +370,9 @@ pub enum ApplyError {
     /// The update depends on content the document does not hold (`integrity.rs`).
     #[error("{0}")]
     Missing(String),
+    /// A JSON edit was refused; [`EditCmd::made`] says why.
+    #[error("the edit was refused")]
+    EditRefused,
 }
 
 #[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]

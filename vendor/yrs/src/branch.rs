@@ -147,6 +147,17 @@ impl std::fmt::Debug for BranchPtr {
     }
 }
 
+/// What [`Branch::first_visible`] found first (a Quire addition).
+#[derive(Debug, Clone, PartialEq)]
+pub enum FirstVisible {
+    /// A string or an embed: text.
+    Text,
+    /// Values of an array.
+    Values,
+    /// A shared type of this kind.
+    Branch(TypeRef),
+}
+
 /// Branch describes a content of a complex Yrs data structures, such as arrays or maps.
 pub struct Branch {
     /// A pointer to a first block of a indexed sequence component of this branch node. If `None`,
@@ -220,6 +231,50 @@ impl PartialEq for Branch {
 }
 
 impl Branch {
+    /// The content of the first item of this branch's visible sequence (a Quire addition, see
+    /// vendor/README.md): what kind of sequence a root no one typed holds (text, array or XML
+    /// nodes), read without copying it.
+    pub fn first_visible(&self) -> Option<FirstVisible> {
+        let mut next = self.start;
+        while let Some(item) = next {
+            if !item.is_deleted() && item.is_countable() {
+                return Some(match &item.content {
+                    ItemContent::String(_) | ItemContent::Embed(_) => FirstVisible::Text,
+                    ItemContent::Type(branch) => FirstVisible::Branch(branch.type_ref().clone()),
+                    _ => FirstVisible::Values,
+                });
+            }
+            next = item.right;
+        }
+        None
+    }
+
+    /// The UTF-16 code unit at `index` of this branch's visible sequence (a Quire addition, see
+    /// vendor/README.md): text counted in UTF-16 code units, every other countable item as
+    /// one unit; `None` past the end or on an item that is not text. Walks the items before
+    /// `index` (as an insert at `index` does) and reads no other string: a caller checks an
+    /// index does not fall between the halves of a surrogate pair without rendering the text.
+    pub fn utf16_unit_at(&self, index: u32) -> Option<u16> {
+        let mut at = 0u32;
+        let mut next = self.start;
+        while let Some(item) = next {
+            if !item.is_deleted() && item.is_countable() {
+                let len = item.len;
+                if index < at + len {
+                    return match &item.content {
+                        ItemContent::String(s) => {
+                            s.as_str().encode_utf16().nth((index - at) as usize)
+                        }
+                        _ => None,
+                    };
+                }
+                at += len;
+            }
+            next = item.right;
+        }
+        None
+    }
+
     pub fn new(type_ref: TypeRef) -> Box<Self> {
         Box::new(Self {
             start: None,

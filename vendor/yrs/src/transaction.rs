@@ -534,6 +534,15 @@ impl<'doc> Drop for TransactionMut<'doc> {
 }
 
 impl<'doc> TransactionMut<'doc> {
+    /// Makes `client` the client id the items this transaction creates are made under, in place
+    /// of the document's, and returns the one it replaces (a Quire addition, see
+    /// vendor/README.md: a server applying edits on behalf of several authors to the one
+    /// document it owns gives each author their own client id). The caller sets the returned
+    /// id back before the transaction ends.
+    pub fn set_local_client(&mut self, client: crate::ClientID) -> crate::ClientID {
+        std::mem::replace(&mut self.store.client_id, client)
+    }
+
     pub(crate) fn new(
         doc: Doc,
         store: RwLockWriteGuard<'doc, Store>,

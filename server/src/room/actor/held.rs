@@ -207,6 +207,7 @@ impl Room {
                     expect_seq: None,
                     held_since: Some(u.since),
                     joined: false,
+                    edit: None,
                 });
             }
             // Its acknowledgements, withheld or waiting for an earlier position, now wait for

@@ -248,7 +248,7 @@ pub(super) fn build_doc(stored: &StoredDoc) -> Result<(Doc, Vec<SetAsideRow>), L
         .updates
         .iter()
         .map(|(seq, data)| (*seq, data.as_slice()));
-    committed::replay_checked(stored.snapshot.as_deref(), rows).map_err(LoadError::Corrupt)
+    committed::replay_live(stored.snapshot.as_deref(), rows).map_err(LoadError::Corrupt)
 }
 
 /// The room's lease, released when the room is dropped without releasing it (a panic

@@ -19,6 +19,7 @@
 //! - While storage is stalled (an append failed or passed its deadline and is being retried),
 //!   the waiting reads are answered from the committed copy (`committed.rs`) instead.
 
+mod edits;
 mod held;
 mod lifecycle;
 mod peers;
@@ -100,6 +101,8 @@ struct Queued {
     /// It follows the previous update as part of the same request's updates applied together
     /// (`ApplyCmd::then`): never committed in another append than that one.
     joined: bool,
+    /// A JSON edit to make when its turn comes (`raw` is empty until then): `edits.rs`.
+    edit: Option<Box<edits::EditWork>>,
 }
 
 /// An update applied to the `Doc` and being committed.
@@ -552,6 +555,7 @@ impl Room {
                     self.apply_together(author, raw, update, then, reply);
                 }
             }
+            RoomCmd::Edit(edit) => self.edit_from_http(*edit),
             RoomCmd::Reauth { peer, auth, reply } => {
                 let _ = reply.send(self.reauth(peer, *auth));
             }

@@ -232,10 +232,7 @@ impl Room {
             }
         }
         let total: u64 = members.iter().map(|(_, raw, _)| raw.len() as u64).sum();
-        let limit = self.registry.config.max_doc_size;
-        if self.stored_bytes + self.pipeline.applied_bytes + self.pipeline.queued_bytes + total
-            > limit
-        {
+        if self.over_size(total) {
             let _ = reply.send(Err(ApplyError::TooLarge));
             return;
         }
@@ -258,6 +255,7 @@ impl Room {
                 expect_seq: None,
                 held_since: None,
                 joined: i > 0,
+                edit: None,
             });
         }
         self.maybe_start_commit();
@@ -298,13 +296,8 @@ impl Room {
         author: Option<Arc<str>>,
         expect_seq: Option<i64>,
     ) -> Result<(), Origin> {
-        let limit = self.registry.config.max_doc_size;
-        if self.stored_bytes
-            + self.pipeline.applied_bytes
-            + self.pipeline.queued_bytes
-            + raw.len() as u64
-            > limit
-        {
+        if self.over_size(raw.len() as u64) {
+            let limit = self.registry.config.max_doc_size;
             warn!(limit, "update refused: document would exceed max_doc_size");
             return Err(origin);
         }
@@ -317,8 +310,16 @@ impl Room {
             expect_seq,
             held_since: None,
             joined: false,
+            edit: None,
         });
         Ok(())
+    }
+
+    /// Whether `extra` more bytes would take the document past `max_doc_size` (what is
+    /// stored, applied and queued counted).
+    pub(super) fn over_size(&self, extra: u64) -> bool {
+        self.stored_bytes + self.pipeline.applied_bytes + self.pipeline.queued_bytes + extra
+            > self.registry.config.max_doc_size
     }
 
     /// Puts `q` at the back of the queue under the next index (`q.idx` is replaced).
@@ -414,46 +415,65 @@ impl Room {
                     continue;
                 }
             }
-            let update = match q.update {
-                Some(u) => Ok(u),
-                None => Update::decode_v1(&q.raw).map_err(|e| e.to_string()),
-            };
-            // Only what integrates completely enters the document (`integrity.rs`).
-            let (raw, update) = match update {
-                Ok(mut u) => match self.admission(&mut u) {
-                    Admission::Integrates { cut: None } => (q.raw, Ok(u)),
-                    Admission::Integrates { cut: Some(_) } => {
-                        // Deletions of what the document does not hold, from a connection
-                        // holding an update: they may be of what that update inserts (a
-                        // backspace after it), so they wait behind it instead of being cut.
-                        let behind = q.origin.peer().and_then(|p| self.pipeline.held.waits_of(p));
-                        if let Some(waits) = behind {
-                            let held = HeldUpdate {
-                                raw: q.raw,
-                                author: q.author,
-                                waits,
-                                since: q.held_since.unwrap_or_else(Instant::now),
-                            };
-                            self.hold(q.origin, held);
-                            continue;
+            let (raw, applied) = match q.edit {
+                // A JSON edit is made on the Doc in its turn (`edits.rs`).
+                Some(work) => match self.make_edit(*work) {
+                    Some(made) => made,
+                    None => {
+                        if let Origin::Http(reply) = q.origin {
+                            let _ = reply.send(Err(ApplyError::EditRefused));
                         }
-                        self.registry.metrics.deletes_cut.inc();
-                        (Bytes::from(u.encode_v1()), Ok(u))
-                    }
-                    Admission::Missing(missing) => {
-                        let held = HeldUpdate {
-                            raw: q.raw,
-                            author: q.author,
-                            waits: wait_for(&self.state_vector(), missing),
-                            since: q.held_since.unwrap_or_else(Instant::now),
-                        };
-                        self.hold(q.origin, held);
                         continue;
                     }
                 },
-                Err(e) => (q.raw, Err(e)),
+                None => {
+                    let update = match q.update {
+                        Some(u) => Ok(u),
+                        None => Update::decode_v1(&q.raw).map_err(|e| e.to_string()),
+                    };
+                    // Only what integrates completely enters the document (`integrity.rs`).
+                    let (raw, update) = match update {
+                        Ok(mut u) => match self.admission(&mut u) {
+                            Admission::Integrates { cut: None } => (q.raw, Ok(u)),
+                            Admission::Integrates { cut: Some(_) } => {
+                                // Deletions of what the document does not hold, from a connection
+                                // holding an update: they may be of what that update inserts (a
+                                // backspace after it), so they wait behind it instead of being cut.
+                                let behind =
+                                    q.origin.peer().and_then(|p| self.pipeline.held.waits_of(p));
+                                if let Some(waits) = behind {
+                                    let held = HeldUpdate {
+                                        raw: q.raw,
+                                        author: q.author,
+                                        waits,
+                                        since: q.held_since.unwrap_or_else(Instant::now),
+                                    };
+                                    self.hold(q.origin, held);
+                                    continue;
+                                }
+                                self.registry.metrics.deletes_cut.inc();
+                                (Bytes::from(u.encode_v1()), Ok(u))
+                            }
+                            Admission::Missing(missing) => {
+                                let held = HeldUpdate {
+                                    raw: q.raw,
+                                    author: q.author,
+                                    waits: wait_for(&self.state_vector(), missing),
+                                    since: q.held_since.unwrap_or_else(Instant::now),
+                                };
+                                self.hold(q.origin, held);
+                                continue;
+                            }
+                        },
+                        Err(e) => (q.raw, Err(e)),
+                    };
+                    (
+                        raw,
+                        update.and_then(|u| self.apply(u).map_err(|e| e.to_string())),
+                    )
+                }
             };
-            match update.and_then(|u| self.apply(u).map_err(|e| e.to_string())) {
+            match applied {
                 Ok(Some(changes)) => {
                     batch.push(Applied {
                         idx: q.idx,
@@ -526,6 +546,7 @@ impl Room {
             expect_seq: None,
             held_since: None,
             joined: false,
+            edit: None,
         });
         self.requeue_unapplied(good);
         warn!(error = %e, "update rejected by yrs");
@@ -557,6 +578,7 @@ impl Room {
                 expect_seq: None,
                 held_since: None,
                 joined: a.joined,
+                edit: None,
             });
         }
     }
