@@ -33,10 +33,15 @@
 //! - `reads` (Quire only): a large document's content now, at a version and at an older
 //!   position: the first read's time, CPU and memory, and the CPU of each read again.
 //!
+//! - `capacity` (Quire only): a one-character JSON edit on a large document beside the same
+//!   edit on an empty one, the clients an agent's edits add, and never-reading clients of
+//!   whole-document answers beside other readers and editors.
+//!
 //! The generator is cheap by design: clients never apply what they receive; they decode only
 //! the update's block ids to find which send it was.
 
 mod branches;
+mod capacity;
 mod heavy;
 mod items;
 mod large;
@@ -99,6 +104,9 @@ enum Scenario {
     /// A large document's content read now, at a version and at a position: first read
     /// and repeated reads, server CPU each (Quire only).
     Reads(reads::ReadsArgs),
+    /// JSON edits on a large document beside an empty one, the clients an agent's edits add,
+    /// and never-reading clients of whole-document answers beside others (Quire only).
+    Capacity(capacity::CapacityArgs),
     /// yrs alone decoding a state file (Yjs v1) into a fresh document and encoding it again:
     /// the floor of a snapshot, to alternate with `quire compact` on one machine.
     Roundtrip(memory::RoundtripArgs),
@@ -263,6 +271,7 @@ async fn main() -> anyhow::Result<()> {
         Scenario::Presence(args) => presence::presence(args).await?,
         Scenario::Memory(args) => memory::memory(args).await?,
         Scenario::Reads(args) => reads::reads(args).await?,
+        Scenario::Capacity(args) => capacity::capacity(args).await?,
         Scenario::Roundtrip(args) => memory::roundtrip(&args)?,
     }
     Ok(())

@@ -284,6 +284,26 @@ async fn every_scenario_runs_against_quire_and_reports() {
         assert!(r["repeat_cpu_ms_per_read"].as_f64().is_some(), "{r}");
     }
     all.extend(reads);
+    // Edits beside an empty document, an agent's clients, readers that never read.
+    let capacity = bench(
+        server.addr,
+        "capacity --doc-mb 0.3 --edits 5 --agent-edits 20 --stuck 0,2 --probes 2 \
+         --prefix capacity",
+    )
+    .await;
+    let part = |p: &'static str| capacity.iter().filter(move |l| l["part"] == p);
+    assert_eq!(part("edit").count(), 4, "{capacity:?}");
+    assert_eq!(part("yrs-alone").count(), 3, "{capacity:?}");
+    let clients = part("clients").next().expect("the clients line");
+    assert_eq!(
+        clients["clients_after"].as_u64(),
+        clients["clients_before"].as_u64().map(|n| n + 1),
+        "one client for the caller's edits: {clients}"
+    );
+    for stuck in part("stuck") {
+        assert_eq!(stuck["refused"], 0, "{stuck}");
+    }
+    all.extend(capacity);
 
     // Typing into a seeded document: every send is delivered (the seeded document's client
     // ids are apart from the typing clients').
