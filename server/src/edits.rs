@@ -22,12 +22,11 @@ use std::collections::HashMap;
 use base64::Engine;
 use serde::Serialize;
 use serde_json::Value;
-use yrs::types::text::YChange;
 use yrs::updates::decoder::Decode;
 use yrs::updates::encoder::Encode;
 use yrs::{
-    Any, ArrayRef, ClientID, Doc, MapRef, OffsetKind, Options, Out, ReadTxn, StateVector, Text,
-    TextRef, Transact, TransactionMut, Update, XmlFragment, XmlFragmentRef, XmlOut, XmlTextRef,
+    Any, ArrayRef, ClientID, Doc, MapRef, OffsetKind, Options, ReadTxn, StateVector, TextRef,
+    Transact, TransactionMut, Update, XmlFragment, XmlFragmentRef, XmlOut, XmlTextRef,
 };
 
 use crate::history::RootKind;
@@ -301,12 +300,19 @@ pub fn apply_to<R>(
         }
     }
     let existing = existing_kinds(doc);
-    let roots = typed_roots(doc, edits, &existing)?;
+    let kinds = used_kinds(edits, &existing)?;
     let mut work = work;
     check_conditions(doc, &edits.if_contains, &existing, &mut work)?;
-
+    // Checked on the roots the document has, a root it has not yet reads as empty: a refused
+    // edit makes no root (a root, once made, stays for as long as the document is loaded).
+    let held = typed(doc, &kinds, |name| existing.contains_key(name));
+    let planned = {
+        let txn = doc.transact();
+        plan::plan(&txn, &held, edits, work)
+    };
+    let (steps, mut changes, _) = planned?;
+    let roots = typed(doc, &kinds, |_| true);
     let mut txn = doc.transact_mut();
-    let (steps, mut changes, _) = plan::plan(&txn, &roots, edits, work)?;
     let own = txn.set_local_client(ClientID::new(client));
     plan::perform(&mut txn, &roots, edits, steps, &mut changes);
     txn.set_local_client(own);
@@ -356,13 +362,12 @@ impl Op {
     }
 }
 
-/// Each root the operations name, typed as they use it; 400 for an operation that uses a
-/// root as another kind than the document holds, or than an earlier operation used it as.
-fn typed_roots(
-    doc: &Doc,
+/// The kind each root the operations name is used as; 400 for an operation that uses a root
+/// as another kind than the document holds, or than an earlier operation used it as.
+fn used_kinds(
     edits: &Edits,
     existing: &HashMap<String, Option<RootKind>>,
-) -> Result<HashMap<String, Root>, EditError> {
+) -> Result<HashMap<String, RootKind>, EditError> {
     let mut used: HashMap<&str, (RootKind, usize)> = HashMap::new();
     for (i, op) in edits.ops.iter().enumerate() {
         let (name, kind) = op.root();
@@ -410,19 +415,32 @@ fn typed_roots(
             }
         }
     }
-    // Typed outside any transaction (yrs takes the document's store to do it).
     Ok(used
         .into_iter()
-        .map(|(name, (kind, _))| {
-            let root = match kind {
-                RootKind::Text => Root::Text(doc.get_or_insert_text(name)),
-                RootKind::Map => Root::Map(doc.get_or_insert_map(name)),
-                RootKind::Array => Root::Array(doc.get_or_insert_array(name)),
-                RootKind::Xml => Root::Xml(doc.get_or_insert_xml_fragment(name)),
-            };
-            (name.to_owned(), root)
-        })
+        .map(|(name, (kind, _))| (name.to_owned(), kind))
         .collect())
+}
+
+/// The roots of `kinds` that `which` names, typed as they are used. Outside any transaction
+/// (yrs takes the document's store to type a root); a root the document does not have is made.
+fn typed(
+    doc: &Doc,
+    kinds: &HashMap<String, RootKind>,
+    which: impl Fn(&str) -> bool,
+) -> HashMap<String, Root> {
+    kinds
+        .iter()
+        .filter(|(name, _)| which(name))
+        .map(|(name, kind)| {
+            let root = match kind {
+                RootKind::Text => Root::Text(doc.get_or_insert_text(name.as_str())),
+                RootKind::Map => Root::Map(doc.get_or_insert_map(name.as_str())),
+                RootKind::Array => Root::Array(doc.get_or_insert_array(name.as_str())),
+                RootKind::Xml => Root::Xml(doc.get_or_insert_xml_fragment(name.as_str())),
+            };
+            (name.clone(), root)
+        })
+        .collect()
 }
 
 /// 409 for the first condition that does not hold: its root is missing or does not contain
@@ -446,7 +464,7 @@ fn check_conditions(
             Some(Some(RootKind::Text)) => {
                 let text = doc.get_or_insert_text(c.root.as_str());
                 let txn = doc.transact();
-                read(visible(&text, &txn))?
+                read(visible(&text, &txn).text)?
             }
             Some(Some(RootKind::Map | RootKind::Array)) => false,
             Some(Some(RootKind::Xml)) => {
@@ -454,7 +472,7 @@ fn check_conditions(
                 let txn = doc.transact();
                 let mut found = false;
                 for node in text_nodes(&xml, &txn, None).unwrap_or_default() {
-                    if read(visible(&node, &txn))? {
+                    if read(visible(&node, &txn).text)? {
                         found = true;
                         break;
                     }
@@ -494,7 +512,14 @@ fn text_nodes<R: ReadTxn>(
         .collect()
     };
     match element {
-        None => Ok(texts(&mut fragment.successors(txn))),
+        // Node by node (as a copy of the fragment is made): the same order whoever asks.
+        None => {
+            let mut all = Vec::new();
+            for i in 0..fragment.len(txn) {
+                all.extend(text_nodes(fragment, txn, Some(i))?);
+            }
+            Ok(all)
+        }
         Some(i) => match fragment.get(txn, i) {
             Some(XmlOut::Text(t)) => Ok(vec![t]),
             Some(XmlOut::Element(e)) => Ok(texts(&mut e.successors(txn))),
@@ -507,18 +532,36 @@ fn text_nodes<R: ReadTxn>(
     }
 }
 
-/// A text's content as a string an index counts into: its text, each embed as U+FFFC (one
-/// unit, as Yjs counts it), formatting left out. (An embed that is a bare string reads as
-/// text here: Quill's and y-prosemirror's embeds are objects.)
-fn visible<T: Text, R: ReadTxn>(text: &T, txn: &R) -> String {
-    let mut out = String::new();
-    for chunk in text.diff(txn, YChange::identity) {
-        match chunk.insert {
-            Out::Any(Any::String(s)) => out.push_str(&s),
-            _ => out.push('\u{FFFC}'),
+/// A text's content as a string an index counts into, as yrs counts it: its strings, every
+/// embed and embedded type as U+FFFC (one unit, as Yjs counts it), formatting left out; and
+/// whether it holds values that are not text (an array's values written into it), which
+/// become U+FFFC too, one per value. Walks the items without a diff.
+fn visible<T: AsRef<yrs::branch::Branch>, R: ReadTxn>(text: &T, _txn: &R) -> Visible {
+    let mut out = Visible::default();
+    text.as_ref().visit_visible(|content, len| {
+        match content {
+            yrs::block::ItemContent::String(s) => out.text.push_str(s.as_str()),
+            yrs::block::ItemContent::Embed(_) | yrs::block::ItemContent::Type(_) => {
+                out.text.push('\u{FFFC}')
+            }
+            _ => {
+                out.mixed = true;
+                for _ in 0..len {
+                    out.text.push('\u{FFFC}');
+                }
+            }
         }
-    }
+        true
+    });
     out
+}
+
+/// What [`visible`] reads.
+#[derive(Default)]
+struct Visible {
+    text: String,
+    /// The text holds values that are not text: an edit cannot remove across them safely.
+    mixed: bool,
 }
 
 fn utf16_len(s: &str) -> u32 {

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 use yrs::updates::decoder::Decode;
-use yrs::{Doc, GetString, StateVector, Transact, Update};
+use yrs::{Array, Doc, GetString, StateVector, Text, Transact, Update};
 
 use super::tests::{sample, state, EDITOR};
 use super::*;
@@ -219,4 +219,124 @@ fn a_request_of_many_operations_on_one_text_matches_a_string_model() {
             "seed {seed} round {round}: {body}"
         );
     }
+}
+
+fn roots_of(doc: &Doc) -> Vec<String> {
+    let txn = doc.transact();
+    let mut names: Vec<String> = txn.root_refs().map(|(n, _)| n.to_owned()).collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_refused_edit_makes_no_root() {
+    let doc = live(&sample());
+    let before = roots_of(&doc);
+    let body = json!({"ops": [
+        {"text": "ghost", "insert": "boo"},
+        {"map": "ghost-map", "set": "k", "value": 1},
+        {"text": "content", "delete": 1, "at": 999}
+    ]});
+    assert!(edit_live(&doc, body, usize::MAX).is_err());
+    assert_eq!(roots_of(&doc), before, "no root was made");
+}
+
+/// A writer types a root as text with edits, empties it, then pushes an array's values into
+/// it: the next text delete must be refused, not panic in yrs (which counts text around
+/// values by other counts than the text's length). Found in review.
+#[test]
+fn a_root_holding_an_arrays_values_is_not_edited_as_text() {
+    let doc = live(&[0, 0]);
+    let steps = [
+        json!({"ops": [{"text": "r", "insert": "a"}, {"text": "r", "delete": 1, "at": 0}]}),
+        json!({"ops": [{"array": "r", "push": [1]}]}),
+    ];
+    for body in steps {
+        edit_live(&doc, body.clone(), usize::MAX).unwrap_or_else(|e| panic!("{body}: {e}"));
+    }
+    for body in [
+        json!({"ops": [{"text": "r", "delete": 1, "at": 0}]}),
+        json!({"ops": [{"text": "r", "replace": "a", "with": "b"}]}),
+        json!({"ops": [{"text": "r", "insert": "x"}, {"text": "r", "delete": 1, "at": 0}]}),
+    ] {
+        assert!(edit_live(&doc, body.clone(), usize::MAX).is_err(), "{body}");
+    }
+    // A text a client wrote an array's value into (the same root used as both): an insert
+    // or a delete clear of the value is made; one across it, or a replace, is refused.
+    let mixed = {
+        let values = Doc::with_client_id(1);
+        let r = values.get_or_insert_array("r");
+        r.insert_range(&mut values.transact_mut(), 0, [yrs::Any::from(7)]);
+        let state = values
+            .transact()
+            .encode_state_as_update_v1(&StateVector::default());
+        let doc = live(&state);
+        let t = doc.get_or_insert_text("r");
+        t.insert(&mut doc.transact_mut(), 0, "hello");
+        doc
+    };
+    for body in [
+        json!({"ops": [{"text": "r", "delete": 6, "at": 0}]}),
+        json!({"ops": [{"text": "r", "delete": 2, "at": 4}]}),
+        json!({"ops": [{"text": "r", "replace": "l", "with": "L"}]}),
+    ] {
+        let e = edit_live(&mixed, body.clone(), usize::MAX);
+        assert!(matches!(e, Err(EditError::Invalid { .. })), "{body}: {e:?}");
+    }
+    edit_live(
+        &mixed,
+        json!({"ops": [{"text": "r", "delete": 2, "at": 1}, {"text": "r", "insert": "!", "at": 0}]}),
+        usize::MAX,
+    )
+    .ok();
+    edit_live(
+        &mixed,
+        json!({"ops": [{"text": "r", "delete": 2, "at": 1}]}),
+        usize::MAX,
+    )
+    .expect("a delete clear of the value");
+}
+
+/// An embed whose value is a plain string counts as one unit, as yrs counts it: a replace
+/// after it removes what it found.
+#[test]
+fn an_embed_counts_as_one_unit_whatever_its_value() {
+    let doc = live(&state(|doc| {
+        let t = doc.get_or_insert_text("t");
+        let mut txn = doc.transact_mut();
+        t.insert(&mut txn, 0, "ab");
+        t.insert_embed(&mut txn, 1, yrs::Any::from("a long embedded string"));
+    }));
+    edit_live(
+        &doc,
+        json!({"ops": [{"text": "t", "replace": "b", "with": "c"}]}),
+        usize::MAX,
+    )
+    .expect("replaces");
+    let t = doc.get_or_insert_text("t");
+    let txn = doc.transact();
+    let rendered: Vec<String> = t
+        .diff(&txn, yrs::types::text::YChange::identity)
+        .into_iter()
+        .map(|d| d.insert.to_string(&txn))
+        .collect();
+    assert_eq!(rendered.first().map(String::as_str), Some("a"));
+    assert_eq!(rendered.last().map(String::as_str), Some("c"));
+}
+
+/// Replacing every occurrence with a large string is refused by the insert budget before any
+/// replacement is made (or allocated).
+#[test]
+fn a_replace_past_the_insert_budget_is_refused_before_it_is_built() {
+    let doc = live(&state(|doc| {
+        let t = doc.get_or_insert_text("t");
+        t.insert(&mut doc.transact_mut(), 0, &"a".repeat(10_000));
+    }));
+    let big = "b".repeat(1 << 20);
+    let body = json!({"ops": [{"text": "t", "replace": "a", "with": big, "all": true}]});
+    let e = edit_live(&doc, body, usize::MAX);
+    assert!(
+        matches!(&e, Err(EditError::Invalid { reason, .. }) if reason.contains("MAX_EDIT_INSERT_BYTES")),
+        "{e:?}"
+    );
 }

@@ -55,6 +55,7 @@ enum Sim {
 /// The checking of one request.
 struct Planner<'a, T: ReadTxn> {
     txn: &'a T,
+    /// The roots the document has (a root it has not is empty).
     roots: &'a HashMap<String, Root>,
     /// Bytes of content the request may still read.
     work: usize,
@@ -145,40 +146,32 @@ impl<T: ReadTxn> Planner<'_, T> {
 
     fn op(&mut self, op: &Op) -> Result<(Step, Change), Refused> {
         let (name, _) = op.root();
-        let root = self
-            .roots
-            .get(name)
-            .ok_or_else(|| Refusal::Invalid(format!("root \"{name}\" was not typed")))?;
+        let root = self.roots.get(name);
         let later = {
             let n = self.left.entry(name.to_owned()).or_default();
             *n = n.saturating_sub(1);
             *n > 0
         };
         let mut change = Change::default();
-        let step = match (op, root) {
-            (
-                Op::TextInsert { .. } | Op::TextDelete { .. } | Op::TextReplace { .. },
-                Root::Text(t),
-            ) => {
-                let edits = self.text_op(name, t, op, later, &mut change)?;
-                Step::Text(edits)
+        let step = match op {
+            Op::TextInsert { .. } | Op::TextDelete { .. } | Op::TextReplace { .. } => {
+                let t = match root {
+                    Some(Root::Text(t)) => Some(t),
+                    None => None,
+                    Some(_) => return Err(kind_changed()),
+                };
+                Step::Text(self.text_op(name, t, op, later, &mut change)?)
             }
-            (Op::MapSet { size, .. }, Root::Map(_)) => {
+            Op::MapSet { size, .. } => {
                 self.spend(*size)?;
                 Step::Plain
             }
-            (Op::MapDelete { .. }, Root::Map(_)) => Step::Plain,
-            (
-                Op::ArrayInsert {
-                    values, at, size, ..
-                },
-                Root::Array(a),
-            ) => {
+            Op::MapDelete { .. } => Step::Plain,
+            Op::ArrayInsert {
+                values, at, size, ..
+            } => {
                 self.spend(*size)?;
-                let len = *self
-                    .lens
-                    .entry(name.to_owned())
-                    .or_insert_with(|| a.len(self.txn));
+                let len = self.seq_len(name, root)?;
                 let at = at.unwrap_or(len);
                 if at > len {
                     return Err(Refusal::Invalid(format!(
@@ -190,11 +183,8 @@ impl<T: ReadTxn> Planner<'_, T> {
                 change.inserted = values.len() as u64;
                 Step::At(at)
             }
-            (Op::ArrayDelete { len, at, .. }, Root::Array(a)) => {
-                let size = *self
-                    .lens
-                    .entry(name.to_owned())
-                    .or_insert_with(|| a.len(self.txn));
+            Op::ArrayDelete { len, at, .. } => {
+                let size = self.seq_len(name, root)?;
                 if u64::from(*at) + u64::from(*len) > u64::from(size) {
                     return Err(Refusal::Invalid(format!(
                         "deleting {len} elements at {at} goes past the array's end ({size} elements)"
@@ -205,12 +195,9 @@ impl<T: ReadTxn> Planner<'_, T> {
                 change.deleted = u64::from(*len);
                 Step::Plain
             }
-            (Op::XmlInsert { node, at, .. }, Root::Xml(x)) => {
+            Op::XmlInsert { node, at, .. } => {
                 self.spend(node.size)?;
-                let len = *self
-                    .lens
-                    .entry(name.to_owned())
-                    .or_insert_with(|| x.len(self.txn));
+                let len = self.seq_len(name, root)?;
                 let at = at.unwrap_or(len);
                 if at > len {
                     return Err(Refusal::Invalid(format!(
@@ -220,7 +207,7 @@ impl<T: ReadTxn> Planner<'_, T> {
                 }
                 self.lens.insert(name.to_owned(), len + 1);
                 if later {
-                    self.copy_xml(name, x)?;
+                    self.copy_xml(name, xml_of(root)?)?;
                 }
                 if let Some(Sim::Xml(nodes)) = self.sims.get_mut(name) {
                     let text = node.text.clone().filter(|t| !t.is_empty());
@@ -230,12 +217,10 @@ impl<T: ReadTxn> Planner<'_, T> {
                 change.inserted = 1;
                 Step::At(at)
             }
-            (
-                Op::XmlReplace {
-                    replace, element, ..
-                },
-                Root::Xml(x),
-            ) => {
+            Op::XmlReplace {
+                replace, element, ..
+            } => {
+                let x = xml_of(root)?;
                 let nodes = self.xml_texts(name, x, *element)?;
                 let mut per_node = Vec::new();
                 for (i, content) in nodes.iter().enumerate() {
@@ -243,10 +228,7 @@ impl<T: ReadTxn> Planner<'_, T> {
                         break;
                     }
                     charge(&mut self.work, content.len())?;
-                    let (edits, found) = replace_edits(content, replace);
-                    for _ in 0..found.replaced {
-                        self.spend(replace.new.len().max(1))?;
-                    }
+                    let (edits, found) = self.replace_in(content, replace)?;
                     change.inserted += found.inserted;
                     change.deleted += found.deleted;
                     change.replaced += found.replaced;
@@ -266,27 +248,59 @@ impl<T: ReadTxn> Planner<'_, T> {
                     self.copy_xml(name, x)?;
                 }
                 if let Some(Sim::Xml(tops)) = self.sims.get_mut(name) {
-                    apply_xml_edits(tops, *element, &per_node);
+                    apply_xml_edits(tops, *element, &per_node, &mut self.work)?;
                 }
                 Step::XmlText(per_node)
             }
-            _ => return Err(Refusal::Invalid("the root's kind changed".into()).into()),
         };
         Ok((step, change))
     }
 
+    /// The length of an array or a fragment as the operations so far leave it (0 for a root
+    /// the document does not have).
+    fn seq_len(&mut self, name: &str, root: Option<&Root>) -> Result<u32, Refused> {
+        if let Some(len) = self.lens.get(name) {
+            return Ok(*len);
+        }
+        let len = match root {
+            None => 0,
+            Some(Root::Array(a)) => a.len(self.txn),
+            Some(Root::Xml(x)) => x.len(self.txn),
+            Some(_) => return Err(kind_changed()),
+        };
+        self.lens.insert(name.to_owned(), len);
+        Ok(len)
+    }
+
+    /// The edits replacing `replace.old` in `content` (its first occurrence or every one),
+    /// the insert budget spent and each occurrence's walk to its index charged before any
+    /// replacement is made.
+    fn replace_in(
+        &mut self,
+        content: &str,
+        replace: &Replace,
+    ) -> Result<(Vec<TextEdit>, Change), Refused> {
+        let found = matches(content, replace);
+        for &at in &found {
+            self.spend(replace.new.len().max(1))?;
+            charge(&mut self.work, walk_cost(at) * 2)?;
+        }
+        Ok(replace_edits(&found, replace))
+    }
+
     /// A text operation checked and resolved: against the document for a root no earlier
-    /// operation changed, else against the copy; the copy is made (or kept up) when a later
-    /// operation touches the root.
+    /// operation changed (`t`: `None` for a root the document does not have), else against
+    /// the copy; the copy is made (or kept up) when a later operation touches the root.
     fn text_op(
         &mut self,
         name: &str,
-        t: &yrs::TextRef,
+        t: Option<&yrs::TextRef>,
         op: &Op,
         later: bool,
         change: &mut Change,
     ) -> Result<Vec<TextEdit>, Refused> {
         let copied = matches!(self.sims.get(name), Some(Sim::Text(_)));
+        let branch: Option<&yrs::branch::Branch> = t.map(|t| t.as_ref());
         let edits = match op {
             Op::TextInsert { text, at, .. } => {
                 self.spend(text.len())?;
@@ -296,10 +310,10 @@ impl<T: ReadTxn> Planner<'_, T> {
                     check_at(content, at, "at")?;
                     at
                 } else {
-                    let branch: &yrs::branch::Branch = t.as_ref();
-                    let len = branch.content_len;
+                    let len = branch.map_or(0, |b| b.content_len);
                     let at = at.unwrap_or(len);
-                    live_boundary(branch, at, "at")?;
+                    live_range(branch, at, 0)?;
+                    charge(&mut self.work, walk_cost(at))?;
                     at
                 };
                 change.inserted = u64::from(utf16_len(text));
@@ -312,31 +326,21 @@ impl<T: ReadTxn> Planner<'_, T> {
                 if copied {
                     check_range(self.copy_of(name), *at, *len)?;
                 } else {
-                    let branch: &yrs::branch::Branch = t.as_ref();
-                    let size = branch.content_len;
-                    if u64::from(*at) + u64::from(*len) > u64::from(size) {
-                        return Err(Refusal::Invalid(format!(
-                            "deleting {len} code units at {at} goes past the text's end ({size} UTF-16 code units)"
-                        ))
-                        .into());
-                    }
-                    live_boundary(branch, *at, "at")?;
-                    live_boundary(branch, at + len, "at + delete")?;
+                    live_range(branch, *at, *len)?;
+                    charge(&mut self.work, walk_cost(at + len))?;
                 }
                 change.deleted = u64::from(*len);
                 vec![TextEdit::Remove { at: *at, len: *len }]
             }
             Op::TextReplace { replace, .. } => {
-                let live;
                 let content = if copied {
-                    self.copy_of(name)
+                    let copy = self.copy_of(name).to_owned();
+                    charge(&mut self.work, copy.len())?;
+                    copy
                 } else {
-                    live = visible(t, self.txn);
-                    &live
+                    self.read_text(name, t)?
                 };
-                let scanned = content.len();
-                let (edits, found) = replace_edits(content, replace);
-                charge(&mut self.work, scanned)?;
+                let (edits, found) = self.replace_in(&content, replace)?;
                 if found.replaced == 0 {
                     return Err(Refusal::Failed(format!(
                         "root \"{name}\" does not contain {:?}",
@@ -344,24 +348,34 @@ impl<T: ReadTxn> Planner<'_, T> {
                     ))
                     .into());
                 }
-                for _ in 0..found.replaced {
-                    self.spend(replace.new.len().max(1))?;
-                }
                 *change = found;
                 edits
             }
-            _ => return Err(Refusal::Invalid("the root's kind changed".into()).into()),
+            _ => return Err(kind_changed()),
         };
         if !copied && later {
-            let content = visible(t, self.txn);
-            charge(&mut self.work, content.len())?;
+            let content = self.read_text(name, t)?;
             self.sims.insert(name.to_owned(), Sim::Text(content));
         }
         if let Some(Sim::Text(content)) = self.sims.get_mut(name) {
-            charge(&mut self.work, content.len())?;
-            apply_text_edits(content, &edits);
+            apply_text_edits(content, &edits, &mut self.work)?;
         }
         Ok(edits)
+    }
+
+    /// A live text's content (charged), refused if it holds values that are not text: yrs
+    /// removes text across them by other counts than it inserts, so only an insert or a
+    /// delete clear of them is made on such a root.
+    fn read_text(&mut self, name: &str, t: Option<&yrs::TextRef>) -> Result<String, Refused> {
+        let Some(t) = t else {
+            return Ok(String::new());
+        };
+        let read = visible(t, self.txn);
+        charge(&mut self.work, read.text.len())?;
+        if read.mixed {
+            return Err(not_text(name));
+        }
+        Ok(read.text)
     }
 
     fn copy_of(&self, name: &str) -> &str {
@@ -372,14 +386,18 @@ impl<T: ReadTxn> Planner<'_, T> {
     }
 
     /// The visible content of the text nodes an XML replace names, from the copy or the
-    /// document (charged).
+    /// document (charged; a node holding values that are not text is refused).
     fn xml_texts(
         &mut self,
         name: &str,
-        x: &yrs::XmlFragmentRef,
+        x: Option<&yrs::XmlFragmentRef>,
         element: Option<u32>,
     ) -> Result<Vec<String>, Refused> {
-        if let Some(Sim::Xml(tops)) = self.sims.get(name) {
+        let tops = match (self.sims.get(name), x) {
+            (Some(Sim::Xml(tops)), _) => Some(tops),
+            _ => None,
+        };
+        if let Some(tops) = tops {
             return match element {
                 None => Ok(tops.iter().flatten().cloned().collect()),
                 Some(e) => tops.get(e as usize).cloned().ok_or_else(|| {
@@ -390,51 +408,140 @@ impl<T: ReadTxn> Planner<'_, T> {
                 }),
             };
         }
+        let Some(x) = x else {
+            return match element {
+                None => Ok(Vec::new()),
+                Some(e) => Err(Refusal::Invalid(format!(
+                    "\"element\" {e} is past the fragment's end (0 nodes)"
+                ))
+                .into()),
+            };
+        };
         let nodes = text_nodes(x, self.txn, element).map_err(Refusal::Invalid)?;
-        Ok(nodes.iter().map(|n| visible(n, self.txn)).collect())
+        let mut texts = Vec::with_capacity(nodes.len());
+        for node in &nodes {
+            let read = visible(node, self.txn);
+            charge(&mut self.work, read.text.len())?;
+            if read.mixed {
+                return Err(not_text(name));
+            }
+            texts.push(read.text);
+        }
+        Ok(texts)
     }
 
     /// Copies a fragment's text nodes, per top-level node, if not copied yet (charged).
-    fn copy_xml(&mut self, name: &str, x: &yrs::XmlFragmentRef) -> Result<(), Refused> {
+    fn copy_xml(&mut self, name: &str, x: Option<&yrs::XmlFragmentRef>) -> Result<(), Refused> {
         if self.sims.contains_key(name) {
             return Ok(());
         }
         let mut tops = Vec::new();
-        for i in 0..x.len(self.txn) {
-            let nodes = text_nodes(x, self.txn, Some(i)).map_err(Refusal::Invalid)?;
-            let texts: Vec<String> = nodes.iter().map(|n| visible(n, self.txn)).collect();
-            charge(&mut self.work, texts.iter().map(String::len).sum())?;
-            tops.push(texts);
+        if let Some(x) = x {
+            for i in 0..x.len(self.txn) {
+                let texts = self.xml_texts(name, Some(x), Some(i))?;
+                tops.push(texts);
+            }
         }
         self.sims.insert(name.to_owned(), Sim::Xml(tops));
         Ok(())
     }
 }
 
-/// Refuses `at` past the end of the live text, or between the halves of a surrogate pair (a
-/// low surrogate at `at`), without rendering the text.
-fn live_boundary(branch: &yrs::branch::Branch, at: u32, what: &str) -> Result<(), Refusal> {
-    let len = branch.content_len;
-    if at > len {
-        return Err(Refusal::Invalid(format!(
-            "\"{what}\" {at} is past the text's end ({len} UTF-16 code units)"
-        )));
+/// The fragment an XML operation names (`None`: the document does not have it).
+fn xml_of(root: Option<&Root>) -> Result<Option<&yrs::XmlFragmentRef>, Refused> {
+    match root {
+        None => Ok(None),
+        Some(Root::Xml(x)) => Ok(Some(x)),
+        Some(_) => Err(kind_changed()),
     }
-    if at > 0 && at < len {
-        if let Some(unit) = branch.utf16_unit_at(at) {
-            if (0xDC00..=0xDFFF).contains(&unit) {
-                return Err(Refusal::Invalid(format!(
-                    "\"{what}\" {at} falls inside a character (between the halves of a UTF-16 surrogate pair)"
-                )));
-            }
-        }
-    }
-    Ok(())
 }
 
-/// The edits replacing the first occurrence of `replace.old` in `content` (or every one), the
-/// last first so the earlier offsets stay right; and what they change.
-fn replace_edits(content: &str, replace: &Replace) -> (Vec<TextEdit>, Change) {
+fn kind_changed() -> Refused {
+    Refused::Op(Refusal::Invalid("the root's kind changed".into()))
+}
+
+fn not_text(name: &str) -> Refused {
+    Refused::Op(Refusal::Invalid(format!(
+        "root \"{name}\" holds values that are not text (an array's, written into it); only \
+         an insert or a delete clear of them can be made on it"
+    )))
+}
+
+/// What walking a text's items to `at` is charged: a thirty-second of the units before it
+/// (yrs walks the items there; an item holds many units).
+fn walk_cost(at: u32) -> usize {
+    at as usize / 32
+}
+
+/// Refuses, on the live text (`None`: empty), a range `at..at + len` past its end, with an end
+/// between the halves of a surrogate pair, or (for a removal) over values that are not text:
+/// yrs would remove by another count than it checked. Walks the items up to the range's end,
+/// as the edit itself will, and copies nothing.
+fn live_range(branch: Option<&yrs::branch::Branch>, at: u32, len: u32) -> Result<(), Refusal> {
+    let size = branch.map_or(0, |b| b.content_len);
+    let end = u64::from(at) + u64::from(len);
+    if end > u64::from(size) {
+        return Err(Refusal::Invalid(if len == 0 {
+            format!("\"at\" {at} is past the text's end ({size} UTF-16 code units)")
+        } else {
+            format!(
+                "deleting {len} code units at {at} goes past the text's end ({size} UTF-16 code units)"
+            )
+        }));
+    }
+    let Some(branch) = branch else {
+        return Ok(());
+    };
+    let end = at + len;
+    let mut problem = None;
+    let mut pos = 0u32;
+    branch.visit_visible(|content, item_len| {
+        let (start, stop) = (pos, pos + item_len);
+        pos = stop;
+        if stop <= at {
+            return true;
+        }
+        if start > end {
+            return false;
+        }
+        use yrs::block::ItemContent;
+        let text = matches!(
+            content,
+            ItemContent::String(_) | ItemContent::Embed(_) | ItemContent::Type(_)
+        );
+        if len > 0 && start < end && stop > at && !text {
+            problem = Some("goes over values that are not text (an array's, written into the text)".to_owned());
+            return false;
+        }
+        if let ItemContent::String(s) = content {
+            for (bound, what) in [(at, "at"), (end, "at + delete")] {
+                let inside = bound > start && bound < stop;
+                let low = inside
+                    && s.as_str()
+                        .encode_utf16()
+                        .nth((bound - start) as usize)
+                        .is_some_and(|u| (0xDC00..=0xDFFF).contains(&u));
+                if low && (what == "at" || len > 0) {
+                    problem = Some(format!(
+                        "\"{what}\" {bound} falls inside a character (between the halves of a UTF-16 surrogate pair)"
+                    ));
+                    return false;
+                }
+            }
+        }
+        stop <= end
+    });
+    match problem {
+        Some(reason) if reason.starts_with("goes over") => Err(Refusal::Invalid(format!(
+            "deleting {len} code units at {at} {reason}"
+        ))),
+        Some(reason) => Err(Refusal::Invalid(reason)),
+        None => Ok(()),
+    }
+}
+
+/// The UTF-16 offsets of the first occurrence of `replace.old` in `content`, or of every one.
+fn matches(content: &str, replace: &Replace) -> Vec<u32> {
     let mut at16 = Vec::new();
     let (mut bytes, mut units) = (0usize, 0u32);
     for (start, _) in content.match_indices(replace.old.as_str()) {
@@ -445,10 +552,16 @@ fn replace_edits(content: &str, replace: &Replace) -> (Vec<TextEdit>, Change) {
             break;
         }
     }
+    at16
+}
+
+/// The edits replacing the occurrences at `found`, the last first so the earlier offsets stay
+/// right; and what they change.
+fn replace_edits(found: &[u32], replace: &Replace) -> (Vec<TextEdit>, Change) {
     let old_len = utf16_len(&replace.old);
     let new_len = utf16_len(&replace.new);
     let mut edits = Vec::new();
-    for &at in at16.iter().rev() {
+    for &at in found.iter().rev() {
         edits.push(TextEdit::Remove { at, len: old_len });
         if !replace.new.is_empty() {
             edits.push(TextEdit::Insert {
@@ -457,7 +570,7 @@ fn replace_edits(content: &str, replace: &Replace) -> (Vec<TextEdit>, Change) {
             });
         }
     }
-    let n = at16.len() as u64;
+    let n = found.len() as u64;
     let change = Change {
         op: 0,
         inserted: n * u64::from(new_len),
@@ -479,8 +592,14 @@ fn byte_at(s: &str, at: u32) -> usize {
     s.len()
 }
 
-fn apply_text_edits(content: &mut String, edits: &[TextEdit]) {
+/// `edits` made on a copy, each charged the copy's length (it moves the string's tail).
+fn apply_text_edits(
+    content: &mut String,
+    edits: &[TextEdit],
+    work: &mut usize,
+) -> Result<(), Refused> {
     for edit in edits {
+        charge(work, content.len())?;
         match edit {
             TextEdit::Remove { at, len } => {
                 let start = byte_at(content, *at);
@@ -493,6 +612,7 @@ fn apply_text_edits(content: &mut String, edits: &[TextEdit]) {
             }
         }
     }
+    Ok(())
 }
 
 /// A replace's edits made to the copy of a fragment's text nodes.
@@ -500,7 +620,8 @@ fn apply_xml_edits(
     tops: &mut [Vec<String>],
     element: Option<u32>,
     per_node: &[(usize, Vec<TextEdit>)],
-) {
+    work: &mut usize,
+) -> Result<(), Refused> {
     let mut nodes: Vec<&mut String> = match element {
         None => tops.iter_mut().flatten().collect(),
         Some(e) => tops
@@ -510,9 +631,10 @@ fn apply_xml_edits(
     };
     for (i, edits) in per_node {
         if let Some(node) = nodes.get_mut(*i) {
-            apply_text_edits(node, edits);
+            apply_text_edits(node, edits, work)?;
         }
     }
+    Ok(())
 }
 
 /// Makes the planned steps in `txn`; map operations' changes are counted here.
@@ -578,8 +700,9 @@ fn text_edits<T: Text>(txn: &mut TransactionMut, text: &T, edits: Vec<TextEdit>)
 }
 
 /// The kind of a root as its content shows it, read from its first visible item and its map
-/// (no copy of it); `None` for a root holding nothing visible (however it is typed: a root an
-/// edit typed and then refused leaves no trace).
+/// (no copy of it), whatever type it was given (an edit types a root as it uses it; a writer
+/// may have put an array's values into a root typed as text): `None` for a root holding
+/// nothing visible.
 pub(super) fn live_kind(root: &Out, txn: &impl ReadTxn) -> Option<RootKind> {
     let branch: &yrs::branch::Branch = match root {
         Out::YText(r) => r.as_ref(),
@@ -592,21 +715,22 @@ pub(super) fn live_kind(root: &Out, txn: &impl ReadTxn) -> Option<RootKind> {
         _ => return None,
     };
     let map = yrs::MapRef::from(yrs::branch::BranchPtr::from(branch));
-    if branch.content_len == 0 && map.len(txn) == 0 {
-        return None;
+    if branch.content_len == 0 {
+        return (map.len(txn) > 0).then_some(RootKind::Map);
     }
-    Some(match root {
-        Out::YText(_) => RootKind::Text,
-        Out::YArray(_) => RootKind::Array,
-        Out::YMap(_) => RootKind::Map,
-        Out::UndefinedRef(_) if branch.content_len == 0 => RootKind::Map,
-        Out::UndefinedRef(_) => match branch.first_visible() {
-            Some(FirstVisible::Text) => RootKind::Text,
-            Some(FirstVisible::Branch(
-                TypeRef::XmlElement(_) | TypeRef::XmlText | TypeRef::XmlFragment,
-            )) => RootKind::Xml,
-            _ => RootKind::Array,
-        },
-        _ => RootKind::Xml,
+    let xml = |t: &TypeRef| {
+        matches!(
+            t,
+            TypeRef::XmlElement(_) | TypeRef::XmlText | TypeRef::XmlFragment
+        )
+    };
+    Some(match (root, branch.first_visible()) {
+        (_, Some(FirstVisible::Text)) => RootKind::Text,
+        // A text may begin with an embedded type; a fragment with its nodes.
+        (Out::YText(_) | Out::YXmlText(_), Some(FirstVisible::Branch(t))) if !xml(&t) => {
+            RootKind::Text
+        }
+        (_, Some(FirstVisible::Branch(t))) if xml(&t) => RootKind::Xml,
+        _ => RootKind::Array,
     })
 }

@@ -10,6 +10,8 @@ use yrs::{
 };
 
 use super::*;
+use yrs::types::text::YChange;
+use yrs::Out;
 
 /// The client id the edits are made as.
 pub(super) const EDITOR: u64 = 99;

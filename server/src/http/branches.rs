@@ -394,6 +394,9 @@ pub async fn reject_change(
     ApiPath((name, id)): ApiPath<(String, i64)>,
 ) -> ApiResult<Json<Change>> {
     let branch = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    // Refused at once when the gate has no room; the admission is given back at once, so
+    // nothing of the gate is held while the parent's lock is awaited.
+    drop(app.gate.admit(branch.id).await?);
     let row = branch_of(&app, &branch).await?;
     open(&row)?;
     // Who may decide is checked before the review is computed: a reader pays nothing.

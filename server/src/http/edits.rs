@@ -14,6 +14,8 @@ use axum::{Extension, Json};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use yrs::updates::decoder::Decode;
+use yrs::Update;
 
 use super::extract::{ApiJson, ApiPath};
 use super::reads::stored_invalid;
@@ -23,7 +25,10 @@ use crate::auth::{Permission, Principal};
 use crate::edits::{self, Change, EditError};
 use crate::problem::responses::*;
 use crate::problem::ApiError;
-use crate::room::{ApplyError, EditCmd, RoomCmd};
+use crate::room::{ApplyCmd, ApplyError, EditCmd, RoomCmd};
+
+/// Where the room says what an edit did.
+type Made = tokio::sync::oneshot::Receiver<Result<edits::Outcome, EditError>>;
 
 /// The request, as the OpenAPI document shows it (the handler reads it as JSON and
 /// `crate::edits::parse` checks it, naming the operation a problem is in).
@@ -90,8 +95,28 @@ pub(super) async fn post_edits(
         hold.reached.notify_one();
         let _ = tokio::time::timeout(Duration::from_secs(5), hold.resume.notified()).await;
     }
+    // Each try of `ask_room` goes to the document's room of the moment. Once an edit has been
+    // made, a try after that (the room went away before answering: its commit may or may not
+    // have happened) sends the edit's update instead, which a room that has it ignores: an
+    // edit is never made twice.
     let mut made = None;
+    let mut outcome: Option<Result<edits::Outcome, EditError>> = None;
     let committed = ask_room(&app, &doc.name, |committed| {
+        if outcome.is_none() {
+            outcome = made.take().and_then(|mut rx: Made| rx.try_recv().ok());
+        }
+        if let Some(Ok(done)) = &outcome {
+            let raw = bytes::Bytes::copy_from_slice(&done.update);
+            return RoomCmd::Apply(Box::new(ApplyCmd {
+                update: Update::decode_v1(&raw).unwrap_or_else(|_| Update::new()),
+                raw,
+                reply: committed,
+                author: Some(author.clone()),
+                budget: None,
+                expect_seq: None,
+                then: Vec::new(),
+            }));
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         made = Some(rx);
         RoomCmd::Edit(Box::new(EditCmd {
@@ -104,7 +129,9 @@ pub(super) async fn post_edits(
     })
     .await?;
     // (Sent when the edit was made, before its commit or refusal was answered.)
-    let outcome = made.and_then(|mut rx| rx.try_recv().ok());
+    if outcome.is_none() {
+        outcome = made.and_then(|mut rx| rx.try_recv().ok());
+    }
     if let (Err(ApplyError::EditRefused), Some(Err(refused))) = (&committed, &outcome) {
         return Err(edit_error(refused.clone()));
     }

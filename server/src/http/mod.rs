@@ -232,10 +232,15 @@ static PER_DOCUMENT: std::sync::LazyLock<std::collections::HashSet<&'static str>
 /// body has been sent or dropped (a client that does not read holds its own slots, and no
 /// one else's, until `write_timeout` closes its connection). 429 beyond.
 pub(super) async fn per_caller(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    // (A HEAD request is its GET's: computed alike, only not sent.)
+    let method = match req.method() {
+        &axum::http::Method::HEAD => &axum::http::Method::GET,
+        m => m,
+    };
     let route = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map(|p| format!("{} {}", req.method(), p.as_str()));
+        .map(|p| format!("{method} {}", p.as_str()));
     if !route.is_some_and(|r| PER_DOCUMENT.contains(r.as_str())) {
         return next.run(req).await;
     }

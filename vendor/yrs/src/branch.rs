@@ -249,6 +249,20 @@ impl Branch {
         None
     }
 
+    /// Calls `f` with the content and length of each item of this branch's visible sequence,
+    /// in order, until it returns false (a Quire addition, see vendor/README.md): a caller
+    /// reads a text as yrs counts it (strings in UTF-16 code units, every other countable item
+    /// by its length) without copying it, and sees what is not text in it.
+    pub fn visit_visible(&self, mut f: impl FnMut(&ItemContent, u32) -> bool) {
+        let mut next = self.start;
+        while let Some(item) = next {
+            if !item.is_deleted() && item.is_countable() && !f(&item.content, item.len) {
+                return;
+            }
+            next = item.right;
+        }
+    }
+
     /// The UTF-16 code unit at `index` of this branch's visible sequence (a Quire addition, see
     /// vendor/README.md): text counted in UTF-16 code units, every other countable item as
     /// one unit; `None` past the end or on an item that is not text. Walks the items before

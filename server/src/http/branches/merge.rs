@@ -158,6 +158,9 @@ pub async fn merge(
         ));
     }
     let branch = live(doc_for(&app, &principal, &name, Permission::Read).await?)?;
+    // Refused at once when the gate has no room; the admission is given back at once, so
+    // nothing of the gate is held while the parent's lock is awaited.
+    drop(app.gate.admit(branch.id).await?);
     // What the reviewer saw: every change named with its last position, or the listing's ETag.
     let if_match = headers
         .get(header::IF_MATCH)

@@ -94,12 +94,14 @@ impl Room {
             changed.then(|| Changes::of(txn))
         });
         match made {
-            Ok((mut outcome, changes)) => {
+            Ok((outcome, changes)) => {
                 if changes.is_some() {
                     // The Doc changed: answers encoded before are stale.
                     self.answers.invalidate();
                 }
-                let raw = Bytes::from(std::mem::take(&mut outcome.update));
+                // (The sender keeps the update too: should this room go before answering, it
+                // sends the update, not the edit, to the next one, which cannot make it twice.)
+                let raw = Bytes::copy_from_slice(&outcome.update);
                 let _ = work.made.send(Ok(outcome));
                 Some((raw, Ok(changes)))
             }
