@@ -299,19 +299,19 @@ pub fn apply_to<R>(
             ));
         }
     }
-    let existing = existing_kinds(doc);
+    let (existing, branches) = existing_kinds(doc, edits);
     let kinds = used_kinds(edits, &existing)?;
     let mut work = work;
-    check_conditions(doc, &edits.if_contains, &existing, &mut work)?;
-    // Checked on the roots the document has, a root it has not yet reads as empty: a refused
-    // edit makes no root (a root, once made, stays for as long as the document is loaded).
-    let held = typed(doc, &kinds, |name| existing.contains_key(name));
+    check_conditions(doc, &edits.if_contains, &existing, &branches, &mut work)?;
+    // Checked on the roots the document has, read as they are (neither made nor typed), a
+    // root it has not yet reading as empty: a refused edit leaves the document as it was.
+    let held = as_used(&kinds, &branches);
     let planned = {
         let txn = doc.transact();
         plan::plan(&txn, &held, edits, work)
     };
     let (steps, mut changes, _) = planned?;
-    let roots = typed(doc, &kinds, |_| true);
+    let roots = typed(doc, &kinds);
     let mut txn = doc.transact_mut();
     let own = txn.set_local_client(ClientID::new(client));
     plan::perform(&mut txn, &roots, edits, steps, &mut changes);
@@ -331,12 +331,53 @@ pub fn apply_to<R>(
     ))
 }
 
-/// The kind of each root the document holds, read from its content (`plan::live_kind`);
-/// `None` for one holding nothing visible.
-fn existing_kinds(doc: &Doc) -> HashMap<String, Option<RootKind>> {
+/// The kind of each root the edit names that the document holds, read from its content
+/// (`plan::live_kind`; `None` for one holding nothing visible), and the roots themselves.
+#[allow(clippy::type_complexity)]
+fn existing_kinds(
+    doc: &Doc,
+    edits: &Edits,
+) -> (
+    HashMap<String, Option<RootKind>>,
+    HashMap<String, yrs::branch::BranchPtr>,
+) {
+    let named: std::collections::HashSet<&str> = edits
+        .ops
+        .iter()
+        .map(|op| op.root().0)
+        .chain(edits.if_contains.iter().map(|c| c.root.as_str()))
+        .collect();
     let txn = doc.transact();
-    txn.root_refs()
-        .map(|(name, root)| (name.to_owned(), plan::live_kind(&root, &txn)))
+    let (mut kinds, mut branches) = (HashMap::new(), HashMap::new());
+    for (name, root) in txn.root_refs() {
+        if !named.contains(name) {
+            continue;
+        }
+        kinds.insert(name.to_owned(), plan::live_kind(&root, &txn));
+        if let Some(branch) = plan::branch_of(&root) {
+            branches.insert(name.to_owned(), yrs::branch::BranchPtr::from(branch));
+        }
+    }
+    (kinds, branches)
+}
+
+/// The roots the document holds, as the kinds the edit uses them as (not typed: a read).
+fn as_used(
+    kinds: &HashMap<String, RootKind>,
+    branches: &HashMap<String, yrs::branch::BranchPtr>,
+) -> HashMap<String, Root> {
+    kinds
+        .iter()
+        .filter_map(|(name, kind)| {
+            let branch = *branches.get(name)?;
+            let root = match kind {
+                RootKind::Text => Root::Text(TextRef::from(branch)),
+                RootKind::Map => Root::Map(MapRef::from(branch)),
+                RootKind::Array => Root::Array(ArrayRef::from(branch)),
+                RootKind::Xml => Root::Xml(XmlFragmentRef::from(branch)),
+            };
+            Some((name.clone(), root))
+        })
         .collect()
 }
 
@@ -421,16 +462,12 @@ fn used_kinds(
         .collect())
 }
 
-/// The roots of `kinds` that `which` names, typed as they are used. Outside any transaction
-/// (yrs takes the document's store to type a root); a root the document does not have is made.
-fn typed(
-    doc: &Doc,
-    kinds: &HashMap<String, RootKind>,
-    which: impl Fn(&str) -> bool,
-) -> HashMap<String, Root> {
+/// The roots of `kinds`, typed as they are used, once the edit is checked. Outside any
+/// transaction (yrs takes the document's store to type a root); a root the document does not
+/// have is made.
+fn typed(doc: &Doc, kinds: &HashMap<String, RootKind>) -> HashMap<String, Root> {
     kinds
         .iter()
-        .filter(|(name, _)| which(name))
         .map(|(name, kind)| {
             let root = match kind {
                 RootKind::Text => Root::Text(doc.get_or_insert_text(name.as_str())),
@@ -444,34 +481,44 @@ fn typed(
 }
 
 /// 409 for the first condition that does not hold: its root is missing or does not contain
-/// its value. (`typed_roots` has refused a condition on a root of another kind.) What each
-/// reads is charged to `work`.
+/// its value. (`used_kinds` has refused a condition on a root of another kind.) What each
+/// reads is charged to `work`; a value holding U+FFFC (what an embed reads as) is 400.
 fn check_conditions(
     doc: &Doc,
     conditions: &[Contains],
     existing: &HashMap<String, Option<RootKind>>,
+    branches: &HashMap<String, yrs::branch::BranchPtr>,
     work: &mut usize,
 ) -> Result<(), EditError> {
+    let txn = doc.transact();
     for (i, c) in conditions.iter().enumerate() {
+        if c.value.contains('\u{FFFC}') {
+            return Err(invalid(Part::IfContains(i), plan::OBJECT_REPLACEMENT));
+        }
         let mut read = |content: String| -> Result<bool, EditError> {
             plan::charge(work, content.len()).map_err(|e| e.at(Part::IfContains(i)))?;
             Ok(content.contains(&c.value))
         };
-        let holds = match existing.get(&c.root) {
-            None => false,
-            Some(_) if c.value.is_empty() => true,
-            Some(None) => false,
-            Some(Some(RootKind::Text)) => {
-                let text = doc.get_or_insert_text(c.root.as_str());
-                let txn = doc.transact();
-                read(visible(&text, &txn).text)?
+        let branch = branches.get(&c.root).copied();
+        let holds = match (existing.get(&c.root), branch) {
+            (None, _) | (_, None) => false,
+            (Some(_), _) if c.value.is_empty() => true,
+            (Some(None), _) => false,
+            (Some(Some(RootKind::Text)), Some(branch)) => {
+                read(visible(&TextRef::from(branch), &txn).text)?
             }
-            Some(Some(RootKind::Map | RootKind::Array)) => false,
-            Some(Some(RootKind::Xml)) => {
-                let xml = doc.get_or_insert_xml_fragment(c.root.as_str());
-                let txn = doc.transact();
+            (Some(Some(RootKind::Map | RootKind::Array)), _) => false,
+            (Some(Some(RootKind::Xml)), Some(branch)) => {
+                let nodes =
+                    text_nodes(&XmlFragmentRef::from(branch), &txn, None).unwrap_or_default();
+                plan::charge(work, nodes.len() * plan::NODE_COST)
+                    .map_err(|e| e.at(Part::IfContains(i)))?;
                 let mut found = false;
-                for node in text_nodes(&xml, &txn, None).unwrap_or_default() {
+                for node in nodes {
+                    let mut read = |content: String| -> Result<bool, EditError> {
+                        plan::charge(work, content.len()).map_err(|e| e.at(Part::IfContains(i)))?;
+                        Ok(content.contains(&c.value))
+                    };
                     if read(visible(&node, &txn).text)? {
                         found = true;
                         break;
@@ -497,13 +544,32 @@ enum Refusal {
     Failed(String),
 }
 
-/// The `XmlText` nodes of a fragment in document order: all of them, or those of its
-/// top-level node at `element` (an error if there is none).
+/// The `XmlText` nodes of a fragment in document order: all of them (one walk over its
+/// top-level nodes), or those of its top-level node at `element` (an error if there is none).
 fn text_nodes<R: ReadTxn>(
     fragment: &XmlFragmentRef,
     txn: &R,
     element: Option<u32>,
 ) -> Result<Vec<XmlTextRef>, String> {
+    match element {
+        None => Ok(fragment
+            .children(txn)
+            .flat_map(|node| texts_of(node, txn))
+            .collect()),
+        Some(i) => fragment
+            .get(txn, i)
+            .map(|node| texts_of(node, txn))
+            .ok_or_else(|| {
+                format!(
+                    "\"element\" {i} is past the fragment's end ({} nodes)",
+                    fragment.len(txn)
+                )
+            }),
+    }
+}
+
+/// The `XmlText` nodes of one node of a fragment, in document order.
+fn texts_of<R: ReadTxn>(node: XmlOut, txn: &R) -> Vec<XmlTextRef> {
     let texts = |walk: &mut dyn Iterator<Item = XmlOut>| -> Vec<XmlTextRef> {
         walk.filter_map(|node| match node {
             XmlOut::Text(t) => Some(t),
@@ -511,24 +577,10 @@ fn text_nodes<R: ReadTxn>(
         })
         .collect()
     };
-    match element {
-        // Node by node (as a copy of the fragment is made): the same order whoever asks.
-        None => {
-            let mut all = Vec::new();
-            for i in 0..fragment.len(txn) {
-                all.extend(text_nodes(fragment, txn, Some(i))?);
-            }
-            Ok(all)
-        }
-        Some(i) => match fragment.get(txn, i) {
-            Some(XmlOut::Text(t)) => Ok(vec![t]),
-            Some(XmlOut::Element(e)) => Ok(texts(&mut e.successors(txn))),
-            Some(XmlOut::Fragment(f)) => Ok(texts(&mut f.successors(txn))),
-            None => Err(format!(
-                "\"element\" {i} is past the fragment's end ({} nodes)",
-                fragment.len(txn)
-            )),
-        },
+    match node {
+        XmlOut::Text(t) => vec![t],
+        XmlOut::Element(e) => texts(&mut e.successors(txn)),
+        XmlOut::Fragment(f) => texts(&mut f.successors(txn)),
     }
 }
 
@@ -538,7 +590,7 @@ fn text_nodes<R: ReadTxn>(
 /// become U+FFFC too, one per value. Walks the items without a diff.
 fn visible<T: AsRef<yrs::branch::Branch>, R: ReadTxn>(text: &T, _txn: &R) -> Visible {
     let mut out = Visible::default();
-    text.as_ref().visit_visible(|content, len| {
+    out.steps = text.as_ref().visit_visible(|content, len| {
         match content {
             yrs::block::ItemContent::String(s) => out.text.push_str(s.as_str()),
             yrs::block::ItemContent::Embed(_) | yrs::block::ItemContent::Type(_) => {
@@ -562,6 +614,8 @@ struct Visible {
     text: String,
     /// The text holds values that are not text: an edit cannot remove across them safely.
     mixed: bool,
+    /// Items stepped over to read it (deleted ones included): an index-based edit's walk.
+    steps: u64,
 }
 
 fn utf16_len(s: &str) -> u32 {

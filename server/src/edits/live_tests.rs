@@ -94,17 +94,17 @@ fn a_live_text_is_checked_without_copying_it() {
         0,
     );
     assert!(matches!(e, Err(EditError::Invalid { .. })), "{e:?}");
-    // An insert and a delete read nothing: a budget of zero is enough.
+    // An insert and a delete read no text, only the walk to their index: a small budget.
     edit_live(
         &doc,
         json!({"ops": [{"text": "t", "insert": "x", "at": 3}]}),
-        0,
+        64,
     )
     .expect("insert");
     edit_live(
         &doc,
         json!({"ops": [{"text": "t", "delete": 2, "at": 1}]}),
-        0,
+        64,
     )
     .expect("delete");
     let t = doc.get_or_insert_text("t");
@@ -114,7 +114,7 @@ fn a_live_text_is_checked_without_copying_it() {
     let e = edit_live(&doc, body.clone(), 2);
     assert!(matches!(e, Err(EditError::TooCostly { .. })), "{e:?}");
     assert_eq!(t.get_string(&doc.transact()), "axb");
-    edit_live(&doc, body, 3).expect("within the budget");
+    edit_live(&doc, body, 1024).expect("within the budget");
     assert_eq!(t.get_string(&doc.transact()), "ayb");
 }
 
@@ -339,4 +339,37 @@ fn a_replace_past_the_insert_budget_is_refused_before_it_is_built() {
         matches!(&e, Err(EditError::Invalid { reason, .. }) if reason.contains("MAX_EDIT_INSERT_BYTES")),
         "{e:?}"
     );
+}
+
+/// Many conditions or replaces over a fragment of many paragraphs are charged each listing of
+/// its text nodes: past the budget the edit is refused, where it once walked the fragment
+/// quadratically for free. A search for U+FFFC (what an embed reads as) is refused.
+#[test]
+fn listing_a_fragments_text_nodes_is_charged_and_embeds_are_not_searched() {
+    let doc = live(&state(|doc| {
+        let xml = doc.get_or_insert_xml_fragment("default");
+        let mut txn = doc.transact_mut();
+        for i in 0..2_000 {
+            let p = xml.push_back(&mut txn, yrs::XmlElementPrelim::empty("paragraph"));
+            p.push_back(&mut txn, yrs::XmlTextPrelim::new(format!("x{i}")));
+        }
+    }));
+    let conditions: Vec<Value> = (0..1000)
+        .map(|_| json!({"xml": "default", "value": "x0"}))
+        .collect();
+    let body = json!({"ops": [{"xml": "default", "replace": "x1", "with": "y1"}],
+                      "if_contains": conditions});
+    let e = edit_live(&doc, body.clone(), 1 << 20);
+    assert!(matches!(e, Err(EditError::TooCostly { .. })), "{e:?}");
+    edit_live(&doc, body, usize::MAX).expect("within an unbounded budget");
+    for body in [
+        json!({"ops": [{"text": "t", "replace": "\u{FFFC}", "with": "x"}]}),
+        json!({"ops": [{"text": "t", "insert": "x"}], "if_contains": [{"text": "t", "value": "\u{FFFC}"}]}),
+    ] {
+        let e = edit_live(&doc, body.clone(), usize::MAX);
+        assert!(
+            matches!(&e, Err(EditError::Invalid { reason, .. }) if reason.contains("U+FFFC")),
+            "{body}: {e:?}"
+        );
+    }
 }

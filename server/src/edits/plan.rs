@@ -23,6 +23,15 @@ use super::{
 };
 use crate::history::RootKind;
 
+/// What stepping over one item of a sequence is charged (an index-based edit walks the items
+/// before its index, deleted ones included).
+const STEP_COST: usize = 4;
+/// What listing one XML text node is charged.
+pub(super) const NODE_COST: usize = 64;
+/// Why a search for U+FFFC is refused.
+pub(super) const OBJECT_REPLACEMENT: &str =
+    "U+FFFC stands for an embed in a text as it is read, and cannot be searched for";
+
 /// A change to one text at UTF-16 offsets.
 #[derive(Debug, Clone)]
 pub(super) enum TextEdit {
@@ -46,8 +55,9 @@ pub(super) enum Step {
 /// A copy of a root several operations of the request touch, as the operations so far leave
 /// it (a root without one is read where it lies in the document).
 enum Sim {
-    /// A text's visible content.
-    Text(String),
+    /// A text's visible content, and the items of the live text (each later operation on it
+    /// walks them once more in yrs).
+    Text(String, u64),
     /// An XML fragment's text nodes, per top-level node.
     Xml(Vec<Vec<String>>),
 }
@@ -180,6 +190,8 @@ impl<T: ReadTxn> Planner<'_, T> {
                     .into());
                 }
                 self.lens.insert(name.to_owned(), len + values.len() as u32);
+                // (yrs walks the items before the index.)
+                charge(&mut self.work, walk(u64::from(at)))?;
                 change.inserted = values.len() as u64;
                 Step::At(at)
             }
@@ -192,6 +204,7 @@ impl<T: ReadTxn> Planner<'_, T> {
                     .into());
                 }
                 self.lens.insert(name.to_owned(), size - len);
+                charge(&mut self.work, walk(u64::from(*at) + u64::from(*len)))?;
                 change.deleted = u64::from(*len);
                 Step::Plain
             }
@@ -206,6 +219,7 @@ impl<T: ReadTxn> Planner<'_, T> {
                     .into());
                 }
                 self.lens.insert(name.to_owned(), len + 1);
+                charge(&mut self.work, walk(u64::from(at)))?;
                 if later {
                     self.copy_xml(name, xml_of(root)?)?;
                 }
@@ -222,13 +236,15 @@ impl<T: ReadTxn> Planner<'_, T> {
             } => {
                 let x = xml_of(root)?;
                 let nodes = self.xml_texts(name, x, *element)?;
+                // The edit lists the nodes again in yrs.
+                charge(&mut self.work, nodes.len() * NODE_COST)?;
                 let mut per_node = Vec::new();
-                for (i, content) in nodes.iter().enumerate() {
+                for (i, (content, steps)) in nodes.iter().enumerate() {
                     if change.replaced > 0 && !replace.all {
                         break;
                     }
                     charge(&mut self.work, content.len())?;
-                    let (edits, found) = self.replace_in(content, replace)?;
+                    let (edits, found) = self.replace_in(content, replace, *steps)?;
                     change.inserted += found.inserted;
                     change.deleted += found.deleted;
                     change.replaced += found.replaced;
@@ -273,17 +289,21 @@ impl<T: ReadTxn> Planner<'_, T> {
     }
 
     /// The edits replacing `replace.old` in `content` (its first occurrence or every one),
-    /// the insert budget spent and each occurrence's walk to its index charged before any
-    /// replacement is made.
+    /// the insert budget spent and each occurrence's two walks (a removal and an insertion
+    /// over the text's `steps` items) charged before any replacement is made.
     fn replace_in(
         &mut self,
         content: &str,
         replace: &Replace,
+        steps: u64,
     ) -> Result<(Vec<TextEdit>, Change), Refused> {
+        if replace.old.contains('\u{FFFC}') {
+            return Err(Refusal::Invalid(OBJECT_REPLACEMENT.into()).into());
+        }
         let found = matches(content, replace);
-        for &at in &found {
+        for _ in &found {
             self.spend(replace.new.len().max(1))?;
-            charge(&mut self.work, walk_cost(at) * 2)?;
+            charge(&mut self.work, walk(steps) * 2)?;
         }
         Ok(replace_edits(&found, replace))
     }
@@ -299,12 +319,19 @@ impl<T: ReadTxn> Planner<'_, T> {
         later: bool,
         change: &mut Change,
     ) -> Result<Vec<TextEdit>, Refused> {
-        let copied = matches!(self.sims.get(name), Some(Sim::Text(_)));
+        let copied = match self.sims.get(name) {
+            Some(Sim::Text(_, steps)) => Some(*steps),
+            _ => None,
+        };
+        if let Some(steps) = copied {
+            // The edit walks the live text once more in yrs.
+            charge(&mut self.work, walk(steps))?;
+        }
         let branch: Option<&yrs::branch::Branch> = t.map(|t| t.as_ref());
         let edits = match op {
             Op::TextInsert { text, at, .. } => {
                 self.spend(text.len())?;
-                let at = if copied {
+                let at = if copied.is_some() {
                     let content = self.copy_of(name);
                     let at = at.unwrap_or_else(|| utf16_len(content));
                     check_at(content, at, "at")?;
@@ -312,8 +339,8 @@ impl<T: ReadTxn> Planner<'_, T> {
                 } else {
                     let len = branch.map_or(0, |b| b.content_len);
                     let at = at.unwrap_or(len);
-                    live_range(branch, at, 0)?;
-                    charge(&mut self.work, walk_cost(at))?;
+                    let steps = live_range(branch, at, 0)?;
+                    charge(&mut self.work, walk(steps))?;
                     at
                 };
                 change.inserted = u64::from(utf16_len(text));
@@ -323,24 +350,25 @@ impl<T: ReadTxn> Planner<'_, T> {
                 }]
             }
             Op::TextDelete { len, at, .. } => {
-                if copied {
+                if copied.is_some() {
                     check_range(self.copy_of(name), *at, *len)?;
                 } else {
-                    live_range(branch, *at, *len)?;
-                    charge(&mut self.work, walk_cost(at + len))?;
+                    let steps = live_range(branch, *at, *len)?;
+                    charge(&mut self.work, walk(steps))?;
                 }
                 change.deleted = u64::from(*len);
                 vec![TextEdit::Remove { at: *at, len: *len }]
             }
             Op::TextReplace { replace, .. } => {
-                let content = if copied {
-                    let copy = self.copy_of(name).to_owned();
-                    charge(&mut self.work, copy.len())?;
-                    copy
-                } else {
-                    self.read_text(name, t)?
+                let (content, steps) = match copied {
+                    Some(steps) => {
+                        let copy = self.copy_of(name).to_owned();
+                        charge(&mut self.work, copy.len())?;
+                        (copy, steps)
+                    }
+                    None => self.read_text(name, t)?,
                 };
-                let (edits, found) = self.replace_in(&content, replace)?;
+                let (edits, found) = self.replace_in(&content, replace, steps)?;
                 if found.replaced == 0 {
                     return Err(Refusal::Failed(format!(
                         "root \"{name}\" does not contain {:?}",
@@ -353,60 +381,70 @@ impl<T: ReadTxn> Planner<'_, T> {
             }
             _ => return Err(kind_changed()),
         };
-        if !copied && later {
-            let content = self.read_text(name, t)?;
-            self.sims.insert(name.to_owned(), Sim::Text(content));
+        if copied.is_none() && later {
+            let (content, steps) = self.read_text(name, t)?;
+            self.sims.insert(name.to_owned(), Sim::Text(content, steps));
         }
-        if let Some(Sim::Text(content)) = self.sims.get_mut(name) {
+        if let Some(Sim::Text(content, _)) = self.sims.get_mut(name) {
             apply_text_edits(content, &edits, &mut self.work)?;
         }
         Ok(edits)
     }
 
-    /// A live text's content (charged), refused if it holds values that are not text: yrs
-    /// removes text across them by other counts than it inserts, so only an insert or a
-    /// delete clear of them is made on such a root.
-    fn read_text(&mut self, name: &str, t: Option<&yrs::TextRef>) -> Result<String, Refused> {
+    /// A live text's content (charged) and its items, refused if it holds values that are
+    /// not text: yrs removes text across them by other counts than it inserts, so only an
+    /// insert or a delete clear of them is made on such a root.
+    fn read_text(
+        &mut self,
+        name: &str,
+        t: Option<&yrs::TextRef>,
+    ) -> Result<(String, u64), Refused> {
         let Some(t) = t else {
-            return Ok(String::new());
+            return Ok((String::new(), 0));
         };
         let read = visible(t, self.txn);
         charge(&mut self.work, read.text.len())?;
         if read.mixed {
             return Err(not_text(name));
         }
-        Ok(read.text)
+        Ok((read.text, read.steps))
     }
 
     fn copy_of(&self, name: &str) -> &str {
         match self.sims.get(name) {
-            Some(Sim::Text(content)) => content,
+            Some(Sim::Text(content, _)) => content,
             _ => "",
         }
     }
 
-    /// The visible content of the text nodes an XML replace names, from the copy or the
-    /// document (charged; a node holding values that are not text is refused).
+    /// The visible content of the text nodes an XML replace names, with each node's items,
+    /// from the copy or the document (charged; a node holding values that are not text is
+    /// refused).
     fn xml_texts(
         &mut self,
         name: &str,
         x: Option<&yrs::XmlFragmentRef>,
         element: Option<u32>,
-    ) -> Result<Vec<String>, Refused> {
-        let tops = match (self.sims.get(name), x) {
-            (Some(Sim::Xml(tops)), _) => Some(tops),
-            _ => None,
-        };
-        if let Some(tops) = tops {
-            return match element {
-                None => Ok(tops.iter().flatten().cloned().collect()),
+    ) -> Result<Vec<(String, u64)>, Refused> {
+        if let Some(Sim::Xml(tops)) = self.sims.get(name) {
+            // (A node's items are not kept with the copy: its length bounds them.)
+            let pick: Vec<String> = match element {
+                None => tops.iter().flatten().cloned().collect(),
                 Some(e) => tops.get(e as usize).cloned().ok_or_else(|| {
                     Refused::Op(Refusal::Invalid(format!(
                         "\"element\" {e} is past the fragment's end ({} nodes)",
                         tops.len()
                     )))
-                }),
+                })?,
             };
+            charge(&mut self.work, pick.iter().map(String::len).sum())?;
+            return Ok(pick
+                .into_iter()
+                .map(|t| {
+                    let steps = t.len() as u64 + 1;
+                    (t, steps)
+                })
+                .collect());
         }
         let Some(x) = x else {
             return match element {
@@ -418,6 +456,7 @@ impl<T: ReadTxn> Planner<'_, T> {
             };
         };
         let nodes = text_nodes(x, self.txn, element).map_err(Refusal::Invalid)?;
+        charge(&mut self.work, nodes.len() * NODE_COST)?;
         let mut texts = Vec::with_capacity(nodes.len());
         for node in &nodes {
             let read = visible(node, self.txn);
@@ -425,20 +464,29 @@ impl<T: ReadTxn> Planner<'_, T> {
             if read.mixed {
                 return Err(not_text(name));
             }
-            texts.push(read.text);
+            texts.push((read.text, read.steps));
         }
         Ok(texts)
     }
 
-    /// Copies a fragment's text nodes, per top-level node, if not copied yet (charged).
+    /// Copies a fragment's text nodes, per top-level node, if not copied yet (one walk over
+    /// its top-level nodes; charged).
     fn copy_xml(&mut self, name: &str, x: Option<&yrs::XmlFragmentRef>) -> Result<(), Refused> {
         if self.sims.contains_key(name) {
             return Ok(());
         }
         let mut tops = Vec::new();
         if let Some(x) = x {
-            for i in 0..x.len(self.txn) {
-                let texts = self.xml_texts(name, Some(x), Some(i))?;
+            for node in x.children(self.txn) {
+                let mut texts = Vec::new();
+                for text in super::texts_of(node, self.txn) {
+                    let read = visible(&text, self.txn);
+                    charge(&mut self.work, read.text.len() + NODE_COST)?;
+                    if read.mixed {
+                        return Err(not_text(name));
+                    }
+                    texts.push(read.text);
+                }
                 tops.push(texts);
             }
         }
@@ -467,17 +515,18 @@ fn not_text(name: &str) -> Refused {
     )))
 }
 
-/// What walking a text's items to `at` is charged: a thirty-second of the units before it
-/// (yrs walks the items there; an item holds many units).
-fn walk_cost(at: u32) -> usize {
-    at as usize / 32
+/// What a walk over `steps` items is charged.
+fn walk(steps: u64) -> usize {
+    usize::try_from(steps)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(STEP_COST)
 }
 
 /// Refuses, on the live text (`None`: empty), a range `at..at + len` past its end, with an end
 /// between the halves of a surrogate pair, or (for a removal) over values that are not text:
 /// yrs would remove by another count than it checked. Walks the items up to the range's end,
 /// as the edit itself will, and copies nothing.
-fn live_range(branch: Option<&yrs::branch::Branch>, at: u32, len: u32) -> Result<(), Refusal> {
+fn live_range(branch: Option<&yrs::branch::Branch>, at: u32, len: u32) -> Result<u64, Refusal> {
     let size = branch.map_or(0, |b| b.content_len);
     let end = u64::from(at) + u64::from(len);
     if end > u64::from(size) {
@@ -490,12 +539,12 @@ fn live_range(branch: Option<&yrs::branch::Branch>, at: u32, len: u32) -> Result
         }));
     }
     let Some(branch) = branch else {
-        return Ok(());
+        return Ok(0);
     };
     let end = at + len;
     let mut problem = None;
     let mut pos = 0u32;
-    branch.visit_visible(|content, item_len| {
+    let steps = branch.visit_visible(|content, item_len| {
         let (start, stop) = (pos, pos + item_len);
         pos = stop;
         if stop <= at {
@@ -536,7 +585,7 @@ fn live_range(branch: Option<&yrs::branch::Branch>, at: u32, len: u32) -> Result
             "deleting {len} code units at {at} {reason}"
         ))),
         Some(reason) => Err(Refusal::Invalid(reason)),
-        None => Ok(()),
+        None => Ok(steps),
     }
 }
 
@@ -699,12 +748,9 @@ fn text_edits<T: Text>(txn: &mut TransactionMut, text: &T, edits: Vec<TextEdit>)
     }
 }
 
-/// The kind of a root as its content shows it, read from its first visible item and its map
-/// (no copy of it), whatever type it was given (an edit types a root as it uses it; a writer
-/// may have put an array's values into a root typed as text): `None` for a root holding
-/// nothing visible.
-pub(super) fn live_kind(root: &Out, txn: &impl ReadTxn) -> Option<RootKind> {
-    let branch: &yrs::branch::Branch = match root {
+/// The branch of a root.
+pub(super) fn branch_of(root: &Out) -> Option<&yrs::branch::Branch> {
+    Some(match root {
         Out::YText(r) => r.as_ref(),
         Out::YArray(r) => r.as_ref(),
         Out::YMap(r) => r.as_ref(),
@@ -713,10 +759,20 @@ pub(super) fn live_kind(root: &Out, txn: &impl ReadTxn) -> Option<RootKind> {
         Out::YXmlText(r) => r.as_ref(),
         Out::UndefinedRef(b) => b,
         _ => return None,
-    };
-    let map = yrs::MapRef::from(yrs::branch::BranchPtr::from(branch));
+    })
+}
+
+/// The kind of a root as its content shows it, read from its first visible item and its map
+/// (no copy of it), whatever type it was given (an edit types a root as it uses it; a writer
+/// may have put an array's values into a root typed as text): `None` for a root holding
+/// nothing visible.
+pub(super) fn live_kind(root: &Out, txn: &impl ReadTxn) -> Option<RootKind> {
+    let branch = branch_of(root)?;
     if branch.content_len == 0 {
-        return (map.len(txn) > 0).then_some(RootKind::Map);
+        // (The first live entry is enough.)
+        let map = yrs::MapRef::from(yrs::branch::BranchPtr::from(branch));
+        let held = map.iter(txn).next().is_some();
+        return held.then_some(RootKind::Map);
     }
     let xml = |t: &TypeRef| {
         matches!(

@@ -253,14 +253,19 @@ impl Branch {
     /// in order, until it returns false (a Quire addition, see vendor/README.md): a caller
     /// reads a text as yrs counts it (strings in UTF-16 code units, every other countable item
     /// by its length) without copying it, and sees what is not text in it.
-    pub fn visit_visible(&self, mut f: impl FnMut(&ItemContent, u32) -> bool) {
+    /// Returns how many items it stepped over, deleted and formatting ones included (the walk
+    /// an index-based edit to the same place makes).
+    pub fn visit_visible(&self, mut f: impl FnMut(&ItemContent, u32) -> bool) -> u64 {
+        let mut steps = 0;
         let mut next = self.start;
         while let Some(item) = next {
+            steps += 1;
             if !item.is_deleted() && item.is_countable() && !f(&item.content, item.len) {
-                return;
+                return steps;
             }
             next = item.right;
         }
+        steps
     }
 
     /// The UTF-16 code unit at `index` of this branch's visible sequence (a Quire addition, see
