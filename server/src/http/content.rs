@@ -115,7 +115,6 @@ pub(super) async fn post_update(
             reply,
             author: Some(principal.user.as_str().into()),
             budget: None,
-            expect_seq: None,
             then: Vec::new(),
         }))
     })

@@ -113,7 +113,6 @@ pub(super) async fn post_edits(
                 reply: committed,
                 author: Some(author.clone()),
                 budget: None,
-                expect_seq: None,
                 then: Vec::new(),
             }));
         }

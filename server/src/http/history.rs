@@ -495,7 +495,6 @@ async fn apply(
             reply,
             author: Some(author.clone()),
             budget: None,
-            expect_seq: None,
             then: Vec::new(),
         }))
     })

@@ -208,11 +208,6 @@ pub(super) fn applied(
             "update-missing-dependencies",
             e,
         )),
-        Err(ApplyError::Moved) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "precondition-failed",
-            "the document changed since the update was computed",
-        )),
         Err(ApplyError::EditRefused) => Err(invalid("the edit was refused".into())),
     }
 }

@@ -333,15 +333,6 @@ pub struct ApplyCmd {
     /// The update's share of the room's inbound byte budget, as for a socket's frame:
     /// [`RoomHandle::command`] takes it; leave `None`.
     pub budget: Option<OwnedSemaphorePermit>,
-    /// Apply only onto this state: the update was computed from the document's committed
-    /// state at this log position (the JSON edits). Checked when its turn comes: unless the
-    /// `Doc` holds exactly that state (the position is the last committed one, and nothing
-    /// applied since waits to be committed), it is answered [`ApplyError::Moved`] and nothing
-    /// is applied. `None`: applied onto whatever the document holds, as a client's update.
-    ///
-    /// A position, not a state vector: a deletion does not move a Yjs state vector, so a
-    /// concurrent edit that only deleted would pass a state vector check unseen.
-    pub expect_seq: Option<i64>,
     /// Updates (Yjs v1) applied after this one, each with its author, together with it: all
     /// of them are checked to integrate, in order, before any is applied, and they are
     /// committed in one append (a merge's changes: all or none). The reply comes once all are
@@ -364,9 +355,6 @@ pub enum ApplyError {
     TooLarge,
     #[error("storage is unavailable; retry later")]
     Unavailable,
-    /// The document was not at the position [`ApplyCmd::expect_seq`] named.
-    #[error("the document changed since the update was computed")]
-    Moved,
     /// The update depends on content the document does not hold (`integrity.rs`).
     #[error("{0}")]
     Missing(String),

@@ -122,7 +122,6 @@ pub(super) async fn ask_apply(
             reply,
             author: author.clone(),
             budget: None,
-            expect_seq: None,
             then: then.clone(),
         }))
     })

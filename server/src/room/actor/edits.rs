@@ -69,7 +69,6 @@ impl Room {
             raw: Bytes::new(),
             update: None,
             author: Some(author),
-            expect_seq: None,
             held_since: None,
             joined: false,
             edit: Some(Box::new(EditWork {

@@ -204,7 +204,6 @@ impl Room {
                     raw: u.raw,
                     update: None,
                     author: u.author,
-                    expect_seq: None,
                     held_since: Some(u.since),
                     joined: false,
                     edit: None,

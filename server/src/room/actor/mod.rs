@@ -94,8 +94,6 @@ struct Queued {
     update: Option<Update>,
     /// Who sent it, for the history.
     author: Option<Arc<str>>,
-    /// The log position the `Doc` must be at for it to apply (`ApplyCmd::expect_seq`).
-    expect_seq: Option<i64>,
     /// When it was first held back for missing dependencies, if it was (`held.rs`).
     held_since: Option<Instant>,
     /// It follows the previous update as part of the same request's updates applied together
@@ -545,12 +543,11 @@ impl Room {
                     update,
                     reply,
                     author,
-                    expect_seq,
                     then,
                     ..
                 } = *apply;
                 if then.is_empty() {
-                    self.apply_from_http(raw, update, reply, author, expect_seq);
+                    self.apply_from_http(raw, update, reply, author);
                 } else {
                     self.apply_together(author, raw, update, then, reply);
                 }
@@ -695,99 +692,6 @@ mod tests {
             .expect("command");
         assert!(answer.await.expect("answer"));
         assert_eq!(stateless().await, 1, "still a Hocuspocus peer");
-        shutdown.cancel();
-    }
-
-    /// An update sent with the log position it was computed at applies only onto that
-    /// state: once another update came first (even one that only deleted, which moves no
-    /// state vector), it is answered `Moved` and nothing of it is applied; computed again
-    /// from the new state, it applies.
-    #[tokio::test]
-    async fn an_update_expecting_a_position_applies_only_onto_it() {
-        use crate::room::{ApplyCmd, ApplyError};
-        use yrs::updates::decoder::Decode;
-        use yrs::{GetString, ReadTxn, Text, Transact};
-        let (registry, shutdown) = memory_registry().await;
-        let name = DocName::parse("expect").expect("name");
-        let room = registry.get_or_start(&name).expect("room");
-        let apply = |raw: Vec<u8>, expect_seq: Option<i64>| {
-            let room = room.clone();
-            async move {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                let raw = bytes::Bytes::from(raw);
-                let update = yrs::Update::decode_v1(&raw).expect("update");
-                let cmd = ApplyCmd {
-                    raw,
-                    update,
-                    reply,
-                    author: None,
-                    budget: None,
-                    expect_seq,
-                    then: Vec::new(),
-                };
-                room.command(RoomCmd::Apply(Box::new(cmd)))
-                    .await
-                    .expect("command");
-                answer.await.expect("answer")
-            }
-        };
-        let read = || {
-            let room = room.clone();
-            async move {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                let since = yrs::StateVector::default();
-                room.command(RoomCmd::ReadUpdate { since, reply })
-                    .await
-                    .expect("command");
-                let doc = yrs::Doc::new();
-                let update = yrs::Update::decode_v1(&answer.await.expect("answer")).expect("u");
-                doc.transact_mut().apply_update(update).expect("apply");
-                doc
-            }
-        };
-        // An edit by `client` of the document `doc`: `f` on its text.
-        let edit =
-            |doc: &yrs::Doc, client: u64, f: &dyn Fn(&yrs::TextRef, &mut yrs::TransactionMut)| {
-                let mine = yrs::Doc::with_client_id(client);
-                let state = doc
-                    .transact()
-                    .encode_state_as_update_v1(&yrs::StateVector::default());
-                mine.transact_mut()
-                    .apply_update(yrs::Update::decode_v1(&state).expect("u"))
-                    .expect("apply");
-                let text = mine.get_or_insert_text("text");
-                let mut txn = mine.transact_mut();
-                f(&text, &mut txn);
-                txn.encode_update_v1()
-            };
-        let text_now = || async {
-            let now = read().await;
-            let text = now.get_or_insert_text("text");
-            let s = text.get_string(&now.transact());
-            s
-        };
-        // Computed at position 0 (the empty document): applies onto it.
-        let first = edit(&read().await, 1, &|t, txn| t.insert(txn, 0, "hello world"));
-        assert_eq!(apply(first, Some(0)).await, Ok(1));
-        // Computed at 0 too, but the document moved: refused, nothing applied.
-        let stale = edit(&yrs::Doc::new(), 2, &|t, txn| t.insert(txn, 0, "stale "));
-        assert_eq!(apply(stale, Some(0)).await, Err(ApplyError::Moved));
-        assert_eq!(text_now().await, "hello world");
-        // An edit computed at 1, while another client deleted: the state vector is the same,
-        // the position is not.
-        let at_one = read().await;
-        let delete = edit(&at_one, 3, &|t, txn| t.remove_range(txn, 5, 6));
-        assert_eq!(apply(delete, None).await, Ok(2));
-        assert_eq!(
-            read().await.transact().state_vector(),
-            at_one.transact().state_vector()
-        );
-        let late = edit(&at_one, 2, &|t, txn| t.insert(txn, 11, "!"));
-        assert_eq!(apply(late, Some(1)).await, Err(ApplyError::Moved));
-        // Computed again at the current position: applies.
-        let again = edit(&read().await, 2, &|t, txn| t.insert(txn, 5, "!"));
-        assert_eq!(apply(again, Some(2)).await, Ok(3));
-        assert_eq!(text_now().await, "hello!");
         shutdown.cancel();
     }
 

@@ -136,7 +136,7 @@ impl Room {
             .get(&peer)
             .and_then(|p| p.auth.user.clone());
         if self
-            .enqueue(Origin::Peer(peer), raw, update, author, None)
+            .enqueue(Origin::Peer(peer), raw, update, author)
             .is_err()
         {
             self.close_peer(
@@ -170,22 +170,19 @@ impl Room {
     }
 
     /// An update sent over HTTP: refused while storage is stalled or when the document would
-    /// grow too large, else queued; the reply comes once it is committed. With `expect_seq`, it
-    /// is applied only if the `Doc` is exactly at that log position when its turn comes (else
-    /// answered [`ApplyError::Moved`]).
+    /// grow too large, else queued; the reply comes once it is committed.
     pub(super) fn apply_from_http(
         &mut self,
         raw: Bytes,
         update: Update,
         reply: oneshot::Sender<Result<i64, ApplyError>>,
         author: Option<Arc<str>>,
-        expect_seq: Option<i64>,
     ) {
         if self.pipeline.stalled.is_on() {
             let _ = reply.send(Err(ApplyError::Unavailable));
             return;
         }
-        match self.enqueue(Origin::Http(reply), raw, update, author, expect_seq) {
+        match self.enqueue(Origin::Http(reply), raw, update, author) {
             Ok(()) => self.maybe_start_commit(),
             Err(Origin::Http(reply)) => {
                 let _ = reply.send(Err(ApplyError::TooLarge));
@@ -252,7 +249,6 @@ impl Room {
                 raw,
                 update: Some(update),
                 author,
-                expect_seq: None,
                 held_since: None,
                 joined: i > 0,
                 edit: None,
@@ -294,7 +290,6 @@ impl Room {
         raw: Bytes,
         update: Update,
         author: Option<Arc<str>>,
-        expect_seq: Option<i64>,
     ) -> Result<(), Origin> {
         if self.over_size(raw.len() as u64) {
             let limit = self.registry.config.max_doc_size;
@@ -307,7 +302,6 @@ impl Room {
             raw,
             update: Some(update),
             author,
-            expect_seq,
             held_since: None,
             joined: false,
             edit: None,
@@ -402,19 +396,6 @@ impl Room {
             };
             upto_idx = q.idx;
             self.pipeline.queued_bytes -= q.raw.len() as u64;
-            if let Some(at) = q.expect_seq {
-                // Computed from the committed state at `at`: the `Doc` holds more than that
-                // (updates applied before it in this batch, or in the append in flight), or
-                // another state. Not applied; its sender computes it again.
-                let uncommitted = !batch.is_empty()
-                    || matches!(self.pipeline.inflight, Some(Inflight::Append { .. }));
-                if at != self.last_seq || uncommitted {
-                    if let Origin::Http(reply) = q.origin {
-                        let _ = reply.send(Err(ApplyError::Moved));
-                    }
-                    continue;
-                }
-            }
             let (raw, applied) = match q.edit {
                 // A JSON edit is made on the Doc in its turn (`edits.rs`).
                 Some(work) => match self.make_edit(*work) {
@@ -543,7 +524,6 @@ impl Room {
             raw: Bytes::from_static(Update::EMPTY_V1),
             update: None,
             author: None,
-            expect_seq: None,
             held_since: None,
             joined: false,
             edit: None,
@@ -575,7 +555,6 @@ impl Room {
                 author: a.author,
                 // Applied once already, onto the state it expected, which the updates
                 // before it rebuild.
-                expect_seq: None,
                 held_since: None,
                 joined: a.joined,
                 edit: None,
