@@ -10,19 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{DocId, StorageError};
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct DocMeta {
-    pub id: DocId,
-    pub name: String,
-    pub title: String,
-    pub owner: Option<String>,
-    /// Milliseconds since the Unix epoch.
-    pub created_at: i64,
-    pub updated_at: i64,
-    pub deleted_at: Option<i64>,
-    /// Row version, also sent as the `ETag`.
-    pub version: i64,
-}
+/// (Defined beside `DocStore`: the branch rows use it too, without importing this file.)
+pub use super::DocMeta;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct UserProfile {

@@ -6,8 +6,8 @@ use async_trait::async_trait;
 use serde::Serialize;
 use sqlx::Row;
 
-use super::api::DocMeta;
 use super::dialect::backend_impl;
+use super::DocMeta;
 use super::{DocId, LogEntry, StorageError};
 
 /// A branch as stored, with its and its parent's names.

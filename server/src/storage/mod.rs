@@ -32,6 +32,21 @@ pub mod sqlite;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+/// A document's metadata row (`ApiStore`, and the branch rows that name their documents).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct DocMeta {
+    pub id: DocId,
+    pub name: String,
+    pub title: String,
+    pub owner: Option<String>,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub deleted_at: Option<i64>,
+    /// Row version, also sent as the `ETag`.
+    pub version: i64,
+}
+
 /// Database identifier of a document.
 pub type DocId = i64;
 

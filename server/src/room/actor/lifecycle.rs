@@ -9,7 +9,6 @@ use tokio::time::{sleep_until, Duration, Instant};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 use yrs::{Doc, ReadTxn, StateVector, Transact};
 
-use super::pipeline::is_empty_update;
 use super::{wait_inflight, Exit, Room, StorageOp};
 use crate::close;
 use crate::protocol;
@@ -552,4 +551,9 @@ impl Room {
             guard.release().await;
         }
     }
+}
+
+/// A Yjs v1 update with no structs and an empty delete set.
+fn is_empty_update(update: &[u8]) -> bool {
+    update == [0, 0]
 }

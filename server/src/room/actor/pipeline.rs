@@ -43,11 +43,6 @@ pub(super) fn commit_backoff(attempt: u32) -> Duration {
         .min(COMMIT_RETRY_MAX)
 }
 
-/// A Yjs v1 update with no structs and an empty delete set.
-pub(super) fn is_empty_update(update: &[u8]) -> bool {
-    update == [0, 0]
-}
-
 /// Updates on their way from arrival to commit (see the actor's notes), and the state of
 /// the room's storage writes.
 pub(super) struct Pipeline {
