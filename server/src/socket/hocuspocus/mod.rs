@@ -61,11 +61,13 @@ use crate::room::join::next_peer_id;
 use crate::room::{CloseReason, DocName, PeerAuth};
 
 mod bell;
+mod handover;
 mod session;
 mod writer;
 
 use bell::{BellRx, BellTx, Doorbell};
-use session::{Ended, Event, Handover, Local, Route, Session, SessionTask, Undelivered};
+use handover::{Ended, Event, Handover};
+use session::{Local, Route, Session, SessionTask, Undelivered};
 use writer::{Direct, Out, Writer, WriterCmd};
 
 /// Frames one document's session task may have waiting while it joins the room (or, relayed,

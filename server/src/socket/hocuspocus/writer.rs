@@ -30,7 +30,7 @@ use tokio::time::{Instant, Sleep};
 use tracing::debug;
 
 use super::bell::{self, BellRx, BellTx, Doorbell};
-use super::session::{Acks, Ended, Event};
+use super::handover::{Acks, Ended, Event};
 use crate::app::AppState;
 use crate::close;
 use crate::metrics::Metrics;
