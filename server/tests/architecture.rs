@@ -1,8 +1,9 @@
 //! The shape of the server's source, as docs/architecture.md describes it: no two top-level
 //! modules of `server/src` import each other (directly or around a circle), the socket wing
 //! imports nothing of `http`, configuration imports nothing of the crate, the crate's map in
-//! lib.rs names every module and lists each below all it imports, and no source file is
-//! longer than 900 lines.
+//! lib.rs names every module and lists each below all it imports, no two files of a folder
+//! import each other (directly or around a circle), and no source file is longer than 900
+//! lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -35,6 +36,10 @@ fn module_of(file: &Path) -> Option<String> {
 /// The code of a file without comments and without its unit tests.
 fn code(text: &str) -> String {
     let text = text.split("\n#[cfg(test)]\nmod tests").next().unwrap_or("");
+    let text = text
+        .split("\n#[cfg(test)]\npub(crate) mod tests")
+        .next()
+        .unwrap_or("");
     text.lines()
         .filter(|l| !l.trim_start().starts_with("//"))
         .collect::<Vec<_>>()
@@ -123,6 +128,103 @@ fn no_two_top_level_modules_import_each_other() {
         uses("config").is_empty(),
         "config imports {:?}",
         uses("config")
+    );
+}
+
+/// The names a piece of code reaches through `prefix` (`super::`, `crate::room::`): `prefix
+/// name` and `prefix{name, ..}`.
+fn reached(code: &str, prefix: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (at, _) in code.match_indices(prefix) {
+        // (`super::super::x` is not `super::x`; `$crate::` is a macro's text, written for
+        // where it is used.)
+        let before = &code[..at];
+        if (prefix.starts_with("super::") && before.ends_with("super::")) || before.ends_with('$') {
+            continue;
+        }
+        let rest = &code[at + prefix.len()..];
+        let heads: Vec<&str> = match rest.strip_prefix('{') {
+            Some(group) => group[..group.find('}').unwrap_or(group.len())]
+                .split(',')
+                .map(|item| item.trim().split("::").next().unwrap_or("").trim())
+                .collect(),
+            None => {
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                vec![&rest[..end]]
+            }
+        };
+        out.extend(heads.into_iter().map(str::to_owned));
+    }
+    out
+}
+
+/// For each folder of `src` (a module with files of its own), the graph of its files: each
+/// file or subfolder, and the siblings it names (`super::x` from a file directly in it,
+/// `super::super::x` from one a level down, `crate::path::x` from anywhere).
+fn folder_graphs() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut out: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for file in &files {
+        let relative = file.strip_prefix(src()).expect("under src");
+        let parts: Vec<String> = relative
+            .components()
+            .filter_map(|c| c.as_os_str().to_str().map(str::to_owned))
+            .collect();
+        let text = code(&std::fs::read_to_string(file).expect("read"));
+        // Every folder above the file: the file belongs to the unit right below it.
+        for depth in 1..parts.len() {
+            let folder = parts[..depth].join("/");
+            let unit = parts[depth].trim_end_matches(".rs").to_owned();
+            if unit == "mod" || folder == "bin" || folder.starts_with("bin/") {
+                continue;
+            }
+            let below = parts.len() - depth - 1;
+            let mut names = reached(&text, &"super::".repeat(below + 1));
+            names.extend(reached(
+                &text,
+                &format!("crate::{}::", parts[..depth].join("::")),
+            ));
+            let graph = out.entry(folder).or_default();
+            let uses = graph.entry(unit.clone()).or_default();
+            uses.extend(names.into_iter().filter(|n| *n != unit));
+        }
+    }
+    for graph in out.values_mut() {
+        let units: BTreeSet<String> = graph.keys().cloned().collect();
+        for uses in graph.values_mut() {
+            uses.retain(|u| units.contains(u));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_two_files_of_a_folder_import_each_other() {
+    let folders = folder_graphs();
+    assert!(
+        folders.contains_key("room/actor") && folders.contains_key("socket/hocuspocus"),
+        "read too little: {:?}",
+        folders.keys()
+    );
+    assert!(
+        folders["room/actor"]["pipeline"].contains("held"),
+        "the sibling imports are not read: {:?}",
+        folders["room/actor"]
+    );
+    let mut circles = Vec::new();
+    for (folder, graph) in &folders {
+        for unit in graph.keys() {
+            if let Some(circle) = circle(graph, unit) {
+                circles.push(format!("{folder}: {}", circle.join(" -> ")));
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "files of a folder import each other: {circles:#?}"
     );
 }
 
