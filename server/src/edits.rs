@@ -1,21 +1,22 @@
 //! JSON edits (`POST /docs/{name}/edits`, docs/api.md): operations on a document's root types
-//! for tools and agents that do not speak Yjs, parsed from JSON and applied to a scratch copy
-//! of the document, giving the Yjs update that makes them.
+//! for tools and agents that do not speak Yjs, parsed from JSON and made on a document in one
+//! transaction, giving the Yjs update that makes them.
 //!
 //! - [`parse`] reads the request and refuses what is malformed, naming the operation and the
 //!   reason: a key combination no operation has, a missing field, a value of the wrong JSON
 //!   type, or more than the bounds below.
-//! - [`apply`] builds a scratch `Doc` from the document's state (text offsets in UTF-16 code
-//!   units, as JavaScript and Yjs count them), checks the preconditions and the root kinds,
-//!   then applies every operation in one transaction, each against the state the operations
-//!   before it left (an index out of range is refused there). The scratch copy is discarded on
-//!   any error: nothing of a refused edit reaches the document.
+//! - [`apply_to`] makes it on a document (text offsets in UTF-16 code units, as JavaScript
+//!   and Yjs count them): the preconditions and the root kinds checked, then every operation
+//!   checked against the state the ones before it leave (`plan.rs`), then all made in one
+//!   transaction under the author's client id. yrs has no rollback, so nothing is made until
+//!   everything is checked: a refused edit changes nothing. The room edits its live document
+//!   with it (`room/actor/edits.rs`); [`apply`] makes it on a scratch copy (tools, tests).
 //!
 //! XML roots are edited as y-prosemirror (Tiptap) stores them: block nodes are `XmlElement`s
 //! named by their node type (`paragraph`, `heading`), attributes as JSON values (a heading's
 //! `level` a number), their text an `XmlText` inside.
 //!
-//! No I/O: the state comes in as bytes and the update goes out as bytes.
+//! No I/O: a document or its state comes in, the update goes out as bytes.
 
 use std::collections::HashMap;
 
@@ -145,7 +146,7 @@ pub struct Change {
     pub replaced: u64,
 }
 
-/// An edit applied to the scratch copy.
+/// An edit made.
 #[derive(Debug, Clone)]
 pub struct Outcome {
     /// The Yjs v1 update that makes the edit (only what its transaction wrote).

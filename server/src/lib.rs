@@ -16,8 +16,8 @@
 //! - [`auth`]: tokens, permissions, revocations.
 //! - [`history`]: content at a position or version, diffs and their authors (no I/O).
 //! - [`branches`]: a branch's log as changes, their dependencies, diffs and merges (no I/O).
-//! - [`edits`]: JSON edit operations, parsed and applied to a scratch copy of a document,
-//!   giving the Yjs update (no I/O).
+//! - [`edits`]: JSON edit operations, parsed, checked whole and made on a document in one
+//!   transaction, giving the Yjs update (no I/O).
 //! - [`webhooks`]: the outbox's delivery.
 //! - [`room`]: one task per loaded document, the only writer of its `Doc` and log; the
 //!   [`room::Registry`] that starts rooms on demand.
