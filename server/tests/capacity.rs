@@ -23,17 +23,6 @@ async fn small_window(addr: SocketAddr) -> TcpStream {
     socket.connect(addr).await.expect("connect")
 }
 
-/// A document of about `bytes` bytes of text, written in 64 KiB inserts.
-async fn fill(url: &str, bytes: usize) {
-    let mut writer = Client::connect(url, 100).await;
-    let chunk = "x".repeat(64 * 1024);
-    for _ in 0..bytes / chunk.len() {
-        writer.insert(0, &chunk).await;
-    }
-    writer.durable_ack(1).await;
-    writer.close().await;
-}
-
 /// Asks for `path` on a small-window connection and never reads the answer.
 async fn ask_and_never_read(addr: SocketAddr, path: &str) -> TcpStream {
     let mut tcp = small_window(addr).await;
@@ -69,6 +58,27 @@ async fn read_to_close(tcp: &mut TcpStream, patience: Duration) -> Option<usize>
 
 const BIG: usize = 12 << 20;
 
+/// A server that pings every 100 ms and closes a client silent for 600 ms, whose write
+/// deadline is far off (so it is not what closes a stuck socket), holding a `BIG` document.
+async fn idle_checking_server(dir: &std::path::Path) -> TestServer {
+    let mut cfg = test_config(dir);
+    cfg.room.ping_interval = Duration::from_millis(100);
+    cfg.idle_timeout = Duration::from_millis(600);
+    cfg.write_timeout = Duration::from_secs(600);
+    let server = TestServer::start(cfg).await;
+    fill_text(&server.url("big"), BIG).await;
+    server
+}
+
+/// Waits (at most 10 s) until the gauge `metric` is 0, failing with `what` otherwise.
+async fn until_none_left(server: &TestServer, metric: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.metric(metric).await > 0.0 {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Before the fix, the gate's admission travelled inside the answer's body: `heavy_per_node`
 /// sockets that never read held every node slot, and whole-document reads of any document
 /// got 503 (edits 429) for as long as they stayed open.
@@ -81,7 +91,7 @@ async fn answers_nobody_reads_hold_no_gate_slot_and_are_dropped_after_the_write_
     cfg.gate.wait = Duration::from_secs(2);
     cfg.write_timeout = Duration::from_secs(3);
     let server = TestServer::start(cfg).await;
-    fill(&server.url("big"), BIG).await;
+    fill_text(&server.url("big"), BIG).await;
     let mut small = Client::connect(&server.url("small"), 1).await;
     small.insert(0, "hello").await;
     small.durable_ack(1).await;
@@ -156,7 +166,7 @@ async fn a_caller_has_at_most_its_share_of_whole_document_requests_in_flight() {
     cfg.gate.per_caller = 2;
     cfg.write_timeout = Duration::from_secs(2);
     let server = TestServer::start(cfg).await;
-    fill(&server.url("big"), BIG).await;
+    fill_text(&server.url("big"), BIG).await;
     let mut stuck = vec![
         ask_and_never_read(server.addr, "/api/v1/docs/big/json").await,
         ask_and_never_read(server.addr, "/api/v1/docs/big/update").await,
@@ -189,14 +199,8 @@ async fn a_caller_has_at_most_its_share_of_whole_document_requests_in_flight() {
 #[tokio::test]
 async fn a_y_websocket_client_whose_write_is_stuck_is_still_idle_closed() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = test_config(dir.path());
-    cfg.room.ping_interval = Duration::from_millis(100);
-    cfg.idle_timeout = Duration::from_millis(600);
-    // The write deadline is not what closes it here.
-    cfg.write_timeout = Duration::from_secs(600);
-    let server = TestServer::start(cfg).await;
+    let server = idle_checking_server(dir.path()).await;
     let url = server.url("big");
-    fill(&url, BIG).await;
     let tcp = small_window(server.addr).await;
     let (mut ws, _) = tokio_tungstenite::client_async(url.as_str(), tcp)
         .await
@@ -205,14 +209,8 @@ async fn a_y_websocket_client_whose_write_is_stuck_is_still_idle_closed() {
     ws.send(Message::Binary(step1)).await.expect("step 1");
     wait_metric_at(server.addr, "quire_connections", |v| v == 1.0).await;
     // Its Step 2 (the whole document) cannot be written; it sends nothing more.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.metric("quire_connections").await > 0.0 {
-        assert!(
-            Instant::now() < deadline,
-            "a silent client with a stuck write is still connected"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = "a silent client with a stuck write is still connected";
+    until_none_left(&server, "quire_connections", what).await;
     drop(ws);
     server.stop().await;
 }
@@ -222,12 +220,7 @@ async fn a_y_websocket_client_whose_write_is_stuck_is_still_idle_closed() {
 #[tokio::test]
 async fn a_hocuspocus_socket_whose_write_is_stuck_is_still_idle_closed() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = test_config(dir.path());
-    cfg.room.ping_interval = Duration::from_millis(100);
-    cfg.idle_timeout = Duration::from_millis(600);
-    cfg.write_timeout = Duration::from_secs(600);
-    let server = TestServer::start(cfg).await;
-    fill(&server.url("big"), BIG).await;
+    let server = idle_checking_server(dir.path()).await;
     let tcp = small_window(server.addr).await;
     let url = format!("ws://{}/hocuspocus", server.addr);
     let (mut ws, _) = tokio_tungstenite::client_async(url.as_str(), tcp)
@@ -241,14 +234,8 @@ async fn a_hocuspocus_socket_whose_write_is_stuck_is_still_idle_closed() {
         ws.send(Message::Binary(frame)).await.expect("send");
     }
     wait_metric_at(server.addr, "quire_hocuspocus_sockets", |v| v == 1.0).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.metric("quire_hocuspocus_sockets").await > 0.0 {
-        assert!(
-            Instant::now() < deadline,
-            "a silent socket with a stuck write is still open"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = "a silent socket with a stuck write is still open";
+    until_none_left(&server, "quire_hocuspocus_sockets", what).await;
     drop(ws);
     server.stop().await;
 }

@@ -41,17 +41,6 @@ fn rss_bytes(pid: u32) -> u64 {
     kb * 1024
 }
 
-/// A document of about `bytes` bytes of text, written by one client in 64 KiB inserts.
-async fn fill(url: &str, bytes: usize) {
-    let mut writer = Client::connect(url, 100).await;
-    let chunk = "x".repeat(64 * 1024);
-    for _ in 0..bytes / chunk.len() {
-        writer.insert(0, &chunk).await;
-    }
-    writer.durable_ack(1).await;
-    writer.close().await;
-}
-
 /// Until a fix, a client that sent thousands of tiny Sync Step 1 messages and never read made
 /// the server hold one full copy of the document per request (20,000 requests to a 2 MB
 /// document grew the server by 2 GB). Now each answer is encoded once per document version,
@@ -73,7 +62,7 @@ async fn a_step1_flood_from_a_reader_that_never_reads_stays_within_memory_bound(
     let url = server.url("big");
     const DOC_BYTES: usize = 2 << 20;
     const FLOOD: usize = 20_000;
-    fill(&url, DOC_BYTES).await;
+    fill_text(&url, DOC_BYTES).await;
     let mut writer = Client::connect(&url, 1).await;
     let mut reader = Client::connect(&url, 2).await;
     assert_eq!(reader.text_len(), DOC_BYTES);
@@ -575,7 +564,7 @@ async fn a_join_storm_on_a_large_document_holds_one_copy_of_it_not_one_per_clien
     let url = server.url("storm");
     const DOC_BYTES: usize = 4 << 20;
     const CLIENTS: usize = 40;
-    fill(&url, DOC_BYTES).await;
+    fill_text(&url, DOC_BYTES).await;
     let first = Client::connect(&url, 1).await;
     assert_eq!(first.text_len(), DOC_BYTES);
     let pid = server.child.id().expect("running");
@@ -674,7 +663,7 @@ async fn joins_and_appends_on_a_large_snapshotted_document_do_not_read_its_snaps
     let args = ["--node-id", "test-node", "--room-unload-delay", "60s"];
     let mut server = ServerProcess::start_url(&db, &args).await;
     const DOC_BYTES: usize = 4 << 20;
-    fill(&server.url("big"), DOC_BYTES).await;
+    fill_text(&server.url("big"), DOC_BYTES).await;
     // A graceful stop writes the final snapshot.
     server.signal("TERM");
     server.child.wait().await.expect("stopped");

@@ -289,3 +289,15 @@ pub async fn flood_past_a_client_that_does_not_read(
     assert_eq!(len, n * chunk.len());
     len
 }
+
+/// A document of about `bytes` bytes of text, written by one client (id 100) in 64 KiB
+/// inserts and acknowledged durable.
+pub async fn fill_text(url: &str, bytes: usize) {
+    let mut writer = Client::connect(url, 100).await;
+    let chunk = "x".repeat(64 * 1024);
+    for _ in 0..bytes / chunk.len() {
+        writer.insert(0, &chunk).await;
+    }
+    writer.durable_ack(1).await;
+    writer.close().await;
+}
