@@ -214,8 +214,8 @@ fn client_ip(req: &Request) -> Option<std::net::IpAddr> {
 }
 
 /// The API routes whose cost grows with the whole document (`Cost::PerDocument` in the
-/// entry-point table), as `METHOD /path`.
-static PER_DOCUMENT: std::sync::LazyLock<std::collections::HashSet<&'static str>> =
+/// entry-point table), as (method, path).
+static PER_DOCUMENT: std::sync::LazyLock<std::collections::HashSet<(&'static str, &'static str)>> =
     std::sync::LazyLock::new(|| {
         crate::entry_points::ENTRY_POINTS
             .iter()
@@ -223,7 +223,7 @@ static PER_DOCUMENT: std::sync::LazyLock<std::collections::HashSet<&'static str>
                 e.surface == crate::entry_points::Surface::Http
                     && e.cost == crate::entry_points::Cost::PerDocument
             })
-            .map(|e| e.name)
+            .filter_map(|e| e.name.split_once(' '))
             .collect()
     });
 
@@ -233,15 +233,15 @@ static PER_DOCUMENT: std::sync::LazyLock<std::collections::HashSet<&'static str>
 /// one else's, until `write_timeout` closes its connection). 429 beyond.
 pub(super) async fn per_caller(State(app): State<AppState>, req: Request, next: Next) -> Response {
     // (A HEAD request is its GET's: computed alike, only not sent.)
-    let method = match req.method() {
-        &axum::http::Method::HEAD => &axum::http::Method::GET,
+    let method = match req.method().as_str() {
+        "HEAD" => "GET",
         m => m,
     };
-    let route = req
+    let heavy = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map(|p| format!("{method} {}", p.as_str()));
-    if !route.is_some_and(|r| PER_DOCUMENT.contains(r.as_str())) {
+        .is_some_and(|p| PER_DOCUMENT.contains(&(method, p.as_str())));
+    if !heavy {
         return next.run(req).await;
     }
     let Some(principal) = req.extensions().get::<Principal>() else {
