@@ -13,7 +13,10 @@ fn quire() -> Command {
 
 #[test]
 fn help_documents_every_setting() {
-    let out = quire().args(["serve", "--help"]).output().expect("run");
+    let out = quire()
+        .args(["serve", "--help"])
+        .output_within(COMMAND_LIMIT)
+        .expect("run");
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
     for flag in [
@@ -56,7 +59,11 @@ fn help_documents_every_setting() {
 #[test]
 fn each_subcommand_shows_only_the_settings_it_reads() {
     let help = |args: &[&str]| {
-        let out = quire().args(args).arg("--help").output().expect("run");
+        let out = quire()
+            .args(args)
+            .arg("--help")
+            .output_within(COMMAND_LIMIT)
+            .expect("run");
         assert!(out.status.success(), "{args:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
@@ -98,7 +105,7 @@ fn each_subcommand_shows_only_the_settings_it_reads() {
     let url = format!("sqlite://{}", dir.path().join("q.db").display());
     let out = quire()
         .args(["migrate", "--database", &url, "--peer-queue", "8"])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     assert!(
         out.status.success(),
@@ -112,7 +119,7 @@ fn migrate_creates_the_schema_and_exits() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = quire()
         .args(["migrate", "--database", &database_url(dir.path())])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     assert!(
         out.status.success(),
@@ -144,7 +151,7 @@ fn a_log_that_is_not_a_terminal_has_no_colour_codes() {
         .args(["migrate", "--database", &database_url(dir.path())])
         .env("QUIRE_LOG", "info")
         .env_remove("NO_COLOR")
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
@@ -251,7 +258,7 @@ fn token_issue_prints_a_token_the_server_accepts_and_revoke_records_it() {
             "notes/*",
         ])
         .args(["--permission", "write", "--ttl", "10m"])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     assert!(
         out.status.success(),
@@ -271,7 +278,7 @@ fn token_issue_prints_a_token_the_server_accepts_and_revoke_records_it() {
     let db = database_url(dir.path());
     let out = quire()
         .args(["token", "revoke", "--user", "ann", "--database", &db])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     assert!(
         out.status.success(),
@@ -300,7 +307,7 @@ async fn history_and_version_commands_work_through_the_running_server() {
         let out = quire()
             .args(args)
             .args(["--server", base.trim_end_matches('/'), "--token", ADMIN])
-            .output()
+            .output_within(COMMAND_LIMIT)
             .expect("run");
         assert!(
             out.status.success(),
@@ -350,7 +357,7 @@ async fn history_and_version_commands_work_through_the_running_server() {
             base.trim_end_matches('/'),
         ])
         .args(["--token", ADMIN])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     assert!(!out.status.success());
     assert!(
@@ -389,7 +396,7 @@ async fn branch_commands_review_and_merge_through_the_running_server() {
             .arg("branch")
             .args(args)
             .args(["--server", &base, "--token", ADMIN])
-            .output()
+            .output_within(COMMAND_LIMIT)
             .expect("run");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -711,7 +718,10 @@ fn decoded(path: &std::path::Path, v2: bool) -> (String, yrs::StateVector) {
 
 /// Runs `quire` with `args`; its stdout, after checking it succeeded.
 fn quire_ok(args: &[&str]) -> String {
-    let out = quire().args(args).output().expect("run");
+    let out = quire()
+        .args(args)
+        .output_within(COMMAND_LIMIT)
+        .expect("run");
     assert!(
         out.status.success(),
         "quire {args:?} failed: {}",
@@ -747,7 +757,7 @@ async fn doc_export_and_import_round_trip_the_editing_trace() {
             "--server",
             nobody,
         ])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     assert!(!refused.status.success(), "an import creates no store");
     quire_ok(&["migrate", "--database", &db]);
@@ -876,7 +886,7 @@ async fn doc_export_and_import_round_trip_the_editing_trace() {
     // What is not there is an error, not an empty file.
     let missing = quire()
         .args(["doc", "export", "nothing-here", "--database", &db])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no document named"));
@@ -905,13 +915,13 @@ async fn backup_while_serving_then_restore_into_an_empty_store_on_sqlite() {
     assert!(printed.contains("integrity ok"), "{printed}");
     let again = quire()
         .args(["backup", file, "--database", &db])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     assert!(!again.status.success(), "a backup never overwrites a file");
 
     let refused = quire()
         .args(["restore-backup", file, "--database", &db, "--server", &base])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("a server answers"));
@@ -927,7 +937,7 @@ async fn backup_while_serving_then_restore_into_an_empty_store_on_sqlite() {
             "--server",
             nobody,
         ])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("only into an empty store"));
@@ -947,7 +957,7 @@ async fn backup_while_serving_then_restore_into_an_empty_store_on_sqlite() {
             "--server",
             nobody,
         ])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     assert!(!refused.status.success());
     assert!(
@@ -1039,7 +1049,7 @@ async fn compact_writes_a_snapshot_of_the_log_now() {
     assert_eq!(text, "line\nline\nline\n");
     let missing = quire()
         .args(["compact", "no-such-doc", "--database", &db])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     assert!(!missing.status.success(), "a mistyped name is an error");
     let printed = quire_ok(&["compact", "--database", &db]);
@@ -1058,7 +1068,7 @@ fn doctor_checks_the_database_migrations_and_bus() {
     if !on_postgres() {
         let out = quire()
             .args(["doctor", "--database", &db])
-            .output()
+            .output_within(COMMAND_LIMIT)
             .expect("run");
         assert_eq!(out.status.code(), Some(1), "an absent store fails");
         assert!(String::from_utf8_lossy(&out.stdout).contains("FAIL database"));
@@ -1077,7 +1087,7 @@ fn doctor_checks_the_database_migrations_and_bus() {
             "--cluster-key",
             "k",
         ])
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("run");
     let printed = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{printed}");
@@ -1169,7 +1179,7 @@ async fn run_api_example(heading: &str) -> String {
         .args(["-euo", "pipefail", "-c", &script])
         .env("TOKEN", token.trim())
         .current_dir(dir.path())
-        .output()
+        .output_within(COMMAND_LIMIT)
         .expect("bash");
     assert!(
         out.status.success(),

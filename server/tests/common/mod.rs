@@ -4,6 +4,7 @@
 mod api;
 mod client;
 mod cluster;
+mod command;
 mod wedge;
 
 #[allow(unused_imports)]
@@ -12,6 +13,8 @@ pub use api::*;
 pub use client::*;
 #[allow(unused_imports)]
 pub use cluster::*;
+#[allow(unused_imports)]
+pub use command::*;
 #[allow(unused_imports)]
 pub use wedge::*;
 
