@@ -178,7 +178,7 @@ async fn revoking_a_token_or_a_user_closes_their_sockets_with_4403() {
     // A revocation written by another process (the CLI) is picked up by the watcher.
     let store = open_test_stores(dir.path()).await.api;
     let started = tokio::time::Instant::now();
-    quire_server::storage::api::ApiStore::revoke(
+    quire_server::storage::api::RevocationStore::revoke(
         &*store,
         None,
         Some("bo"),

@@ -219,14 +219,9 @@ pub struct DocQuery {
     pub include_deleted: bool,
 }
 
+/// Document metadata rows (`documents`), implemented in `sql_api/documents.rs`.
 #[async_trait]
-pub trait ApiStore:
-    super::history::HistoryStore + super::branches::BranchStore + Send + Sync + 'static
-{
-    /// Keeps log rows for `retention` after a snapshot covers them (zero: snapshots delete
-    /// them); shared with the document store of the same database.
-    fn set_history_retention(&self, retention: std::time::Duration);
-
+pub trait DocumentStore: Send + Sync {
     /// Creates a document owned by `owner` (also given the owner role), with a
     /// `document.created` event. `Ok(None)` if the name is taken.
     async fn create_doc(
@@ -237,7 +232,7 @@ pub trait ApiStore:
     ) -> Result<Option<DocMeta>, StorageError> {
         self.create_doc_with(name, title, owner, None).await
     }
-    /// [`ApiStore::create_doc`] with the document's first log row (position 1) written in
+    /// [`DocumentStore::create_doc`] with the document's first log row (position 1) written in
     /// the same transaction: a document created with content (a fork) exists with it or not
     /// at all. No room can hold a document that does not exist yet, so the row is its first
     /// content as a room would have logged it.
@@ -262,7 +257,11 @@ pub trait ApiStore:
     async fn delete_doc(&self, id: DocId) -> Result<Versioned<DocMeta>, StorageError>;
     /// Undo a soft delete; `Stale` if it was not deleted.
     async fn restore_doc(&self, id: DocId) -> Result<Versioned<DocMeta>, StorageError>;
+}
 
+/// User profiles (`users`), implemented in `sql_api/profiles.rs`.
+#[async_trait]
+pub trait ProfileStore: Send + Sync {
     async fn get_user(&self, id: &str) -> Result<Option<UserProfile>, StorageError>;
     /// The profile, created empty if it does not exist yet.
     async fn ensure_user(&self, id: &str) -> Result<UserProfile, StorageError>;
@@ -273,7 +272,11 @@ pub trait ApiStore:
         expected_version: i64,
         patch: &UserPatch,
     ) -> Result<Versioned<UserProfile>, StorageError>;
+}
 
+/// Roles on documents (`document_access`), implemented in `sql_api/access.rs`.
+#[async_trait]
+pub trait AccessStore: Send + Sync {
     async fn get_role(&self, doc: DocId, user: &str) -> Result<Option<Role>, StorageError>;
     /// Sets (or with `None` removes) a user's role on a document, with a `doc_changes` row in
     /// the same transaction; returns that row's id.
@@ -284,7 +287,11 @@ pub trait ApiStore:
         role: Option<Role>,
     ) -> Result<i64, StorageError>;
     async fn list_access(&self, doc: DocId) -> Result<Vec<(String, Role)>, StorageError>;
+}
 
+/// Idempotency keys of HTTP writes, implemented in `sql_api/idempotency.rs`.
+#[async_trait]
+pub trait IdempotencyStore: Send + Sync {
     async fn idem_claim(
         &self,
         principal: &str,
@@ -302,7 +309,11 @@ pub trait ApiStore:
     /// Forgets a claim whose request failed, so a retry runs again.
     async fn idem_abandon(&self, principal: &str, key: &str) -> Result<(), StorageError>;
     async fn idem_cleanup(&self, expires_before: i64) -> Result<u64, StorageError>;
+}
 
+/// Token revocations, implemented in `sql_api/revocations.rs`.
+#[async_trait]
+pub trait RevocationStore: Send + Sync {
     async fn revoke(
         &self,
         token_id: Option<&str>,
@@ -310,7 +321,22 @@ pub trait ApiStore:
         now: i64,
     ) -> Result<Revocation, StorageError>;
     async fn revocations_after(&self, id: i64) -> Result<Vec<Revocation>, StorageError>;
+}
 
+/// The `doc_changes` feed live sockets follow, implemented in `sql_api/changes.rs`.
+#[async_trait]
+pub trait DocChangeStore: Send + Sync {
+    /// The newest `doc_changes` id (0 if none): where a starting node begins to watch.
+    async fn last_doc_change(&self) -> Result<i64, StorageError>;
+    /// `doc_changes` rows after `id`, oldest first, at most `limit`.
+    async fn doc_changes_after(&self, id: i64, limit: u32) -> Result<Vec<DocChange>, StorageError>;
+    /// Removes `doc_changes` rows older than `before` (ms); how many.
+    async fn doc_changes_cleanup(&self, before: i64) -> Result<u64, StorageError>;
+}
+
+/// The webhook outbox and its dead letters, implemented in `sql_api/outbox.rs`.
+#[async_trait]
+pub trait OutboxStore: Send + Sync {
     /// Records a stateless message a Hocuspocus client sent to document `doc` (by name) as a
     /// `document.stateless` event in the outbox, for the webhooks. Nothing if events are off.
     async fn stateless_event(
@@ -319,13 +345,6 @@ pub trait ApiStore:
         user: Option<&str>,
         payload: &str,
     ) -> Result<(), StorageError>;
-
-    /// The newest `doc_changes` id (0 if none): where a starting node begins to watch.
-    async fn last_doc_change(&self) -> Result<i64, StorageError>;
-    /// `doc_changes` rows after `id`, oldest first, at most `limit`.
-    async fn doc_changes_after(&self, id: i64, limit: u32) -> Result<Vec<DocChange>, StorageError>;
-    /// Removes `doc_changes` rows older than `before` (ms); how many.
-    async fn doc_changes_cleanup(&self, before: i64) -> Result<u64, StorageError>;
 
     async fn due_events(&self, now: i64, limit: u32) -> Result<Vec<OutboxEvent>, StorageError>;
     /// Claims up to `limit` events due at `now` that no node has claimed (or whose claim has
@@ -368,7 +387,11 @@ pub trait ApiStore:
     /// (receivers deduplicate by it), due at `now`, its attempts counted afresh. Idempotent:
     /// an event already back in the outbox is returned as it is. `None`: no such event.
     async fn retry_dead(&self, id: i64, now: i64) -> Result<Option<OutboxEvent>, StorageError>;
+}
 
+/// Admin figures, nodes and leases, implemented in `sql_api/cluster.rs`.
+#[async_trait]
+pub trait ClusterStore: Send + Sync {
     /// A page of live documents (name prefix, after id, limit of `q`; deleted ones left out)
     /// with their storage figures and leases.
     async fn doc_stats(&self, q: &DocQuery) -> Result<Vec<DocStats>, StorageError>;
@@ -386,6 +409,28 @@ pub trait ApiStore:
     /// The nodes' rows and the leases not yet expired (at most `limit` of each, by node id and
     /// document name).
     async fn cluster_rows(&self, limit: u32) -> Result<ClusterRows, StorageError>;
+}
+
+/// Every row behind the HTTP API: one trait per resource, each implemented beside its SQL in
+/// `sql_api/`; the history and branch rows are in `history.rs` and `branches.rs`.
+pub trait ApiStore:
+    DocumentStore
+    + ProfileStore
+    + AccessStore
+    + IdempotencyStore
+    + RevocationStore
+    + DocChangeStore
+    + OutboxStore
+    + ClusterStore
+    + super::history::HistoryStore
+    + super::branches::BranchStore
+    + Send
+    + Sync
+    + 'static
+{
+    /// Keeps log rows for `retention` after a snapshot covers them (zero: snapshots delete
+    /// them); shared with the document store of the same database.
+    fn set_history_retention(&self, retention: std::time::Duration);
 }
 
 /// Checks shared by the backends' unit tests.

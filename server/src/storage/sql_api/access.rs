@@ -1,16 +1,16 @@
 //! Roles on documents (`document_access`); every change of one is also a `doc_changes` row.
 
 use crate::storage::api::Role;
+use async_trait::async_trait;
+
+use crate::storage::api::AccessStore;
 use crate::storage::dialect::backend_impl;
 use crate::storage::{now_ms, DocId, StorageError};
 
 backend_impl!(
-    impl<DB> SqlApi<DB> {
-        pub(super) async fn get_role(
-            &self,
-            doc: DocId,
-            user: &str,
-        ) -> Result<Option<Role>, StorageError> {
+    #[async_trait]
+    impl<DB> AccessStore for SqlApi<DB> {
+        async fn get_role(&self, doc: DocId, user: &str) -> Result<Option<Role>, StorageError> {
             let role: Option<String> = sqlx::query_scalar(
                 "SELECT role FROM document_access WHERE doc_id = $1 AND user_id = $2",
             )
@@ -21,7 +21,7 @@ backend_impl!(
             Ok(role.as_deref().and_then(Role::parse))
         }
 
-        pub(super) async fn set_role(
+        async fn set_role(
             &self,
             doc: DocId,
             user: &str,
@@ -62,10 +62,7 @@ backend_impl!(
             Ok(id)
         }
 
-        pub(super) async fn list_access(
-            &self,
-            doc: DocId,
-        ) -> Result<Vec<(String, Role)>, StorageError> {
+        async fn list_access(&self, doc: DocId) -> Result<Vec<(String, Role)>, StorageError> {
             let rows: Vec<(String, String)> = sqlx::query_as(
                 "SELECT user_id, role FROM document_access WHERE doc_id = $1 ORDER BY user_id",
             )

@@ -1,19 +1,23 @@
 //! The `doc_changes` feed (deletions, access changes) other nodes watch.
 
 use crate::storage::api::DocChange;
+use async_trait::async_trait;
+
+use crate::storage::api::DocChangeStore;
 use crate::storage::dialect::backend_impl;
 use crate::storage::StorageError;
 
 backend_impl!(
-    impl<DB> SqlApi<DB> {
-        pub(super) async fn last_doc_change(&self) -> Result<i64, StorageError> {
+    #[async_trait]
+    impl<DB> DocChangeStore for SqlApi<DB> {
+        async fn last_doc_change(&self) -> Result<i64, StorageError> {
             let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM doc_changes")
                 .fetch_one(&self.pool)
                 .await?;
             Ok(id.unwrap_or(0))
         }
 
-        pub(super) async fn doc_changes_after(
+        async fn doc_changes_after(
             &self,
             id: i64,
             limit: u32,
@@ -29,7 +33,7 @@ backend_impl!(
             .await?)
         }
 
-        pub(super) async fn doc_changes_cleanup(&self, before: i64) -> Result<u64, StorageError> {
+        async fn doc_changes_cleanup(&self, before: i64) -> Result<u64, StorageError> {
             let done = sqlx::query("DELETE FROM doc_changes WHERE changed_at < $1")
                 .bind(before)
                 .execute(&self.pool)

@@ -4,6 +4,9 @@
 use sqlx::Row;
 
 use crate::storage::api::{ClusterRows, DocQuery, DocStats, LeaseRow, NodeRow};
+use async_trait::async_trait;
+
+use crate::storage::api::ClusterStore;
 use crate::storage::dialect::backend_impl;
 use crate::storage::StorageError;
 
@@ -11,8 +14,9 @@ use crate::storage::StorageError;
 const NODE_FORGOTTEN_MS: i64 = 24 * 3600 * 1000;
 
 backend_impl!(
-    impl<DB> SqlApi<DB> {
-        pub(super) async fn doc_stats(&self, q: &DocQuery) -> Result<Vec<DocStats>, StorageError> {
+    #[async_trait]
+    impl<DB> ClusterStore for SqlApi<DB> {
+        async fn doc_stats(&self, q: &DocQuery) -> Result<Vec<DocStats>, StorageError> {
             let upper = q.name_prefix.as_ref().map(|p| format!("{p}\u{10FFFF}"));
             let rows = sqlx::query(
                 "SELECT d.id, d.name, d.title, d.created_at, d.snapshot_seq, d.snapshot_at, \
@@ -57,14 +61,14 @@ backend_impl!(
             Ok(rows.iter().map(stats).collect::<Result<_, _>>()?)
         }
 
-        pub(super) async fn store_size(&self) -> Result<i64, StorageError> {
+        async fn store_size(&self) -> Result<i64, StorageError> {
             let size: i64 = sqlx::query_scalar(DB::STORE_SIZE)
                 .fetch_one(&self.pool)
                 .await?;
             Ok(size)
         }
 
-        pub(super) async fn node_heartbeat(
+        async fn node_heartbeat(
             &self,
             id: &str,
             address: &str,
@@ -97,7 +101,7 @@ backend_impl!(
             Ok(())
         }
 
-        pub(super) async fn cluster_rows(&self, limit: u32) -> Result<ClusterRows, StorageError> {
+        async fn cluster_rows(&self, limit: u32) -> Result<ClusterRows, StorageError> {
             let mut tx = self.pool.begin_with(DB::BEGIN_READ_SNAPSHOT).await?;
             let now: i64 = sqlx::query_scalar(&format!("SELECT {}", DB::NOW_MS))
                 .fetch_one(&mut *tx)

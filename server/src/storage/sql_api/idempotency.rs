@@ -4,12 +4,16 @@
 use sqlx::Row;
 
 use crate::storage::api::{IdemClaim, StoredResponse};
+use async_trait::async_trait;
+
+use crate::storage::api::IdempotencyStore;
 use crate::storage::dialect::backend_impl;
 use crate::storage::StorageError;
 
 backend_impl!(
-    impl<DB> SqlApi<DB> {
-        pub(super) async fn idem_claim(
+    #[async_trait]
+    impl<DB> IdempotencyStore for SqlApi<DB> {
+        async fn idem_claim(
             &self,
             principal: &str,
             key: &str,
@@ -82,7 +86,7 @@ backend_impl!(
             Ok(outcome)
         }
 
-        pub(super) async fn idem_finish(
+        async fn idem_finish(
             &self,
             principal: &str,
             key: &str,
@@ -102,11 +106,7 @@ backend_impl!(
             Ok(())
         }
 
-        pub(super) async fn idem_abandon(
-            &self,
-            principal: &str,
-            key: &str,
-        ) -> Result<(), StorageError> {
+        async fn idem_abandon(&self, principal: &str, key: &str) -> Result<(), StorageError> {
             sqlx::query(
                 "DELETE FROM idempotency_keys WHERE principal = $1 AND key = $2 \
                  AND response_status IS NULL",
@@ -118,7 +118,7 @@ backend_impl!(
             Ok(())
         }
 
-        pub(super) async fn idem_cleanup(&self, expires_before: i64) -> Result<u64, StorageError> {
+        async fn idem_cleanup(&self, expires_before: i64) -> Result<u64, StorageError> {
             let done = sqlx::query("DELETE FROM idempotency_keys WHERE created_at < $1")
                 .bind(expires_before)
                 .execute(&self.pool)

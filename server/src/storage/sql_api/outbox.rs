@@ -4,12 +4,16 @@
 use sqlx::Row;
 
 use crate::storage::api::{DeadEvent, OutboxEvent};
+use async_trait::async_trait;
+
+use crate::storage::api::OutboxStore;
 use crate::storage::dialect::backend_impl;
 use crate::storage::{now_ms, StorageError};
 
 backend_impl!(
-    impl<DB> SqlApi<DB> {
-        pub(super) async fn stateless_event(
+    #[async_trait]
+    impl<DB> OutboxStore for SqlApi<DB> {
+        async fn stateless_event(
             &self,
             doc: &str,
             user: Option<&str>,
@@ -31,11 +35,7 @@ backend_impl!(
             Ok(())
         }
 
-        pub(super) async fn due_events(
-            &self,
-            now: i64,
-            limit: u32,
-        ) -> Result<Vec<OutboxEvent>, StorageError> {
+        async fn due_events(&self, now: i64, limit: u32) -> Result<Vec<OutboxEvent>, StorageError> {
             let rows = sqlx::query(
                 "SELECT * FROM outbox WHERE status = 'pending' AND available_at <= $1 \
                  ORDER BY id LIMIT $2",
@@ -47,7 +47,7 @@ backend_impl!(
             Ok(rows.iter().map(Self::event_row).collect::<Result<_, _>>()?)
         }
 
-        pub(super) async fn claim_due_events(
+        async fn claim_due_events(
             &self,
             now: i64,
             claim_ms: i64,
@@ -75,7 +75,7 @@ backend_impl!(
             Ok(events)
         }
 
-        pub(super) async fn release_claims(&self, ids: &[i64]) -> Result<(), StorageError> {
+        async fn release_claims(&self, ids: &[i64]) -> Result<(), StorageError> {
             // (A round holds at most a few dozen events.)
             for chunk in ids.chunks(500) {
                 let list = (1..=chunk.len())
@@ -92,7 +92,7 @@ backend_impl!(
             Ok(())
         }
 
-        pub(super) async fn event_delivered(
+        async fn event_delivered(
             &self,
             id: i64,
             revision: i64,
@@ -115,7 +115,7 @@ backend_impl!(
             Ok(())
         }
 
-        pub(super) async fn event_failed(
+        async fn event_failed(
             &self,
             id: i64,
             revision: i64,
@@ -139,7 +139,7 @@ backend_impl!(
             Ok(())
         }
 
-        pub(super) async fn event_dead(
+        async fn event_dead(
             &self,
             id: i64,
             revision: i64,
@@ -153,18 +153,14 @@ backend_impl!(
             Ok(())
         }
 
-        pub(super) async fn outbox_view(
+        async fn outbox_view(
             &self,
             limit: u32,
         ) -> Result<(Vec<OutboxEvent>, Vec<DeadEvent>), StorageError> {
             self.outbox_view_with(limit, async {}).await
         }
 
-        pub(super) async fn retry_dead(
-            &self,
-            id: i64,
-            now: i64,
-        ) -> Result<Option<OutboxEvent>, StorageError> {
+        async fn retry_dead(&self, id: i64, now: i64) -> Result<Option<OutboxEvent>, StorageError> {
             let mut tx = self.pool.begin().await?;
             // The row keeps its id (taken from the outbox's sequence, so no later event can have
             // it) and its event id; a second retry finds it in the outbox and inserts nothing.
@@ -191,7 +187,11 @@ backend_impl!(
             }
             Ok(row.as_ref().map(Self::event_row).transpose()?)
         }
+    }
+);
 
+backend_impl!(
+    impl<DB> SqlApi<DB> {
         fn event_row(r: &DB::Row) -> Result<OutboxEvent, sqlx::Error> {
             let urls: String = r.try_get("delivered_urls")?;
             Ok(OutboxEvent {
@@ -210,7 +210,7 @@ backend_impl!(
             })
         }
 
-        /// [`ApiStore::outbox_view`], awaiting `between` after the outbox is read and before the
+        /// [`OutboxStore::outbox_view`], awaiting `between` after the outbox is read and before the
         /// dead-letter table is: a test commits a move there to check that both reads see the
         /// snapshot of the first.
         pub(crate) async fn outbox_view_with(

@@ -3,14 +3,18 @@
 use sqlx::Row;
 
 use crate::storage::api::{UserPatch, UserProfile, Versioned};
+use async_trait::async_trait;
+
+use crate::storage::api::ProfileStore;
 use crate::storage::dialect::backend_impl;
 use crate::storage::{now_ms, StorageError};
 
 const USER_COLUMNS: &str = "id, display_name, color, avatar_url, version, created_at, updated_at";
 
 backend_impl!(
-    impl<DB> SqlApi<DB> {
-        pub(super) async fn get_user(&self, id: &str) -> Result<Option<UserProfile>, StorageError> {
+    #[async_trait]
+    impl<DB> ProfileStore for SqlApi<DB> {
+        async fn get_user(&self, id: &str) -> Result<Option<UserProfile>, StorageError> {
             let row = sqlx::query(&format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1"))
                 .bind(id)
                 .fetch_optional(&self.pool)
@@ -18,7 +22,7 @@ backend_impl!(
             Ok(row.as_ref().map(Self::user_row).transpose()?)
         }
 
-        pub(super) async fn ensure_user(&self, id: &str) -> Result<UserProfile, StorageError> {
+        async fn ensure_user(&self, id: &str) -> Result<UserProfile, StorageError> {
             let now = now_ms();
             sqlx::query(
                 "INSERT INTO users (id, created_at, updated_at) VALUES ($1, $2, $3) \
@@ -34,7 +38,7 @@ backend_impl!(
                 .ok_or_else(|| StorageError::Invalid(format!("user {id} vanished")))
         }
 
-        pub(super) async fn update_user(
+        async fn update_user(
             &self,
             id: &str,
             expected_version: i64,
@@ -74,7 +78,11 @@ backend_impl!(
             self.committed_with_events(tx).await?;
             Ok(Versioned::Updated(user))
         }
+    }
+);
 
+backend_impl!(
+    impl<DB> SqlApi<DB> {
         fn user_row(r: &DB::Row) -> Result<UserProfile, sqlx::Error> {
             Ok(UserProfile {
                 id: r.try_get("id")?,

@@ -1,12 +1,16 @@
 //! Token revocations (`revocations`), read by every node in id order.
 
 use crate::storage::api::Revocation;
+use async_trait::async_trait;
+
+use crate::storage::api::RevocationStore;
 use crate::storage::dialect::backend_impl;
 use crate::storage::StorageError;
 
 backend_impl!(
-    impl<DB> SqlApi<DB> {
-        pub(super) async fn revoke(
+    #[async_trait]
+    impl<DB> RevocationStore for SqlApi<DB> {
+        async fn revoke(
             &self,
             token_id: Option<&str>,
             user_id: Option<&str>,
@@ -33,10 +37,7 @@ backend_impl!(
             })
         }
 
-        pub(super) async fn revocations_after(
-            &self,
-            id: i64,
-        ) -> Result<Vec<Revocation>, StorageError> {
+        async fn revocations_after(&self, id: i64) -> Result<Vec<Revocation>, StorageError> {
             let rows: Vec<(i64, Option<String>, Option<String>, i64)> = sqlx::query_as(
                 "SELECT id, token_id, user_id, revoked_at FROM revocations WHERE id > $1 ORDER BY id",
             )
