@@ -90,22 +90,8 @@ pub enum Envelope {
         doc: String,
         change: Change,
     },
-    /// An HTTP request that must run on the document's owner (a content write made through
-    /// another node), to be run through the owner's router and answered with `Response`. It
-    /// carries the caller as the sending node verified it (`principal`, JSON), never the
-    /// caller's credential, and is bound to a fresh `nonce` and the time it was sent: the
-    /// owner refuses one older than `FORWARD_MAX_AGE` or whose nonce it has seen.
-    Request {
-        from: NodeName,
-        id: u64,
-        nonce: String,
-        sent_at_ms: i64,
-        principal: String,
-        method: String,
-        uri: String,
-        headers: Vec<(String, String)>,
-        body: Bytes,
-    },
+    /// An HTTP request that must run on the document's owner, answered with `Response`.
+    Request(Forwarded),
     /// A relayed client's new credential (a Hocuspocus token refresh): the owner replaces the
     /// remote peer's permission and expiry, as it would a local one's. `user` to
     /// `seen_change` are the client's new [`Credential`] (a refresh carries no flags or
@@ -117,12 +103,38 @@ pub enum Envelope {
         auth: Credential,
     },
     /// The owner's answer to `Request` `id`.
-    Response {
-        id: u64,
-        status: u16,
-        headers: Vec<(String, String)>,
-        body: Bytes,
-    },
+    Response(ForwardAnswer),
+}
+
+/// An HTTP request that must run on the document's owner (a content write made through
+/// another node), to be run through the owner's router (see `crate::http::owner`). It carries
+/// the caller as the sending node verified it (`principal`, JSON), never the caller's
+/// credential, and is bound to a fresh `nonce` and the time it was sent: the owner refuses
+/// one older than `FORWARD_MAX_AGE` or whose nonce it has seen.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Forwarded {
+    /// The node that sent it and its id for the exchange (set by [`super::Bus::request`]).
+    pub from: NodeName,
+    pub id: u64,
+    /// A fresh nonce and when it was sent (milliseconds since the epoch, the sender's clock).
+    pub nonce: String,
+    pub sent_at_ms: i64,
+    /// The caller as the sending node verified it (`auth::Principal` as JSON).
+    pub principal: String,
+    /// The method and URI (path and query).
+    pub method: String,
+    pub uri: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+}
+
+/// The owner's answer to [`Forwarded`] request `id`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ForwardAnswer {
+    pub id: u64,
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
 }
 
 /// Which kind of message (for [`Faults`], and the entry-point table's rows).
@@ -383,8 +395,8 @@ impl Envelope {
             Envelope::Beat { .. } => Kind::Beat,
             Envelope::Kill { .. } => Kind::Kill,
             Envelope::Changed { .. } => Kind::Changed,
-            Envelope::Request { .. } => Kind::Request,
-            Envelope::Response { .. } => Kind::Response,
+            Envelope::Request(_) => Kind::Request,
+            Envelope::Response(_) => Kind::Response,
             Envelope::Reauth { .. } => Kind::Reauth,
         }
     }
@@ -453,7 +465,7 @@ impl Envelope {
                 doc,
                 change,
             } => encode_changed(b, from, *at_ms, doc, change),
-            Envelope::Request {
+            Envelope::Request(Forwarded {
                 from,
                 id,
                 nonce,
@@ -463,7 +475,7 @@ impl Envelope {
                 uri,
                 headers,
                 body,
-            } => {
+            }) => {
                 put_head(b, REQUEST, *id);
                 put_str(b, from);
                 put_str(b, nonce);
@@ -478,12 +490,12 @@ impl Envelope {
                 put_head(b, REAUTH, *conn);
                 put_str(b, from);
             }
-            Envelope::Response {
+            Envelope::Response(ForwardAnswer {
                 id,
                 status,
                 headers,
                 body,
-            } => {
+            }) => {
                 put_head(b, RESPONSE, *id);
                 b.put_u16(*status);
                 put_headers(b, headers);
@@ -560,7 +572,7 @@ impl Envelope {
                 }
             }
             CHANGED => decode_changed(conn, b, names)?,
-            REQUEST => Envelope::Request {
+            REQUEST => Envelope::Request(Forwarded {
                 from: get_name(b, names)?,
                 id: conn,
                 nonce: get_str(b)?,
@@ -570,19 +582,19 @@ impl Envelope {
                 uri: get_str(b)?,
                 headers: get_headers(b)?,
                 body: std::mem::take(b),
-            },
+            }),
             REAUTH => decode_reauth(conn, b, names)?,
             RESPONSE => {
                 if b.remaining() < 2 {
                     return None;
                 }
                 let status = b.get_u16();
-                Envelope::Response {
+                Envelope::Response(ForwardAnswer {
                     id: conn,
                     status,
                     headers: get_headers(b)?,
                     body: std::mem::take(b),
-                }
+                })
             }
             _ => return None,
         })
@@ -703,194 +715,4 @@ impl std::fmt::Debug for ClusterKey {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn envelopes_round_trip_and_garbage_is_refused() {
-        let all = [
-            Envelope::Open {
-                from: "n1".into(),
-                conn: 7,
-                doc: "team/notes".into(),
-                auth: Credential {
-                    user: Some("ann".into()),
-                    can_write: true,
-                    expires_at: Some(1_800_000_000),
-                    seen_change: 3,
-                    hocuspocus: false,
-                    profile: Some(("Ann".into(), "#e11d48".into())),
-                },
-            },
-            Envelope::Open {
-                from: "n1".into(),
-                conn: 9,
-                doc: "tiptap".into(),
-                auth: Credential {
-                    user: Some("ann".into()),
-                    can_write: true,
-                    expires_at: None,
-                    seen_change: 0,
-                    hocuspocus: true,
-                    profile: None,
-                },
-            },
-            Envelope::Open {
-                from: "n1".into(),
-                conn: 8,
-                doc: "d".into(),
-                auth: Credential {
-                    user: None,
-                    can_write: false,
-                    expires_at: None,
-                    seen_change: 3,
-                    hocuspocus: false,
-                    profile: None,
-                },
-            },
-            Envelope::Reauth {
-                from: "n1".into(),
-                conn: 9,
-                auth: Credential {
-                    user: Some("ann".into()),
-                    can_write: false,
-                    expires_at: Some(1_800_000_000),
-                    seen_change: 4,
-                    ..Credential::default()
-                },
-            },
-            Envelope::Reauth {
-                from: "n1".into(),
-                conn: 9,
-                auth: Credential {
-                    user: None,
-                    can_write: true,
-                    expires_at: None,
-                    seen_change: 0,
-                    ..Credential::default()
-                },
-            },
-            Envelope::Frame {
-                from: "n2".into(),
-                conn: u64::MAX,
-                seq: 3,
-                data: Bytes::from_static(&[0, 1, 2]),
-            },
-            Envelope::Alive {
-                from: "n2".into(),
-                conn: 1,
-                sent: 9,
-            },
-            Envelope::Close {
-                from: "n2".into(),
-                conn: 1,
-            },
-            Envelope::Out {
-                conn: 3,
-                seq: 1,
-                data: Bytes::from_static(b"xyz"),
-            },
-            Envelope::Beat { conn: 3, sent: 4 },
-            Envelope::Kill {
-                conn: 3,
-                code: 1012,
-                reason: "moved".into(),
-            },
-            Envelope::Changed {
-                from: "n1".into(),
-                at_ms: 1_800_000_000_000,
-                doc: "a/b".into(),
-                change: Change::Deleted,
-            },
-            Envelope::Changed {
-                from: "n1".into(),
-                at_ms: 1,
-                doc: "a/b".into(),
-                change: Change::Access {
-                    user: "ann".into(),
-                    id: 7,
-                },
-            },
-            Envelope::Request {
-                from: "n2".into(),
-                id: 11,
-                nonce: "0f1e2d3c".into(),
-                sent_at_ms: 1_800_000_000_000,
-                principal: r#"{"user":"ann"}"#.into(),
-                method: "POST".into(),
-                uri: "/api/v1/docs/3/update".into(),
-                headers: vec![("content-type".into(), "application/octet-stream".into())],
-                body: Bytes::from_static(&[0, 0]),
-            },
-            Envelope::Response {
-                id: 11,
-                status: 200,
-                headers: vec![],
-                body: Bytes::from_static(b"{\"seq\":4}"),
-            },
-        ];
-        for env in all {
-            assert_eq!(Envelope::decode(env.encode()), Some(env));
-        }
-        assert_eq!(Envelope::decode(Bytes::from_static(&[1, 2, 3])), None);
-        assert_eq!(Envelope::decode(Bytes::from_static(&[9; 20])), None);
-        // Cut into the change id, or (without one) into the user's name.
-        for seen_change in [3, 0] {
-            let mut truncated = Envelope::Open {
-                from: "n1".into(),
-                conn: 1,
-                doc: "doc".into(),
-                auth: Credential {
-                    user: Some("user".into()),
-                    can_write: true,
-                    expires_at: None,
-                    seen_change,
-                    hocuspocus: false,
-                    profile: None,
-                },
-            }
-            .encode();
-            truncated.truncate(truncated.len() - 3);
-            assert_eq!(Envelope::decode(truncated), None, "{seen_change}");
-        }
-    }
-
-    #[test]
-    fn only_messages_signed_with_the_cluster_key_for_their_subject_are_read() {
-        let key = ClusterKey::new("a-cluster-key-of-some-length").expect("key");
-        let other = ClusterKey::new("another-cluster-key-entirely").expect("key");
-        let body = Envelope::Open {
-            from: "n1".into(),
-            conn: 1,
-            doc: "d".into(),
-            auth: Credential {
-                user: Some("mallory".into()),
-                can_write: true,
-                expires_at: None,
-                seen_change: 3,
-                hocuspocus: false,
-                profile: None,
-            },
-        }
-        .encode();
-        let sealed = key.seal("quire.node.n2", &body);
-        assert_eq!(
-            key.open("quire.node.n2", sealed.clone()),
-            Some(body.clone())
-        );
-        // Signed with another key, sent to another node, unsigned, or altered: refused.
-        assert_eq!(other.open("quire.node.n2", sealed.clone()), None);
-        assert_eq!(key.open("quire.node.n3", sealed.clone()), None);
-        assert_eq!(key.open("quire.node.n2", body.clone()), None);
-        let mut altered = sealed.to_vec();
-        let last = altered.len() - 1;
-        altered[last] ^= 1;
-        assert_eq!(key.open("quire.node.n2", Bytes::from(altered)), None);
-        assert_eq!(
-            key.open("quire.node.n2", Bytes::from_static(b"short")),
-            None
-        );
-        assert!(ClusterKey::new("short").is_err());
-        assert!(!format!("{key:?}").contains("cluster-key"));
-    }
-}
+mod tests;

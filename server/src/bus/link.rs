@@ -275,13 +275,13 @@ impl Bus {
                     let _ = remote.tx.send(RemoteIn::Gap);
                 }
             }
-            Envelope::Request { id, .. } => {
-                lock(&self.pending).remove(id);
+            Envelope::Request(request) => {
+                lock(&self.pending).remove(&request.id);
             }
             Envelope::Close { .. }
             | Envelope::Kill { .. }
             | Envelope::Changed { .. }
-            | Envelope::Response { .. } => {}
+            | Envelope::Response(_) => {}
         }
     }
 }

@@ -108,28 +108,6 @@ pub enum Inbound {
     Request(Forwarded),
 }
 
-/// An HTTP request or response carried over the bus (see `crate::http::owner`).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Forwarded {
-    /// The node that sent it and its id for the exchange.
-    pub from: String,
-    pub id: u64,
-    /// A request's fresh nonce and when it was sent (milliseconds since the epoch, the
-    /// sender's clock); empty and 0 in a response.
-    pub nonce: String,
-    pub sent_at_ms: i64,
-    /// The caller of a request as the sending node verified it (`auth::Principal` as JSON);
-    /// empty in a response.
-    pub principal: String,
-    /// The method and URI (path and query) of a request; empty in a response.
-    pub method: String,
-    pub uri: String,
-    /// A response's status; 0 in a request.
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Bytes,
-}
-
 /// A relayed client opened on this node (the owner): who it is and its inbox.
 pub struct RemoteOpen {
     pub name: DocName,
@@ -202,7 +180,7 @@ pub struct Bus {
     /// Opens and announced changes, to whoever serves them.
     inbound: mpsc::UnboundedSender<Inbound>,
     /// Forwarded requests of this node waiting for their responses, by id.
-    pending: Mutex<HashMap<u64, oneshot::Sender<Forwarded>>>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<ForwardAnswer>>>,
     next_request: AtomicU64,
 }
 
@@ -470,22 +448,13 @@ impl Bus {
         node: &str,
         mut request: Forwarded,
         deadline: std::time::Duration,
-    ) -> Result<Forwarded, ()> {
+    ) -> Result<ForwardAnswer, ()> {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&self.pending).insert(id, tx);
+        request.from = self.node.clone();
         request.id = id;
-        let env = Envelope::Request {
-            from: self.node.clone(),
-            id,
-            nonce: request.nonce,
-            sent_at_ms: request.sent_at_ms,
-            principal: request.principal,
-            method: request.method,
-            uri: request.uri,
-            headers: request.headers,
-            body: request.body,
-        };
+        let env = Envelope::Request(request);
         let answer = match self.send(node, env).await {
             Ok(()) => tokio::time::timeout(deadline, rx)
                 .await
@@ -497,15 +466,9 @@ impl Bus {
         answer.ok_or(())
     }
 
-    /// Answers forwarded request `id` of node `to`.
-    pub async fn respond(&self, to: &str, id: u64, response: Forwarded) {
-        let env = Envelope::Response {
-            id,
-            status: response.status,
-            headers: response.headers,
-            body: response.body,
-        };
-        let _ = self.send(to, env).await;
+    /// Answers a forwarded request of node `to` (`answer.id` is the request's).
+    pub async fn respond(&self, to: &str, answer: ForwardAnswer) {
+        let _ = self.send(to, Envelope::Response(answer)).await;
     }
 
     /// Tells every node (this one included) about a change its sockets must see.
@@ -595,40 +558,8 @@ impl Bus {
             Envelope::Alive { from, conn, sent } => self.on_alive(&from, conn, sent).await,
             Envelope::Close { from, conn } => self.on_close(&from, conn),
             Envelope::Reauth { from, conn, auth } => self.on_reauth(&from, conn, auth),
-            Envelope::Request {
-                from,
-                id,
-                nonce,
-                sent_at_ms,
-                principal,
-                method,
-                uri,
-                headers,
-                body,
-            } => self.on_request(Forwarded {
-                from: from.to_string(),
-                id,
-                nonce,
-                sent_at_ms,
-                principal,
-                method,
-                uri,
-                status: 0,
-                headers,
-                body,
-            }),
-            Envelope::Response {
-                id,
-                status,
-                headers,
-                body,
-            } => self.on_response(Forwarded {
-                id,
-                status,
-                headers,
-                body,
-                ..Forwarded::default()
-            }),
+            Envelope::Request(request) => self.on_request(request),
+            Envelope::Response(answer) => self.on_response(answer),
             Envelope::Changed {
                 from,
                 at_ms,
@@ -774,7 +705,7 @@ impl Bus {
     }
 
     /// A `Response` to a request this node forwarded: to whoever waits for it.
-    fn on_response(&self, response: Forwarded) {
+    fn on_response(&self, response: ForwardAnswer) {
         // (A duplicate or a late response finds nothing waiting.)
         if let Some(waiting) = lock(&self.pending).remove(&response.id) {
             let _ = waiting.send(response);

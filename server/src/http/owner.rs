@@ -33,7 +33,7 @@ use axum::response::{IntoResponse, Response};
 use super::{ApiError, MAX_REQUEST_BODY};
 use crate::app::AppState;
 use crate::auth::{Permission, Principal};
-use crate::bus::Forwarded;
+use crate::bus::{ForwardAnswer, Forwarded};
 use crate::room::DocName;
 
 /// Marks a request another node forwarded: served here, never forwarded again, as the
@@ -239,7 +239,7 @@ async fn forward_to_owner_of(
 }
 
 /// The owner's response as this node's.
-fn into_response(answer: Forwarded) -> Response {
+fn into_response(answer: ForwardAnswer) -> Response {
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut response = Response::new(Body::from(answer.body));
     *response.status_mut() = status;
@@ -309,7 +309,7 @@ pub async fn serve_forwarded(app: AppState, router: axum::Router, request: Forwa
         }
     };
     let built = builder
-        .extension(ForwardedBy(from.clone(), principal))
+        .extension(ForwardedBy(from.to_string(), principal))
         // Per-address limits: the node that forwarded it applied them to the client.
         .extension(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 0))))
         .body(Body::from(request.body));
@@ -329,12 +329,11 @@ async fn answer(bus: &crate::bus::Bus, from: &str, id: u64, response: Response) 
     let body = axum::body::to_bytes(body, MAX_REQUEST_BODY * 8)
         .await
         .unwrap_or_default();
-    let answer = Forwarded {
+    let answer = ForwardAnswer {
         id,
         status: parts.status.as_u16(),
         headers: carried(&parts.headers),
         body,
-        ..Forwarded::default()
     };
-    bus.respond(from, id, answer).await;
+    bus.respond(from, answer).await;
 }
