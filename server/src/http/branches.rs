@@ -20,7 +20,7 @@ use super::history::{first_row, merge_lock, new_doc_name};
 use super::reads::{
     check_position, content, current, heavy, latest, not_retained, stored_invalid, version_meta,
 };
-use super::shared::{applied, doc_for, doc_path, live, ApiResult};
+use super::shared::{applied, created_doc, created_response, doc_for, live, ApiResult};
 use crate::app::AppState;
 use crate::auth::{Permission, Principal};
 use crate::branches::{self, Change, Review, TextView};
@@ -171,31 +171,21 @@ pub async fn create_branch(
         }
     };
     let first = first_row(&app, &parent, update, &principal, "the branch").await?;
-    let created = app
-        .api
-        .create_branch(
-            new_name.as_str(),
-            &body.title,
-            &principal.user,
-            parent.id,
-            base_seq,
-            first,
-        )
-        .await?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::CONFLICT,
-                "document-exists",
-                "a document with this name exists",
+    let created = created_doc(
+        app.api
+            .create_branch(
+                new_name.as_str(),
+                &body.title,
+                &principal.user,
+                parent.id,
+                base_seq,
+                first,
             )
-        })?;
+            .await?,
+    )?;
     let row = branch_of(&app, &created).await?;
     let view = branch_view(&app, row, &principal).await?;
-    let mut resp = (StatusCode::CREATED, Json(&view)).into_response();
-    if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/docs/{}", doc_path(&created.name))) {
-        resp.headers_mut().insert(header::LOCATION, loc);
-    }
-    Ok(resp)
+    Ok(created_response(&created, &view, None))
 }
 
 #[derive(Debug, Serialize, ToSchema)]

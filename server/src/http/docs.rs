@@ -2,7 +2,7 @@
 //! restoring documents (metadata, with optimistic version checks).
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::{Extension, Json};
 
@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::shared::{
-    check_len, decode_cursor, doc_changed, doc_for, doc_path, encode_cursor, field_limits,
-    if_match, live, live_err, with_etag, ApiResult, MAX_PAGE,
+    check_len, created_doc, created_response, decode_cursor, doc_changed, doc_for, encode_cursor,
+    field_limits, if_match, live, live_err, with_etag, ApiResult, MAX_PAGE,
 };
 use crate::app::AppState;
 use crate::auth::{Permission, Principal};
@@ -48,22 +48,12 @@ pub(super) async fn create_doc(
             "write permission on this name is required",
         ));
     }
-    let doc = app
-        .api
-        .create_doc(name.as_str(), &body.title, Some(&principal.user))
-        .await?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::CONFLICT,
-                "document-exists",
-                "a document with this name exists",
-            )
-        })?;
-    let mut resp = with_etag(StatusCode::CREATED, &doc, doc.version);
-    if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/docs/{}", doc_path(&doc.name))) {
-        resp.headers_mut().insert(header::LOCATION, loc);
-    }
-    Ok(resp)
+    let doc = created_doc(
+        app.api
+            .create_doc(name.as_str(), &body.title, Some(&principal.user))
+            .await?,
+    )?;
+    Ok(created_response(&doc, &doc, Some(doc.version)))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -5,7 +5,7 @@
 //! committed truth); a restore goes through the document's room, on its owner (`on_owner`).
 
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
@@ -19,8 +19,8 @@ use super::reads::{
     send_whole, stored_invalid, version_meta,
 };
 use super::shared::{
-    applied, ask_room, decode_cursor, doc_for, doc_path, encode_cursor, field_limits, live,
-    ApiResult,
+    applied, ask_room, created_doc, created_response, decode_cursor, doc_for, encode_cursor,
+    field_limits, live, ApiResult,
 };
 use crate::app::AppState;
 use crate::auth::{Permission, Principal};
@@ -611,28 +611,15 @@ pub async fn fork(
     // The document and its content in one transaction: a fork exists whole or not at all,
     // so a failed one leaves no empty document behind and its retry can take the name.
     let first = first_row(&app, &source, update, &principal, "the fork").await?;
-    let created = app
-        .api
-        .create_doc_with(
-            new_name.as_str(),
-            &body.title,
-            Some(&principal.user),
-            Some(first),
-        )
-        .await?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::CONFLICT,
-                "document-exists",
-                "a document with this name exists",
+    let created = created_doc(
+        app.api
+            .create_doc_with(
+                new_name.as_str(),
+                &body.title,
+                Some(&principal.user),
+                Some(first),
             )
-        })?;
-    let mut resp = (StatusCode::CREATED, Json(&created)).into_response();
-    if let Ok(v) = HeaderValue::from_str(&crate::problem::etag(created.version)) {
-        resp.headers_mut().insert(header::ETAG, v);
-    }
-    if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/docs/{}", doc_path(&created.name))) {
-        resp.headers_mut().insert(header::LOCATION, loc);
-    }
-    Ok(resp)
+            .await?,
+    )?;
+    Ok(created_response(&created, &created, Some(created.version)))
 }

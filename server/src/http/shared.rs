@@ -34,6 +34,35 @@ pub(super) fn with_etag<T: Serialize>(status: StatusCode, body: &T, version: i64
     resp
 }
 
+/// What a store's create returned (`None`: the name is taken) as the new document, or 409
+/// `document-exists`: one answer for a create, a fork and a branch.
+pub(super) fn created_doc(created: Option<DocMeta>) -> ApiResult<DocMeta> {
+    created.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "document-exists",
+            "a document with this name exists",
+        )
+    })
+}
+
+/// 201 with `body` and the new document's `Location` (and its ETag, when `etag` holds its
+/// version).
+pub(super) fn created_response<T: Serialize>(
+    doc: &DocMeta,
+    body: &T,
+    etag: Option<i64>,
+) -> Response {
+    let mut resp = match etag {
+        Some(version) => with_etag(StatusCode::CREATED, body, version),
+        None => (StatusCode::CREATED, Json(body)).into_response(),
+    };
+    if let Ok(loc) = HeaderValue::from_str(&format!("/api/v1/docs/{}", doc_path(&doc.name))) {
+        resp.headers_mut().insert(header::LOCATION, loc);
+    }
+    resp
+}
+
 /// The version an `If-Match` header names. Missing: 428.
 pub(super) fn if_match(headers: &HeaderMap) -> ApiResult<i64> {
     let value = headers.get(header::IF_MATCH).ok_or_else(|| {
