@@ -34,6 +34,7 @@ use crate::history::RootKind;
 
 mod parse;
 mod plan;
+mod schema;
 pub use parse::parse;
 
 /// Most operations in one edit.

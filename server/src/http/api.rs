@@ -142,7 +142,7 @@ pub fn routes(app: &AppState) -> Router<AppState> {
     components(schemas(
         DocMeta, DocPatch, UserProfile, UserPatch, Role, Permission, Problem, docs::CreateDoc, docs::DocPage,
         content::UpdateApplied, content::StatelessMessage, content::StatelessSent,
-        edits::EditRequest, edits::Condition, edits::EditsApplied, crate::edits::Change, access::AccessEntry, access::SetRole, tokens::IssueToken, tokens::IssuedToken, tokens::RevokeRequest, Revocation,
+        crate::edits::Edits, crate::edits::Contains, edits::EditsApplied, crate::edits::Change, access::AccessEntry, access::SetRole, tokens::IssueToken, tokens::IssuedToken, tokens::RevokeRequest, Revocation,
         admin::OutboxView, OutboxEvent, DeadEvent, admin::Overview, admin::AdminDocs,
         admin::AdminDoc, admin::ClusterView, admin::SetAsideView,
         crate::storage::set_aside::SetAsideListed, crate::storage::api::DocStats,

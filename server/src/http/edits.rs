@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use base64::Engine;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa::ToSchema;
 use yrs::updates::decoder::Decode;
 use yrs::Update;
@@ -29,37 +29,6 @@ use crate::room::{ApplyCmd, ApplyError, EditCmd, RoomCmd};
 
 /// Where the room says what an edit did.
 type Made = tokio::sync::oneshot::Receiver<Result<edits::Outcome, EditError>>;
-
-/// The request, as the OpenAPI document shows it (the handler reads it as JSON and
-/// `crate::edits::parse` checks it, naming the operation a problem is in).
-#[derive(Debug, Deserialize, ToSchema)]
-#[allow(dead_code)]
-pub struct EditRequest {
-    /// Operations, applied in order in one transaction, each naming its root by its kind's
-    /// key: text `{"text": R, "insert": "s", "at"?: i}`, `{"text": R, "delete": n, "at": i}`,
-    /// `{"text": R, "replace": "old", "with": "new", "all"?: false}`; map `{"map": R, "set":
-    /// "key", "value": json}`, `{"map": R, "delete": "key"}`; array `{"array": R, "insert":
-    /// [json], "at": i}`, `{"array": R, "delete": n, "at": i}`, `{"array": R, "push":
-    /// [json]}`; XML `{"xml": R, "append": {"type": "paragraph", "attrs"?: {}, "text"?:
-    /// "s"}}`, `{"xml": R, "insert": {...}, "at": i}`, `{"xml": R, "replace": "old", "with":
-    /// "new", "all"?: false, "element"?: i}`. Indices count UTF-16 code units. At most 1000.
-    #[schema(value_type = Vec<Object>)]
-    pub ops: Vec<serde_json::Value>,
-    /// Applied only if each names text its root contains.
-    pub if_contains: Option<Vec<Condition>>,
-    /// Applied only onto this state (base64 Yjs v1 state vector).
-    pub state_vector: Option<String>,
-}
-
-/// A precondition: the text root `text` (or a text node of the XML root `xml`) contains
-/// `value`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[allow(dead_code)]
-pub struct Condition {
-    pub text: Option<String>,
-    pub xml: Option<String>,
-    pub value: String,
-}
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EditsApplied {
@@ -79,7 +48,7 @@ pub struct EditsApplied {
 /// precondition (409 `precondition-failed`) applies nothing; `current` names the operation.
 #[utoipa::path(post, path = "/api/v1/docs/{name}/edits",
     params(("name" = String, Path, description = "The document's name (as in its WebSocket URL), percent-encoded"), ("Idempotency-Key" = Option<String>, Header)),
-    request_body = EditRequest,
+    request_body = crate::edits::Edits,
     responses((status = 200, body = EditsApplied), BadRequest, Unauthorized, Forbidden, NotFound, Conflict, Gone, TooLarge, NotJson, Unprocessable, Busy, Unavailable))]
 pub(super) async fn post_edits(
     State(app): State<AppState>,
