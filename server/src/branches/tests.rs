@@ -1,5 +1,8 @@
+use super::parse::parse_v1;
+use super::view::change_texts;
 use super::*;
-use yrs::{GetString, StateVector, WriteTxn};
+use crate::storage::branches::Decision;
+use yrs::{GetString, StateVector, Text, WriteTxn};
 
 fn doc(client: u64) -> Doc {
     Doc::with_options(Options {
