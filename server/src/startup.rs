@@ -61,8 +61,9 @@ pub async fn open_stores(config: &Config) -> Result<Stores, StorageError> {
     };
     let url = config.database_url.expose();
     if is_postgres_url(url) {
-        let store =
-            Arc::new(PgStore::connect_with_events(url, events, config.postgres_commit).await?);
+        let store = Arc::new(
+            PgStore::connect_with_events(url, events, window(config.postgres_commit)).await?,
+        );
         return Ok(Stores {
             events_written: store.api().events_notify(),
             api: Arc::new(store.api().clone()),
@@ -75,9 +76,9 @@ pub async fn open_stores(config: &Config) -> Result<Stores, StorageError> {
     let store = Arc::new(
         SqliteStore::connect_with_events(
             url,
-            config.sqlite_synchronous,
+            synchronous(config.sqlite_synchronous),
             events,
-            config.sqlite_commit,
+            window(config.sqlite_commit),
         )
         .await?,
     );
@@ -86,6 +87,26 @@ pub async fn open_stores(config: &Config) -> Result<Stores, StorageError> {
         api: Arc::new(store.api().clone()),
         docs: store,
     })
+}
+
+/// The store's group-commit window as configured.
+fn window(c: crate::config::CommitWindowConfig) -> storage::CommitWindowSettings {
+    storage::CommitWindowSettings {
+        delay: c.delay,
+        siblings: c.siblings,
+    }
+}
+
+/// SQLite's `synchronous` pragma as configured.
+fn synchronous(s: crate::config::SqliteSync) -> sqlx::sqlite::SqliteSynchronous {
+    use crate::config::SqliteSync;
+    use sqlx::sqlite::SqliteSynchronous;
+    match s {
+        SqliteSync::Off => SqliteSynchronous::Off,
+        SqliteSync::Normal => SqliteSynchronous::Normal,
+        SqliteSync::Full => SqliteSynchronous::Full,
+        SqliteSync::Extra => SqliteSynchronous::Extra,
+    }
 }
 
 /// Serves until `shutdown` is cancelled, then shuts down gracefully: stop accepting, commit

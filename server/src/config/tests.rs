@@ -2,7 +2,7 @@ use super::*;
 
 #[test]
 fn higher_layer_wins_and_defaults_fill_the_rest() {
-    let file: Settings = toml::from_str(
+    let file = Settings::from_toml(
         r#"
         bind = "127.0.0.1:9000"
         ping_interval = "5s"
@@ -12,10 +12,8 @@ fn higher_layer_wins_and_defaults_fill_the_rest() {
         "#,
     )
     .expect("valid toml");
-    let flags = Settings {
-        bind: Some("127.0.0.1:9100".parse().expect("addr")),
-        ..Settings::default()
-    };
+    let mut flags = Settings::default();
+    flags.server.bind = Some("127.0.0.1:9100".parse().expect("addr"));
     let cfg = flags.or(file).resolve();
     assert_eq!(cfg.bind.port(), 9100);
     assert_eq!(cfg.room.ping_interval, Duration::from_secs(5));
@@ -30,7 +28,7 @@ fn higher_layer_wins_and_defaults_fill_the_rest() {
 
 #[test]
 fn secrets_never_show_in_debug_output() {
-    let file: Settings = toml::from_str(
+    let file = Settings::from_toml(
         r#"
         database_url = "postgres://quire:hunter2pw@db/quire"
         auth_keys = ["k1:0123456789abcdefSECRET"]
@@ -60,5 +58,5 @@ fn secrets_never_show_in_debug_output() {
 
 #[test]
 fn unknown_keys_in_the_file_are_rejected() {
-    assert!(toml::from_str::<Settings>("bindd = \"x\"").is_err());
+    assert!(Settings::from_toml("bindd = \"x\"").is_err());
 }

@@ -4,8 +4,31 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::config::CommitWindowSettings;
 use crate::storage::DocId;
+
+/// A writer's group-commit window (SQLite's writer; PostgreSQL's writers share one): when
+/// writes of other documents are expected soon (judged from the recent rate of writes and how
+/// many documents made them), the writer holds a commit open until `siblings` of them are
+/// expected (those already waiting count), at most `delay`, so they share the transaction and
+/// its fsync (on PostgreSQL also its statement). It does not wait when not even one is
+/// expected within `delay`; a busy document never waits for itself (its next write cannot come
+/// before this commit answers; the others' rate leaves out the busiest document's), nor does a
+/// quiet store. The busier the store, the shorter the wait: at 800 writes/s over
+/// 200 documents the default holds a commit 10 ms, at 4,000 writes/s 2 ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitWindowSettings {
+    pub delay: Duration,
+    pub siblings: u32,
+}
+
+impl Default for CommitWindowSettings {
+    fn default() -> Self {
+        CommitWindowSettings {
+            delay: Duration::from_millis(10),
+            siblings: 8,
+        }
+    }
+}
 
 /// How often the writer measures its load for the group-commit window.
 const LOAD_PERIOD: Duration = Duration::from_millis(100);
@@ -88,10 +111,10 @@ pub(crate) mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::config::SqliteSync;
     use crate::storage::sql_api::EventSettings;
     use crate::storage::sqlite::SqliteStore;
     use crate::storage::DocStore;
+    use sqlx::sqlite::SqliteSynchronous;
 
     fn window(delay_ms: u64, siblings: u32) -> CommitWindowSettings {
         CommitWindowSettings {
@@ -206,9 +229,14 @@ pub(crate) mod tests {
 
     async fn store_with(dir: &tempfile::TempDir, w: CommitWindowSettings) -> SqliteStore {
         let url = format!("sqlite://{}/q.db", dir.path().display());
-        SqliteStore::connect_with_events(&url, SqliteSync::Normal, EventSettings::default(), w)
-            .await
-            .expect("open")
+        SqliteStore::connect_with_events(
+            &url,
+            SqliteSynchronous::Normal,
+            EventSettings::default(),
+            w,
+        )
+        .await
+        .expect("open")
     }
 
     #[tokio::test]

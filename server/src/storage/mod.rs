@@ -19,6 +19,7 @@
 pub mod api;
 pub mod branches;
 mod commit_window;
+pub use commit_window::CommitWindowSettings;
 mod dialect;
 pub mod history;
 pub mod postgres;

@@ -49,7 +49,7 @@ use super::{
     DocId, DocStore, Epoch, LogEntry, SharedStatements, SnapshotBytes, SnapshotOutcome,
     StorageError,
 };
-use crate::config::CommitWindowSettings;
+use crate::storage::commit_window::CommitWindowSettings;
 
 /// Writer tasks, each committing one batch at a time. While all are busy, requests queue up
 /// and the next batches grow: group commit.
@@ -295,7 +295,10 @@ impl DocStore for PgStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::api::{ApiStore, DocPatch, DocQuery, Versioned};
+    use crate::storage::api::{
+        AccessStore, DocPatch, DocQuery, DocumentStore, IdempotencyStore, OutboxStore,
+        RevocationStore, Versioned,
+    };
 
     pub(super) struct TestDb {
         pub(super) store: PgStore,

@@ -26,13 +26,13 @@ use sqlx::{Connection, Sqlite};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use self::writer::{writer_loop, WriteOp, WriteOutcome, WriteRequest, WRITE_QUEUE};
+use super::commit_window::CommitWindowSettings;
 pub use super::sql_api::EventSettings;
 use super::sql_api::SqlApi;
 use super::{
     DocId, DocStore, Epoch, LogEntry, SharedStatements, SnapshotBytes, SnapshotOutcome,
     StorageError,
 };
-use crate::config::{CommitWindowSettings, SqliteSync};
 
 /// How long a connection waits on SQLite's lock before giving up with SQLITE_BUSY.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,7 +50,7 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url` and applies the migrations.
-    pub async fn connect(url: &str, sync: SqliteSync) -> Result<SqliteStore, StorageError> {
+    pub async fn connect(url: &str, sync: SqliteSynchronous) -> Result<SqliteStore, StorageError> {
         SqliteStore::connect_with_events(
             url,
             sync,
@@ -64,7 +64,7 @@ impl SqliteStore {
     /// the writer's group-commit window.
     pub async fn connect_with_events(
         url: &str,
-        sync: SqliteSync,
+        sync: SqliteSynchronous,
         events: EventSettings,
         window: CommitWindowSettings,
     ) -> Result<SqliteStore, StorageError> {
@@ -76,12 +76,7 @@ impl SqliteStore {
         let opts = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(match sync {
-                SqliteSync::Off => SqliteSynchronous::Off,
-                SqliteSync::Normal => SqliteSynchronous::Normal,
-                SqliteSync::Full => SqliteSynchronous::Full,
-                SqliteSync::Extra => SqliteSynchronous::Extra,
-            })
+            .synchronous(sync)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
@@ -217,7 +212,7 @@ mod tests {
         };
         let store = SqliteStore::connect_with_events(
             &url,
-            SqliteSync::Normal,
+            SqliteSynchronous::Normal,
             events,
             CommitWindowSettings::default(),
         )

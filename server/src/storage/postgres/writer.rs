@@ -12,8 +12,8 @@ use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Connection, Postgres};
 use tokio::sync::{mpsc, oneshot, Mutex, Notify};
 
-use crate::config::CommitWindowSettings;
 use crate::storage::commit_window::CommitWindow;
+use crate::storage::commit_window::CommitWindowSettings;
 use crate::storage::dialect::each_in_a_savepoint;
 use crate::storage::postgres::CHECK_IDLE_AFTER;
 use crate::storage::sql_api::SqlApi;

@@ -11,8 +11,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{Connection, Sqlite};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::config::CommitWindowSettings;
 use crate::storage::commit_window::CommitWindow;
+use crate::storage::commit_window::CommitWindowSettings;
 use crate::storage::dialect::each_in_a_savepoint;
 use crate::storage::sql_api::SqlApi;
 use crate::storage::{
@@ -480,9 +480,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::SqliteSync;
     use crate::storage::sqlite::SqliteStore;
     use crate::storage::{DocStore, LeaseGrant};
+    use sqlx::sqlite::SqliteSynchronous;
 
     fn append(doc: DocId, fence: Option<Epoch>, first_seq: i64, n: usize) -> WriteRequest {
         let updates = (0..n)
@@ -530,7 +530,7 @@ mod tests {
     async fn a_plain_append_batch_is_all_or_nothing_and_fails_only_its_stale_requests() {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite://{}", dir.path().join("t.db").display());
-        let store = SqliteStore::connect(&url, SqliteSync::Full)
+        let store = SqliteStore::connect(&url, SqliteSynchronous::Full)
             .await
             .expect("open");
         let opts = SqliteConnectOptions::from_str(&url).expect("url");
