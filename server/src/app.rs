@@ -24,6 +24,24 @@ impl AppState {
     }
 }
 
+impl App {
+    /// Verifies a credential from `ip` under the per-address limit on failed authentications
+    /// ([`Auth::verify_from`]), counting the refusals of that limit.
+    pub fn verify(
+        &self,
+        ip: Option<std::net::IpAddr>,
+        credential: Option<&str>,
+    ) -> Result<crate::auth::Principal, crate::auth::VerifyError> {
+        let verified = self
+            .auth
+            .verify_from(&self.address_limits.auth_failures, ip, credential);
+        if let Err(crate::auth::VerifyError::Limited(_)) = &verified {
+            self.metrics.addr_limited.inc();
+        }
+        verified
+    }
+}
+
 impl std::ops::Deref for AppState {
     type Target = App;
 

@@ -13,11 +13,39 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::RwLock;
+use std::time::Duration;
 
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Secret;
+
+/// The per-address limit on failed authentications (`limits::PerAddress`): `check` tells
+/// whether `ip` may try now, `take` counts a failure; both answer how long to wait when not.
+pub trait FailureLimit {
+    fn check(&self, ip: std::net::IpAddr, now: tokio::time::Instant) -> Result<(), Duration>;
+    fn take(&self, ip: std::net::IpAddr, now: tokio::time::Instant) -> Result<(), Duration>;
+}
+
+/// Why [`Auth::verify_from`] refused.
+#[derive(Debug)]
+pub enum VerifyError {
+    /// The address failed too often lately: retry after this long.
+    Limited(Duration),
+    Invalid(AuthError),
+}
+
+/// The token of an `Authorization: Bearer` header.
+pub fn bearer(headers: &axum::http::HeaderMap) -> Option<String> {
+    let value = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim().to_owned())
+}
 use crate::storage::api::{Revocation, Role};
 
 /// What a token allows on the documents it covers. Ordered: admin > write > read.
@@ -237,6 +265,30 @@ impl Auth {
         let token = jsonwebtoken::encode(&header, &claims, &EncodingKey::from_secret(&key.secret))
             .map_err(|_| AuthError::Invalid)?;
         Ok((token, claims))
+    }
+
+    /// [`Auth::verify`] for a request from `ip`. An address that has failed too often lately
+    /// (`failures`) is refused before its credential is even looked at, and every failure
+    /// counts against it, so guessing keys or replaying stale tokens is slow.
+    pub fn verify_from(
+        &self,
+        failures: &dyn FailureLimit,
+        ip: Option<std::net::IpAddr>,
+        credential: Option<&str>,
+    ) -> Result<Principal, VerifyError> {
+        let now = tokio::time::Instant::now();
+        if let Some(ip) = ip {
+            failures.check(ip, now).map_err(VerifyError::Limited)?;
+        }
+        let verified = credential
+            .ok_or(AuthError::Missing)
+            .and_then(|t| self.verify(t, now_secs()));
+        verified.map_err(|e| {
+            if let Some(ip) = ip {
+                let _ = failures.take(ip, now);
+            }
+            VerifyError::Invalid(e)
+        })
     }
 
     /// Checks a bearer credential: the admin key, or a token. `now` in seconds.

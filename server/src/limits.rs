@@ -205,6 +205,16 @@ impl PerAddress {
     }
 }
 
+impl crate::auth::FailureLimit for PerAddress {
+    fn check(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
+        PerAddress::check(self, ip, now)
+    }
+
+    fn take(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
+        PerAddress::take(self, ip, now)
+    }
+}
+
 /// The server's per-address limits.
 pub struct AddressLimits {
     /// New WebSocket connections.

@@ -127,6 +127,18 @@ impl IntoResponse for ApiError {
 }
 
 /// 429 with `Retry-After` (whole seconds, rounded up).
+/// A refused credential's answer: 429 for an address that failed too often lately, else 401.
+pub fn refused(e: crate::auth::VerifyError) -> Response {
+    match e {
+        crate::auth::VerifyError::Limited(wait) => too_many(
+            "too-many-failed-logins",
+            "too many failed authentications from this address; retry later",
+            wait,
+        ),
+        crate::auth::VerifyError::Invalid(e) => ApiError::unauthorized(e).into_response(),
+    }
+}
+
 pub fn too_many(kind: &'static str, detail: &str, wait: std::time::Duration) -> Response {
     let mut error = ApiError::new(StatusCode::TOO_MANY_REQUESTS, kind, detail);
     error.retry_after = Some(wait);

@@ -30,8 +30,8 @@ pub use listen::serve;
 pub use shared::doc_path;
 
 use crate::app::AppState;
+use crate::auth::bearer;
 use crate::auth::{AuthError, Principal};
-use crate::socket::admit::{bearer, verify_from};
 
 pub fn router(app: AppState) -> Router {
     let api = api::routes(&app)
@@ -312,9 +312,9 @@ async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next)
         Principal::open(client_ip(&req))
     } else {
         let token = bearer(req.headers());
-        match verify_from(&app, client_ip(&req), token.as_deref()) {
+        match app.verify(client_ip(&req), token.as_deref()) {
             Ok(p) => p,
-            Err(resp) => return *resp,
+            Err(refused) => return crate::problem::refused(refused),
         }
     };
     req.extensions_mut().insert(principal);

@@ -1,12 +1,13 @@
 //! The checks made before a socket is upgraded, for both protocols: the per-address
-//! connection limit, the credential (with the per-address failure limit), and what the
-//! verified principal may do on a document.
+//! connection limit, where a socket's credential is found, and what the verified principal
+//! may do on a document (the credential itself is checked by `auth`, through
+//! `App::verify`).
 
 use axum::http::{header, HeaderMap, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use crate::app::AppState;
-use crate::auth::{AuthError, Permission, Principal};
+use crate::auth::{Permission, Principal};
 use crate::problem::{too_many, ApiError};
 use crate::room::{DocName, PeerAuth};
 
@@ -34,67 +35,6 @@ pub(crate) fn admit_address(
     }
 }
 
-/// Verifies a bearer credential for a request from `ip`. An address that has failed too
-/// often lately is refused (429) before its credential is even looked at, and every failure
-/// counts against it, so guessing keys or replaying stale tokens is slow.
-pub(crate) fn verify_from(
-    app: &AppState,
-    ip: Option<std::net::IpAddr>,
-    credential: Option<&str>,
-) -> Result<Principal, Box<Response>> {
-    verify_credential(app, ip, credential).map_err(|e| {
-        Box::new(match e {
-            VerifyError::Limited(wait) => too_many(
-                "too-many-failed-logins",
-                "too many failed authentications from this address; retry later",
-                wait,
-            ),
-            VerifyError::Invalid(e) => ApiError::unauthorized(e).into_response(),
-        })
-    })
-}
-
-/// Why [`verify_credential`] refused.
-pub(crate) enum VerifyError {
-    /// The address failed too often lately: retry after this long.
-    Limited(std::time::Duration),
-    Invalid(AuthError),
-}
-
-/// [`verify_from`] for callers that answer in their own protocol (the Hocuspocus endpoint's
-/// Auth messages): the same per-address failure limit and the same count of failures.
-pub(crate) fn verify_credential(
-    app: &AppState,
-    ip: Option<std::net::IpAddr>,
-    credential: Option<&str>,
-) -> Result<Principal, VerifyError> {
-    let now = tokio::time::Instant::now();
-    let failures = &app.address_limits.auth_failures;
-    if let Some(ip) = ip {
-        if let Err(wait) = failures.check(ip, now) {
-            app.metrics.addr_limited.inc();
-            return Err(VerifyError::Limited(wait));
-        }
-    }
-    let verified = credential
-        .ok_or(AuthError::Missing)
-        .and_then(|t| app.auth.verify(t, crate::auth::now_secs()));
-    verified.map_err(|e| {
-        if let Some(ip) = ip {
-            let _ = failures.take(ip, now);
-        }
-        VerifyError::Invalid(e)
-    })
-}
-
-pub(crate) fn bearer(headers: &HeaderMap) -> Option<String> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim().to_owned())
-}
-
 /// A WebSocket client's token: `?token=`, `Authorization: Bearer`, or an entry of the
 /// `Sec-WebSocket-Protocol` list (browsers cannot set headers; offer `["quire", token]`).
 pub(crate) fn socket_token(uri: &Uri, headers: &HeaderMap) -> Option<(String, bool)> {
@@ -106,7 +46,7 @@ pub(crate) fn socket_token(uri: &Uri, headers: &HeaderMap) -> Option<(String, bo
             }
         }
     }
-    if let Some(t) = bearer(headers) {
+    if let Some(t) = crate::auth::bearer(headers) {
         return Some((t, false));
     }
     let protocols = headers.get(header::SEC_WEBSOCKET_PROTOCOL)?.to_str().ok()?;

@@ -14,11 +14,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures_util::StreamExt;
 use tracing::{debug, debug_span};
 
-use super::admit::{admit_address, socket_permission, socket_token, verify_from};
-use super::relay::{relay_to_owner, Reauth};
+use super::admit::{admit_address, socket_permission, socket_token};
+use super::joining::{joining, relayed, room_gone, Joined};
 use super::transport::{
     finish, is_too_big, socket_config, truncate, Counted, Duplex, Fragmenting, LastSeen, WsMessage,
 };
@@ -29,9 +28,9 @@ use crate::close;
 use crate::config::Limits;
 use crate::limits::PeerRates;
 use crate::problem::problem;
-use crate::room::join::{join, join_close, next_peer_id, to_peer_msgs};
+use crate::room::join::{next_peer_id, to_peer_msgs};
 use crate::room::queue::{self, Next, QueueRx};
-use crate::room::{CloseReason, DocName, JoinError, PeerAuth, RoomHandle, SendWait};
+use crate::room::{CloseReason, DocName, PeerAuth, RoomHandle, SendWait};
 
 /// Most queued frames written with one flush.
 const MAX_FRAMES_PER_FLUSH: u8 = 64;
@@ -170,70 +169,6 @@ pub struct Conn {
     /// keeps none of it once joined.
     pub auth: Box<PeerAuth>,
     pub app: AppState,
-}
-
-/// How a join ended.
-pub(crate) enum Joined {
-    Room(RoomHandle, QueueRx),
-    /// Refused, or closed at once: close with this.
-    Closed(CloseReason),
-    /// Another node owns the document (and there is a bus to relay through).
-    Elsewhere(DocName, Box<PeerAuth>),
-}
-
-/// Joins `name`'s room as `peer` (boxed: it happens once, and its future is larger than the
-/// rest of a connection's).
-pub(crate) fn joining(
-    app: AppState,
-    name: DocName,
-    peer: u64,
-    auth: Box<PeerAuth>,
-) -> Pin<Box<dyn Future<Output = Joined> + Send>> {
-    Box::pin(async move {
-        let (room, out_rx) = match join(&app.registry, &name, peer, (*auth).clone()).await {
-            Ok(joined) => joined,
-            Err(JoinError::Elsewhere) if app.bus.is_some() => {
-                return Joined::Elsewhere(name, auth);
-            }
-            Err(e) => return Joined::Closed(join_close(e)),
-        };
-        // A revocation applied between the token check and the join missed this peer in the
-        // room (revocations update the in-memory set before they tell the rooms), so look
-        // again.
-        if let (Some(token_id), Some(user)) = (&auth.token_id, &auth.user) {
-            if app.auth.is_revoked(token_id, user, auth.issued_at) {
-                room.leave(peer).await;
-                return Joined::Closed(CloseReason::new(close::FORBIDDEN, "access revoked"));
-            }
-        }
-        Joined::Room(room, out_rx)
-    })
-}
-
-/// A client of a document another node owns, relayed to it through the bus until either side
-/// ends (`None`: the client closed). Boxed, and the connection split only here (the relay
-/// reads and writes at once): a connection served by this node keeps no room for either.
-/// `reauth` brings the client's refreshed credentials (a Hocuspocus token refresh), which the
-/// owner's room takes in place of the first.
-pub(crate) fn relayed<'a, T: Duplex>(
-    conn: &'a mut T,
-    (name, peer, auth): (&'a DocName, u64, Box<PeerAuth>),
-    reauth: Option<&'a mut Reauth>,
-    app: &'a AppState,
-) -> Pin<Box<dyn Future<Output = Option<CloseReason>> + Send + 'a>> {
-    Box::pin(async move {
-        let bus = app.bus.as_ref()?;
-        let (mut sink, mut stream) = conn.split();
-        relay_to_owner(
-            &mut sink,
-            &mut stream,
-            (name, peer, *auth),
-            reauth,
-            app,
-            bus,
-        )
-        .await
-    })
 }
 
 /// A joined peer's frames both ways, until either side ends: `None` when the client closed,
@@ -470,11 +405,6 @@ fn idle(app: &App, seen: &LastSeen) -> Option<CloseReason> {
         .then(|| CloseReason::new(close::GOING_AWAY, "idle timeout"))
 }
 
-/// The reason a peer is closed with when its room went away.
-pub(crate) fn room_gone() -> CloseReason {
-    CloseReason::new(close::INTERNAL, "document closed, reconnect")
-}
-
 /// `GET /<document-name>` with a WebSocket upgrade. The name and the token are checked before
 /// the upgrade, so a bad one gets a plain HTTP error.
 pub async fn accept(
@@ -502,9 +432,9 @@ pub async fn accept(
         (Principal::open(ip), false)
     } else {
         let (token, via_protocol) = socket_token(&uri, &headers).unzip();
-        match verify_from(&app, ip, token.as_deref()) {
+        match app.verify(ip, token.as_deref()) {
             Ok(p) => (p, via_protocol.unwrap_or(false)),
-            Err(resp) => return *resp,
+            Err(refused) => return crate::problem::refused(refused),
         }
     };
     let auth = match socket_permission(&app, &principal, &name).await {

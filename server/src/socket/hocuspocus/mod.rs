@@ -33,7 +33,6 @@
 //!   malformed frame, a rate limit, a full outbound queue, a restart) closes the socket with
 //!   the y-websocket endpoint's close code, and the provider reconnects every document.
 
-use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -48,11 +47,12 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
 use tracing::{debug, info_span, warn, Instrument};
 
-use super::admit::{admit_address, socket_permission, verify_credential, VerifyError};
+use super::admit::{admit_address, socket_permission};
 use super::transport::{self, socket_config, Counted, Duplex, Fragmenting, LastSeen, WsMessage};
 use super::upgrade::{Socket, UpgradeRejection, WsUpgrade};
 use crate::app::AppState;
 use crate::auth::Principal;
+use crate::auth::VerifyError;
 use crate::close;
 use crate::limits::{Bucket, PeerRates};
 use crate::protocol::hocuspocus::{self as hp, types};
@@ -61,11 +61,13 @@ use crate::room::join::next_peer_id;
 use crate::room::{CloseReason, DocName, PeerAuth};
 
 mod bell;
+mod docs;
 mod handover;
 mod session;
 mod writer;
 
 use bell::{BellRx, BellTx, Doorbell};
+use docs::{DocState, Docs, HoldBounds};
 use handover::{Ended, Event, Handover};
 use session::{Local, Route, Session, SessionTask, Undelivered};
 use writer::{Direct, Out, Writer, WriterCmd};
@@ -110,7 +112,11 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
         let mut conn = Conn {
             app: app.clone(),
             ip,
-            docs: HashMap::new(),
+            docs: Docs::new(HoldBounds {
+                documents: limits.hocuspocus_max_documents,
+                frames: limits.hocuspocus_pending_frames,
+                bytes: limits.hocuspocus_pending_bytes,
+            }),
             out,
             events_tx,
             events_rx,
@@ -120,10 +126,7 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
             authenticated: false,
             rates: PeerRates::new(limits),
             stateless: Bucket::full(limits.stateless_per_second.saturating_mul(2)),
-            held_frames: 0,
-            held_bytes: 0,
             late: None,
-            closed: Default::default(),
             next_gen: 0,
         };
         let outcome = conn.run(&mut socket, &mut writer).await;
@@ -138,20 +141,6 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
     .await
 }
 
-/// One address of the socket.
-enum DocState {
-    /// Frames received before the address's `Auth`, held until it is answered.
-    Held {
-        frames: Vec<Bytes>,
-        since: Instant,
-    },
-    Open(Session),
-    /// Refused (`PermissionDenied`) or closed by the server (`Close`): the provider keeps
-    /// sending its presence renewals and edits for it until it reconnects or attaches the
-    /// document again, and those are dropped instead of held. A new `Auth` is a fresh attempt.
-    Closed,
-}
-
 /// Why an `Auth` was not accepted.
 enum Refusal {
     /// Answer `PermissionDenied` with this reason.
@@ -163,7 +152,7 @@ enum Refusal {
 struct Conn<'a> {
     app: AppState,
     ip: Option<IpAddr>,
-    docs: HashMap<String, DocState>,
+    docs: Docs,
     out: Out,
     /// What the sessions and the writer tell the socket.
     events_tx: BellTx<Event>,
@@ -178,13 +167,8 @@ struct Conn<'a> {
     /// Sync requests and awareness updates, counted across all the socket's documents.
     rates: PeerRates,
     stateless: Bucket,
-    /// Frames (and their bytes) held for addresses not yet authenticated.
-    held_frames: usize,
-    held_bytes: usize,
     /// The timer of [`Conn::held_deadline`], with the deadline it is set for.
     late: Option<(Instant, Pin<Box<Sleep>>)>,
-    /// Closed addresses, oldest first (see [`Conn::tombstone`]).
-    closed: std::collections::VecDeque<String>,
     next_gen: u64,
 }
 
@@ -310,18 +294,11 @@ impl Conn<'_> {
     /// When the oldest held frames have waited `hocuspocus_auth_timeout`, or, before any
     /// document is authenticated, when the socket has been open that long.
     fn held_deadline(&self) -> Option<Instant> {
-        if self.authenticated && self.held_frames == 0 {
-            // (Every held address holds a frame.)
-            return None;
-        }
         let timeout = self.app.config.limits.hocuspocus_auth_timeout;
         let unauthenticated = (!self.authenticated).then_some(self.opened + timeout);
         self.docs
-            .values()
-            .filter_map(|d| match d {
-                DocState::Held { since, .. } => Some(*since + timeout),
-                _ => None,
-            })
+            .held_deadline(timeout)
+            .into_iter()
             .chain(unauthenticated)
             .min()
     }
@@ -376,73 +353,19 @@ impl Conn<'_> {
             Some(DocState::Closed) => Ok(()),
             _ if head.kind == types::CLOSE => {
                 // The provider gave up on a document still waiting for its Auth.
-                if let Some(DocState::Held { frames, .. }) = self.docs.remove(head.address) {
-                    self.release(&frames);
-                }
+                self.docs.remove(head.address);
                 Ok(())
             }
             _ => {
                 let address = head.address.to_owned();
-                self.hold(address, data)
+                self.docs
+                    .hold(&address, data, Instant::now())
+                    .map_err(|why| {
+                        self.app.metrics.hocuspocus_pending_overflows.inc();
+                        CloseReason::new(close::POLICY, why)
+                    })
             }
         }
-    }
-
-    /// Holds a frame of an address that has no session (yet); the socket closes when the
-    /// bounds are crossed.
-    fn hold(&mut self, address: String, data: Bytes) -> Result<(), CloseReason> {
-        let limits = &self.app.config.limits;
-        let overflow = |why: &'static str| {
-            self.app.metrics.hocuspocus_pending_overflows.inc();
-            Err(CloseReason::new(close::POLICY, why))
-        };
-        if !self.docs.contains_key(&address) && self.live() >= limits.hocuspocus_max_documents {
-            return overflow("too many documents on this connection");
-        }
-        if self.held_frames >= limits.hocuspocus_pending_frames
-            || self.held_bytes + data.len() > limits.hocuspocus_pending_bytes
-        {
-            return overflow("too many frames before authentication");
-        }
-        self.held_frames += 1;
-        self.held_bytes += data.len();
-        let state = self.docs.entry(address).or_insert_with(|| DocState::Held {
-            frames: Vec::new(),
-            since: Instant::now(),
-        });
-        if let DocState::Held { frames, .. } = state {
-            frames.push(data);
-        }
-        Ok(())
-    }
-
-    /// Addresses open or waiting for their Auth (not the closed ones).
-    fn live(&self) -> usize {
-        self.docs
-            .values()
-            .filter(|d| !matches!(d, DocState::Closed))
-            .count()
-    }
-
-    /// Forgets `address`, remembering it as closed, so the frames the provider still sends
-    /// for it are dropped; the oldest closed addresses are forgotten past
-    /// `hocuspocus_max_documents` of them.
-    fn tombstone(&mut self, address: &str) {
-        self.docs.insert(address.to_owned(), DocState::Closed);
-        self.closed.push_back(address.to_owned());
-        while self.closed.len() > self.app.config.limits.hocuspocus_max_documents {
-            if let Some(old) = self.closed.pop_front() {
-                if matches!(self.docs.get(&old), Some(DocState::Closed)) {
-                    self.docs.remove(&old);
-                }
-            }
-        }
-    }
-
-    /// Takes the frames held for `address` out of the socket's count.
-    fn release(&mut self, frames: &[Bytes]) {
-        self.held_frames -= frames.len();
-        self.held_bytes -= frames.iter().map(Bytes::len).sum::<usize>();
     }
 
     /// The credential and permission for a document, as the y-websocket endpoint checks them.
@@ -450,7 +373,7 @@ impl Conn<'_> {
         let principal = if self.app.auth.is_open() {
             Principal::open(self.ip)
         } else {
-            match verify_credential(&self.app, self.ip, Some(token)) {
+            match self.app.verify(self.ip, Some(token)) {
                 Ok(p) => p,
                 Err(VerifyError::Limited(_)) => {
                     return Err(Refusal::Deny(
@@ -480,14 +403,12 @@ impl Conn<'_> {
             Some(DocState::Held { frames, .. }) => frames,
             _ => Vec::new(),
         };
-        self.release(&held);
         let name = match DocName::parse(hp::doc_name(&address)) {
             Ok(name) => name,
             Err(e) => return self.deny(&address, &e.to_string()).await,
         };
-        if self.live() >= self.app.config.limits.hocuspocus_max_documents {
-            let why = "too many documents on this connection";
-            return self.deny(&address, why).await;
+        if !self.docs.has_room() {
+            return self.deny(&address, docs::TOO_MANY_DOCUMENTS).await;
         }
         let auth = match self.check(&name, token).await {
             Ok(auth) => auth,
@@ -512,7 +433,7 @@ impl Conn<'_> {
     async fn deny(&mut self, address: &str, reason: &str) -> Result<(), CloseReason> {
         self.app.metrics.hocuspocus_auth_failures.inc();
         debug!(%address, %reason, "document refused");
-        self.tombstone(address);
+        self.docs.tombstone(address);
         self.send(hp::encode_permission_denied(address, reason))
             .await
     }
@@ -544,7 +465,7 @@ impl Conn<'_> {
             events: self.events_tx.clone(),
         };
         self.app.connections.spawn(task.run(rx, auth_rx));
-        self.docs.insert(address, DocState::Open(session));
+        self.docs.open(address, session);
         self.authenticated = true;
     }
 
@@ -722,7 +643,7 @@ impl Conn<'_> {
 
     /// Closes one document of the socket with a `Close` message; the others stay.
     async fn close_doc(&mut self, address: &str, reason: &str) -> Result<(), CloseReason> {
-        self.tombstone(address);
+        self.docs.tombstone(address);
         self.send(hp::encode_close(address, reason)).await
     }
 
@@ -730,7 +651,7 @@ impl Conn<'_> {
     fn undelivered(&self, e: Undelivered) -> CloseReason {
         match e {
             Undelivered::Malformed(detail) => self.malformed(detail),
-            Undelivered::Gone => crate::socket::ws::room_gone(),
+            Undelivered::Gone => crate::socket::joining::room_gone(),
         }
     }
 
@@ -772,7 +693,7 @@ impl Conn<'_> {
         let refreshed = session.refreshed.then(|| session.auth.borrow().clone());
         let outcome = drained
             .await
-            .unwrap_or_else(|_| Some(crate::socket::ws::room_gone()));
+            .unwrap_or_else(|_| Some(crate::socket::joining::room_gone()));
         if outcome.is_some() {
             let ended = Ended {
                 address,

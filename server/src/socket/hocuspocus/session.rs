@@ -24,8 +24,8 @@ use crate::protocol;
 use crate::room::join::{to_peer_msgs, to_peer_msgs_with};
 use crate::room::queue::QueueRx;
 use crate::room::{CloseReason, DocName, PeerAuth, PeerId, PeerMsg, RoomCmd, RoomHandle};
+use crate::socket::joining::{self, Joined};
 use crate::socket::transport::{self, Counted, WsError, WsMessage};
-use crate::socket::ws::{self, Joined};
 
 /// An authenticated document of the socket.
 pub(super) struct Session {
@@ -156,7 +156,7 @@ impl SessionTask {
     /// document, relays the session there until either ends.
     pub(super) async fn run(self, rx: mpsc::Receiver<Bytes>, reauth: watch::Receiver<PeerAuth>) {
         let span = debug_span!("doc", doc = %self.name, peer = self.peer);
-        let joined = ws::joining(
+        let joined = joining::joining(
             self.app.clone(),
             self.name.clone(),
             self.peer,
@@ -209,7 +209,7 @@ impl SessionTask {
                     }
                 };
                 if !msgs.is_empty() && room.send(self.peer, msgs, frame.len()).await.is_err() {
-                    outcome = Some(ws::room_gone());
+                    outcome = Some(joining::room_gone());
                     break;
                 }
             }
@@ -246,7 +246,7 @@ impl SessionTask {
         ));
         let mut conn = transport::Pair { sink, stream };
         let who = (&name, self.peer, auth);
-        ws::relayed(&mut conn, who, Some(&mut reauth), &self.app).await
+        joining::relayed(&mut conn, who, Some(&mut reauth), &self.app).await
     }
 }
 
