@@ -671,14 +671,24 @@ async fn a_stale_append_racing_a_snapshot_is_refused_or_kept_never_lost() {
     }
 }
 
-/// The document storage holds (its snapshot and the log rows after it), replayed here.
+/// The document storage holds (its snapshot and the log rows after it), replayed here. Read
+/// in one transaction: a room may write a snapshot meanwhile, and the row, the parts and
+/// the log must be of one moment.
 async fn stored_doc(db: &std::path::Path, name: &str) -> Doc {
     let pool = open_db(db).await;
+    let mut tx = pool.begin().await.expect("begin");
+    if on_postgres() {
+        // (SQLite's read transaction sees one snapshot; PostgreSQL's statements need this.)
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await
+            .expect("isolation");
+    }
     let (id, seq, generation): (i64, i64, Option<i64>) = sqlx::query_as(
         "SELECT id, snapshot_seq, snapshot_generation FROM documents WHERE name = $1",
     )
     .bind(name)
-    .fetch_one(&pool)
+    .fetch_one(&mut *tx)
     .await
     .expect("row");
     let parts: Vec<(Vec<u8>,)> = sqlx::query_as(
@@ -687,7 +697,7 @@ async fn stored_doc(db: &std::path::Path, name: &str) -> Doc {
     )
     .bind(id)
     .bind(generation)
-    .fetch_all(&pool)
+    .fetch_all(&mut *tx)
     .await
     .expect("snapshot");
     let snapshot: Option<(Vec<u8>,)> =
@@ -696,9 +706,10 @@ async fn stored_doc(db: &std::path::Path, name: &str) -> Doc {
         sqlx::query_as("SELECT data FROM doc_updates WHERE doc_id = $1 AND seq > $2 ORDER BY seq")
             .bind(id)
             .bind(seq)
-            .fetch_all(&pool)
+            .fetch_all(&mut *tx)
             .await
             .expect("rows");
+    tx.commit().await.expect("commit");
     pool.close().await;
     let doc = Doc::new();
     let mut txn = doc.transact_mut();
