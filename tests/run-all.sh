@@ -32,7 +32,8 @@ fi
 # Built after web/build.sh, so the binary compiles the pages in (server/build.rs).
 cargo build -p quire-server --bin quire
 export QUIRE_BIN="${CARGO_TARGET_DIR:-target}/debug/quire"
-echo "--- the WASM client's tests in Node"
+echo "--- the WASM client's tests in Node (each class alone, then clients against a server)"
+node --test web/test/wasm-classes.test.mjs
 node --test web/test/wasm-node.test.mjs
 echo "--- the WASM client as an npm package, installed into a scratch project"
 node --test web/test/npm-package.test.mjs
