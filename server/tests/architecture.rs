@@ -299,3 +299,71 @@ fn no_source_file_is_longer_than_900_lines() {
         .collect();
     assert!(long.is_empty(), "longer than {MAX_LINES} lines: {long:?}");
 }
+
+/// docs/architecture.md names every file of the server, each in the row of the modules table
+/// of the top-level module it belongs to (a top-level file in its own row, or with others in
+/// one, as `metrics.rs`, `telemetry.rs`, `close.rs`), and every file of the WASM client.
+#[test]
+fn the_architecture_document_names_every_file() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).expect("read doc");
+    let rows: Vec<(&str, &str)> = doc
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .filter_map(|l| {
+            let mut cells = l.split('|').skip(1);
+            Some((cells.next()?, l))
+        })
+        .collect();
+    assert!(rows.len() > 20, "read too few rows: {}", rows.len());
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let mut missing = Vec::new();
+    for file in &files {
+        let relative = file.strip_prefix(src()).expect("under src");
+        let parts: Vec<&str> = relative.iter().filter_map(|p| p.to_str()).collect();
+        let name = parts[parts.len() - 1];
+        if name == "mod.rs" || name == "tests.rs" || name.ends_with("_tests.rs") {
+            continue;
+        }
+        if parts.len() == 1 {
+            if name != "lib.rs"
+                && !rows
+                    .iter()
+                    .any(|(head, _)| head.contains(&format!("`{name}`")))
+            {
+                missing.push(relative.display().to_string());
+            }
+            continue;
+        }
+        let top = parts[0];
+        // A file in a folder: named (by its name, or its path within the folder) in a row
+        // of its top-level module.
+        let within = parts[1..].join("/");
+        let path = parts.join("/");
+        let named = rows.iter().any(|(head, row)| {
+            (head.contains(&format!("`{top}/")) || head.contains(&format!("`{top}.rs`")))
+                && [name, &within, &path]
+                    .iter()
+                    .any(|n| row.contains(&format!("`{n}`")))
+        });
+        if !named {
+            missing.push(relative.display().to_string());
+        }
+    }
+    let mut client = Vec::new();
+    rust_files(&root.join("client-wasm/src"), &mut client);
+    for file in &client {
+        let relative = file
+            .strip_prefix(root.join("client-wasm/src"))
+            .expect("under src");
+        let shown = relative.display().to_string();
+        if !doc.contains(&shown) {
+            missing.push(format!("client-wasm/src/{shown}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md does not name these files where their module is: {missing:#?}"
+    );
+}
