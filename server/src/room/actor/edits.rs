@@ -7,21 +7,12 @@
 //! applied update: logged, committed and broadcast with the batch, attributed to its author,
 //! made under the author's own client id in this document.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
-use tokio::sync::oneshot;
 
-use super::{Changes, Origin, Queued, Room};
-use crate::edits::{EditError, Edits, Outcome};
+use super::update::{Changes, EditWork, Origin, Queued};
+use super::Room;
+use crate::edits::Edits;
 use crate::room::{ApplyError, EditCmd};
-
-/// An edit waiting in the queue for its turn.
-pub(super) struct EditWork {
-    edits: Arc<Edits>,
-    client: u64,
-    made: oneshot::Sender<Result<Outcome, EditError>>,
-}
 
 /// Bytes counted against `max_doc_size` for an edit before it is made: what it inserts at
 /// most, plus a little per operation.

@@ -15,7 +15,8 @@ use tokio::time::{Duration, Instant};
 use tracing::{debug, warn};
 use yrs::{ReadTxn, StateVector, Transact, ID};
 
-use super::{Origin, Queued, Room, Waiter};
+use super::update::{Origin, Queued, Waiter};
+use super::Room;
 use crate::close;
 use crate::room::{ApplyError, CloseReason, PeerId};
 

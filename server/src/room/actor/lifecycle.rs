@@ -1,15 +1,16 @@
 //! The room's life: the entry point that loads the document (taking its lease when nodes
-//! share the database) and registers the room, the lease renewal that keeps it, reloads from
-//! storage, and the way out (drain, final snapshot, release, close the peers).
+//! share the database) and registers the room, reloads from storage, and the way out (drain,
+//! final snapshot, release, close the peers). The lease itself is `lease.rs`'s.
 
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
-use tokio::time::{sleep_until, Duration, Instant};
+use tokio::time::{sleep_until, Instant};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 use yrs::{Doc, ReadTxn, StateVector, Transact};
 
-use super::{wait_inflight, Exit, Room, StorageOp};
+use super::commit::{wait_inflight, within};
+use super::{Exit, Room};
 use crate::close;
 use crate::protocol;
 use crate::room::committed::{self, CommittedCopy};
@@ -128,23 +129,6 @@ pub(super) struct Loaded {
     pub(super) repair: bool,
 }
 
-/// `fut`, a storage operation, given up after `limit` (counted in `storage_timeouts`): an
-/// error like any other for the caller, which retries or fails.
-pub(super) async fn within<T>(
-    limit: Duration,
-    metrics: &crate::metrics::Metrics,
-    op: &'static str,
-    fut: impl std::future::Future<Output = Result<T, StorageError>>,
-) -> Result<T, StorageError> {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(result) => result,
-        Err(_) => {
-            metrics.storage_timeouts.inc();
-            Err(StorageError::Timeout { op, after: limit })
-        }
-    }
-}
-
 pub(super) async fn load(registry: &Registry, name: &DocName) -> Result<Loaded, LoadError> {
     let limit = registry.config.storage_timeout;
     let stored = within(
@@ -250,128 +234,6 @@ pub(super) fn build_doc(stored: &StoredDoc) -> Result<(Doc, Vec<SetAsideRow>), L
     committed::replay_live(stored.snapshot.as_deref(), rows).map_err(LoadError::Corrupt)
 }
 
-/// The room's lease, released when the room is dropped without releasing it (a panic
-/// unwinding through the room), so another node may take the document at once instead of
-/// waiting for the lease to run out.
-pub(super) struct LeaseGuard {
-    pub(super) store: Arc<dyn crate::storage::DocStore>,
-    pub(super) doc: i64,
-    pub(super) node: Arc<str>,
-    pub(super) epoch: Epoch,
-    pub(super) armed: bool,
-    /// The deadline of the release (`storage_timeout`).
-    pub(super) limit: Duration,
-}
-
-impl LeaseGuard {
-    /// Releases the lease now (unless it was already).
-    async fn release(&mut self) {
-        if std::mem::take(&mut self.armed) {
-            let releasing = self.store.release_lease(self.doc, &self.node, self.epoch);
-            match tokio::time::timeout(self.limit, releasing).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    warn!(error = %e, "could not release the lease; it expires by itself")
-                }
-                Err(_) => warn!("the lease release did not answer in time; it expires by itself"),
-            }
-        }
-    }
-}
-
-impl Drop for LeaseGuard {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime left to release it with: it expires by itself
-        };
-        let (store, doc, node, epoch) =
-            (self.store.clone(), self.doc, self.node.clone(), self.epoch);
-        let limit = self.limit;
-        runtime.spawn(async move {
-            let _ = tokio::time::timeout(limit, store.release_lease(doc, &node, epoch)).await;
-        });
-    }
-}
-
-/// When to renew a lease granted or renewed at `from`: on the node-wide tick (every third of
-/// the lease time, counted from the first lease of the process), the first one after `from`,
-/// and never later than a third of the lease after it (the lease lasts the whole of it). The
-/// node's rooms renew at the same moments, and the storage sends renewals that arrive
-/// together as one statement (`storage/renewals.rs`).
-pub(super) fn renewal_tick(from: Instant, ttl: Duration) -> Instant {
-    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let origin = *ORIGIN.get_or_init(Instant::now);
-    let period = (ttl / 3).as_nanos().max(1);
-    let since = from.saturating_duration_since(origin).as_nanos();
-    let ticks = since / period + 1;
-    let tick = origin + Duration::from_nanos(u64::try_from(ticks * period).unwrap_or(u64::MAX / 2));
-    // (A lease granted before the origin was set, while its room loaded, renews a third of the
-    // lease after its grant at the latest.)
-    tick.min(from + ttl / 3)
-}
-
-pub(super) async fn wait_renewal(
-    renewing: &mut Option<StorageOp<bool>>,
-) -> Result<bool, StorageError> {
-    match renewing {
-        Some(task) => task.as_mut().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The room's lease on its document (all `None` and unused without leases).
-pub(super) struct Lease {
-    /// The lease epoch every append and snapshot carries (`None`: no leases).
-    pub(super) fence: Option<Epoch>,
-    /// A lease renewal in flight, polled by the room like its storage operation.
-    pub(super) renewing: Option<StorageOp<bool>>,
-    /// When the renewal in flight was sent, when to renew next, and until when the lease is
-    /// known to hold (by this process's clock, counted from when a grant or renewal was sent,
-    /// so never later than the database's).
-    renew_started: Instant,
-    pub(super) renew_at: Instant,
-    until: Instant,
-    /// Released on every exit, a panic included (`None`: no leases).
-    guard: Option<LeaseGuard>,
-    /// Set when a write was fenced: the room must stop.
-    pub(super) fenced: bool,
-}
-
-impl Lease {
-    /// The lease the room was loaded under (its epoch and when it was granted), if any.
-    pub(super) fn new(registry: &Registry, doc: i64, lease: Option<(Epoch, Instant)>) -> Lease {
-        let ttl = registry
-            .config
-            .lease
-            .as_ref()
-            .map_or(Duration::from_secs(5), |l| l.ttl);
-        let granted_at = lease.map_or_else(Instant::now, |(_, at)| at);
-        let guard = lease.and_then(|(epoch, _)| {
-            let node = registry.config.lease.as_ref()?.node_id.clone();
-            Some(LeaseGuard {
-                store: registry.store.clone(),
-                doc,
-                node,
-                epoch,
-                armed: true,
-                limit: registry.config.storage_timeout,
-            })
-        });
-        Lease {
-            fence: lease.map(|(epoch, _)| epoch),
-            renewing: None,
-            renew_started: granted_at,
-            renew_at: renewal_tick(granted_at, ttl),
-            until: granted_at + ttl,
-            guard,
-            fenced: false,
-        }
-    }
-}
-
 impl Room {
     /// What the room does on its way out.
     pub(super) async fn leave(&mut self, exit: Exit) -> bool {
@@ -385,7 +247,7 @@ impl Room {
                     }
                     Err(reason) => error!(%reason, "could not commit everything before unloading"),
                 }
-                self.release_lease().await;
+                self.lease.release().await;
                 debug!("unloaded");
                 matches!(exit, Exit::Deleted)
             }
@@ -400,7 +262,7 @@ impl Room {
                 }
                 // Released at once, so another node can take the document without waiting
                 // for the lease to expire.
-                self.release_lease().await;
+                self.lease.release().await;
                 self.close_all(CloseReason::new(close::GOING_AWAY, "server shutting down"));
                 false
             }
@@ -419,7 +281,7 @@ impl Room {
             Exit::DeletedUnderneath => {
                 warn!("the storage refused an append: the document is deleted; unloading");
                 self.close_all(CloseReason::new(close::DELETED, "document deleted"));
-                self.release_lease().await;
+                self.lease.release().await;
                 true
             }
             Exit::Failed(reason) => {
@@ -430,7 +292,7 @@ impl Room {
                 ));
                 // Another node (or this one, on the next connection) may serve the document
                 // at once instead of after the lease runs out.
-                self.release_lease().await;
+                self.lease.release().await;
                 false
             }
         }
@@ -491,64 +353,6 @@ impl Room {
             }
             let res = wait_inflight(&mut self.pipeline.inflight).await;
             self.on_op_done(res).await?;
-        }
-    }
-
-    pub(super) fn start_renewal(&mut self) {
-        let (Some(epoch), Some(lease)) = (self.lease.fence, self.registry.config.lease.clone())
-        else {
-            return;
-        };
-        let store = self.registry.store.clone();
-        let doc = self.doc_id;
-        let started = Instant::now();
-        // A renewal that has not answered when the lease runs out counts as failed: a stalled
-        // connection must not keep the room alive after another node may have the document.
-        let deadline = self.lease.until.max(started);
-        self.lease.renewing = Some(Box::pin(async move {
-            match tokio::time::timeout_at(
-                deadline,
-                store.renew_lease(doc, &lease.node_id, epoch, lease.ttl),
-            )
-            .await
-            {
-                Ok(renewed) => renewed,
-                Err(_) => Err(StorageError::Invalid(
-                    "lease renewal did not answer before the lease ran out".into(),
-                )),
-            }
-        }));
-        self.lease.renew_started = started;
-        self.lease.renew_at = renewal_tick(started, lease.ttl);
-    }
-
-    /// A renewal's outcome: keep going, retry soon, or give the room up.
-    pub(super) fn on_renewed(&mut self, renewed: Result<bool, StorageError>) -> Option<Exit> {
-        let ttl = self.registry.config.lease.as_ref()?.ttl;
-        match renewed {
-            Ok(true) => {
-                self.lease.until = self.lease.renew_started + ttl;
-                None
-            }
-            Ok(false) => Some(Exit::Fenced(
-                "lease renewal refused: another node holds the document".into(),
-            )),
-            Err(e) if Instant::now() + ttl / 10 < self.lease.until => {
-                warn!(error = %e, "lease renewal failed; retrying");
-                self.lease.renew_at = Instant::now() + ttl / 10;
-                None
-            }
-            Err(e) => Some(Exit::Fenced(format!(
-                "the lease ran out while renewals failed: {e}"
-            ))),
-        }
-    }
-
-    pub(super) async fn release_lease(&mut self) {
-        // A renewal still in flight is abandoned: the release ends the lease either way.
-        self.lease.renewing = None;
-        if let Some(guard) = &mut self.lease.guard {
-            guard.release().await;
         }
     }
 }

@@ -18,29 +18,40 @@
 //!   appends go on, and written at the next free slot (`snapshots.rs`).
 //! - While storage is stalled (an append failed or passed its deadline and is being retried),
 //!   the waiting reads are answered from the committed copy (`committed.rs`) instead.
+//!
+//! Following one update: a peer's frame arrives in [`Room::handle`] (this file), goes to
+//! `peers.rs` (`on_message`: the peer's rights and rates), then `pipeline.rs` (queued,
+//! applied in a batch; `held.rs` when its dependencies have not arrived), then `commit.rs`
+//! (the append in flight; on commit, broadcast through `peers.rs` and acknowledged). The types
+//! an update takes on the way are in `update.rs`; the lease the appends carry is `lease.rs`'s;
+//! `snapshots.rs`, `versions.rs`, `reads.rs` and `edits.rs` act between commits;
+//! `lifecycle.rs` loads the room and sees it out.
 
+mod commit;
 mod edits;
 mod held;
+mod lease;
 mod lifecycle;
 mod peers;
 mod pipeline;
 mod reads;
 mod snapshots;
+mod update;
 mod versions;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Duration, Instant};
-use yrs::{Doc, StateVector, Update};
+use yrs::Doc;
 
 use super::answers::SharedAnswers;
 use super::committed::CommittedCopy;
-use super::queue::QueueTx;
-use super::{ApplyCmd, ApplyError, DocName, PeerAuth, PeerId, Registry, RoomCmd};
-use crate::storage::{Epoch, SnapshotOutcome, StorageError};
-use lifecycle::{committed_copy_limit, load, wait_renewal, Lease, Loaded};
+use super::{ApplyCmd, DocName, Registry, RoomCmd};
+use crate::storage::Epoch;
+use commit::wait_inflight;
+use lease::{wait_renewal, Lease};
+use lifecycle::{committed_copy_limit, load, Loaded};
 use peers::Peers;
 use pipeline::Pipeline;
 use reads::Reads;
@@ -49,6 +60,7 @@ use versions::VersionClock;
 
 pub(super) use lifecycle::run;
 pub use reads::doc_json;
+pub(crate) use update::Changes;
 
 /// A document's committed state straight from storage (the snapshot and the log after it,
 /// replayed into a fresh `Doc`), within `storage_timeout`; `None` if it is deleted. What a
@@ -59,142 +71,6 @@ pub(super) async fn load_committed(
 ) -> Result<Option<Doc>, String> {
     let loaded = load(registry, name).await.map_err(|e| e.to_string())?;
     Ok((!loaded.stored.deleted).then_some(loaded.doc))
-}
-
-struct Peer {
-    tx: QueueTx,
-    auth: PeerAuth,
-    /// When the peer's token expires (its entry in `Peers::expiries`).
-    expires: Option<Instant>,
-}
-
-/// Where an update came from: a connection, or an HTTP request waiting for its commit.
-enum Origin {
-    Peer(PeerId),
-    Http(tokio::sync::oneshot::Sender<Result<i64, ApplyError>>),
-    /// One of an HTTP request's updates applied together (`ApplyCmd::then`), other than its
-    /// last, which carries the reply.
-    Part,
-}
-
-impl Origin {
-    fn peer(&self) -> Option<PeerId> {
-        match self {
-            Origin::Peer(p) => Some(*p),
-            Origin::Http(_) | Origin::Part => None,
-        }
-    }
-}
-
-/// An update received and not yet applied.
-struct Queued {
-    idx: u64,
-    origin: Origin,
-    raw: Bytes,
-    update: Option<Update>,
-    /// Who sent it, for the history.
-    author: Option<Arc<str>>,
-    /// When it was first held back for missing dependencies, if it was (`held.rs`).
-    held_since: Option<Instant>,
-    /// It follows the previous update as part of the same request's updates applied together
-    /// (`ApplyCmd::then`): never committed in another append than that one.
-    joined: bool,
-    /// A JSON edit to make when its turn comes (`raw` is empty until then): `edits.rs`.
-    edit: Option<Box<edits::EditWork>>,
-}
-
-/// An update applied to the `Doc` and being committed.
-struct Applied {
-    idx: u64,
-    origin: Origin,
-    raw: Bytes,
-    author: Option<Arc<str>>,
-    /// What applying it changed, for the history.
-    changes: Changes,
-    /// As [`Queued::joined`].
-    joined: bool,
-}
-
-/// What one update changed in the `Doc`: content units inserted and deleted, and the client
-/// ids it introduced (whose first item it carries).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Changes {
-    pub inserted: i64,
-    pub deleted: i64,
-    pub clients: Vec<u64>,
-}
-
-impl Changes {
-    /// From a transaction that applied one update.
-    pub(crate) fn of(txn: &yrs::TransactionMut) -> Changes {
-        let units = |set: &yrs::IdSet| -> i64 {
-            set.iter()
-                .flat_map(|(_, ranges)| ranges.into_iter().map(|r| i64::from(r.end - r.start)))
-                .sum()
-        };
-        let clients = txn
-            .insert_set()
-            .iter()
-            .filter(|(_, ranges)| ranges.iter().any(|r| r.start == 0))
-            .map(|(client, _)| client.get())
-            .collect();
-        Changes {
-            inserted: units(txn.insert_set()),
-            deleted: units(txn.delete_set()),
-            clients,
-        }
-    }
-}
-
-/// Updates applied to the `Doc` together, to be committed in one append; held in
-/// `Pipeline::staged` when applied while the previous batch commits.
-struct AppliedBatch {
-    batch: Vec<Applied>,
-    upto_idx: u64,
-    /// The state vector before the batch was applied.
-    committed_sv: StateVector,
-}
-
-/// Reads that must see only committed state; deferred while an append is in flight.
-enum DeferredRead {
-    Update(StateVector, tokio::sync::oneshot::Sender<Vec<u8>>),
-    Json(tokio::sync::oneshot::Sender<serde_json::Value>),
-}
-
-/// Something waiting for `committed_idx` to reach `idx`.
-enum Waiter {
-    /// Echo a durable-ack request to a peer.
-    Ack(PeerId, Bytes),
-    /// Answer an HTTP update that changed nothing: it may duplicate an update not yet
-    /// committed, so the caller hears back only once everything before it is.
-    Http(tokio::sync::oneshot::Sender<Result<i64, ApplyError>>),
-}
-
-enum Inflight {
-    Append {
-        batch: Vec<Applied>,
-        /// Every update with an index up to this one is committed when this append is.
-        upto_idx: u64,
-        /// The state vector before the batch was applied: what peers may have seen.
-        committed_sv: StateVector,
-        started: Instant,
-        attempt: u32,
-        task: StorageOp<()>,
-    },
-    Snapshot {
-        upto_seq: i64,
-        size: u64,
-        /// Bytes logged since the last snapshot that this one covers.
-        covered_bytes: u64,
-        /// What is being written, for the committed copy once it is.
-        data: Bytes,
-        task: StorageOp<SnapshotOutcome>,
-    },
-}
-
-enum OpResult {
-    Append(Result<(), StorageError>),
-    Snapshot(Result<SnapshotOutcome, StorageError>),
 }
 
 /// Why the room loop stopped.
@@ -208,39 +84,6 @@ enum Exit {
     /// The storage refused an append because the document is deleted (a delete this room
     /// was not told about, made on another node).
     DeletedUnderneath,
-}
-
-/// The room's share of `quire_rooms_storage_stalled`: given back however the room ends, a
-/// panic included (or `/readyz` would stay 503).
-struct Stalled {
-    gauge: prometheus::IntGauge,
-    on: bool,
-}
-
-impl Stalled {
-    fn is_on(&self) -> bool {
-        self.on
-    }
-
-    /// Sets the state; true if it changed.
-    fn set(&mut self, on: bool) -> bool {
-        if self.on == on {
-            return false;
-        }
-        self.on = on;
-        if on {
-            self.gauge.inc();
-        } else {
-            self.gauge.dec();
-        }
-        true
-    }
-}
-
-impl Drop for Stalled {
-    fn drop(&mut self) {
-        self.set(false);
-    }
 }
 
 /// The room's periodic timers.
@@ -265,10 +108,11 @@ impl Timers {
     }
 }
 
-/// The room's state. The parts of the actor each own a group of it: `lease` (the lease on
-/// the document, `lifecycle.rs`), `pipeline` (updates from arrival to commit,
-/// `pipeline.rs`), `peers` (`peers.rs`), `snapshots` (`snapshots.rs`), `versions`
-/// (`versions.rs`) and `reads` (`reads.rs`); what they all use is here.
+/// The room's state. The parts of the actor each own a group of it, defined in its file with
+/// the types it holds: `lease` (`lease.rs`), `pipeline` (updates from arrival to commit:
+/// `pipeline.rs`, and `commit.rs` for its storage slot and stall), `peers` (`peers.rs`),
+/// `snapshots` (`snapshots.rs`), `versions` (`versions.rs`) and `reads` (`reads.rs`); what
+/// they all use is here.
 struct Room {
     registry: Arc<Registry>,
     name: DocName,
@@ -428,12 +272,11 @@ impl Room {
                 None
             }
             _ = sleep_until(self.lease.renew_at), if self.lease.fence.is_some() && self.lease.renewing.is_none() => {
-                self.start_renewal();
+                self.lease.start_renewal(&self.registry, self.doc_id);
                 None
             }
             renewed = wait_renewal(&mut self.lease.renewing), if self.lease.renewing.is_some() => {
-                self.lease.renewing = None;
-                self.on_renewed(renewed)
+                self.lease.on_renewed(&self.registry, renewed).err().map(Exit::Fenced)
             }
             cmd = rx.recv(), if take_commands => match cmd {
                 Some(cmd) => self.handle(cmd),
@@ -564,22 +407,9 @@ impl Room {
     }
 }
 
-/// A storage operation in flight. It is polled by the room itself (not spawned): the room's
-/// `select!` keeps it and resumes it, so a commit costs no task of its own.
-type StorageOp<T> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, StorageError>> + Send>>;
-
-async fn wait_inflight(inflight: &mut Option<Inflight>) -> OpResult {
-    match inflight {
-        Some(Inflight::Append { task, .. }) => OpResult::Append(task.as_mut().await),
-        Some(Inflight::Snapshot { task, .. }) => OpResult::Snapshot(task.as_mut().await),
-        None => std::future::pending().await,
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::lifecycle::LeaseGuard;
+    use super::lease::LeaseGuard;
     use super::snapshots::snapshot_due;
     use crate::close;
     use crate::room::{CloseReason, DocName, PeerAuth, PeerFilter, Registry, RoomCmd};
@@ -771,7 +601,7 @@ mod tests {
         let mut ticks = std::collections::BTreeSet::new();
         for ms in (0..3000).step_by(37) {
             let from = t0 + Duration::from_millis(ms);
-            let at = super::lifecycle::renewal_tick(from, ttl);
+            let at = super::lease::renewal_tick(from, ttl);
             assert!(at > from, "{ms}: too early");
             assert!(at <= from + ttl / 3, "{ms}: too late");
             ticks.insert(at);
@@ -780,7 +610,7 @@ mod tests {
         assert!(ticks.len() <= 4, "{} distinct moments", ticks.len());
         // A lease granted long before the ticks' origin still renews in time.
         let early = t0 - Duration::from_secs(5);
-        assert!(super::lifecycle::renewal_tick(early, ttl) <= early + ttl / 3);
+        assert!(super::lease::renewal_tick(early, ttl) <= early + ttl / 3);
         let v: Vec<_> = ticks.into_iter().collect();
         for w in v.windows(2) {
             assert_eq!(w[1] - w[0], ttl / 3);

@@ -8,11 +8,11 @@ use tokio::time::{Duration, Instant};
 use tracing::{debug, warn};
 use yrs::sync::AwarenessUpdate;
 
-use super::{Peer, Room};
+use super::Room;
 use crate::close;
 use crate::protocol;
 use crate::room::awareness::{AwarenessTable, Sender};
-use crate::room::queue::{Answer, SendError};
+use crate::room::queue::{Answer, QueueTx, SendError};
 use crate::room::{CloseReason, JoinError, PeerAuth, PeerFilter, PeerId, PeerLink, PeerMsg};
 
 /// The instant a token expiring at `exp` (seconds since the epoch) runs out, on the room's
@@ -22,6 +22,15 @@ pub(super) fn expiry_instant(exp: i64) -> Instant {
         .saturating_mul(1000)
         .saturating_sub(crate::storage::now_ms());
     Instant::now() + Duration::from_millis(u64::try_from(left_ms).unwrap_or(0))
+}
+
+/// One connection in the room: its outbound queue, what it may do, and when its token
+/// expires.
+pub(super) struct Peer {
+    pub(super) tx: QueueTx,
+    pub(super) auth: PeerAuth,
+    /// When the peer's token expires (its entry in `Peers::expiries`).
+    pub(super) expires: Option<Instant>,
 }
 
 /// The room's peers, and what it keeps about them.

@@ -10,9 +10,15 @@ use yrs::{ReadTxn, StateVector, Transact};
 
 pub use crate::history::doc_json;
 
-use super::{DeferredRead, Room};
+use super::Room;
 use crate::room::queue::{Answer, SendError};
 use crate::room::PeerId;
+
+/// Reads that must see only committed state; deferred while an append is in flight.
+pub(super) enum DeferredRead {
+    Update(StateVector, tokio::sync::oneshot::Sender<Vec<u8>>),
+    Json(tokio::sync::oneshot::Sender<serde_json::Value>),
+}
 
 /// Reads deferred while the `Doc` holds uncommitted updates.
 #[derive(Default)]

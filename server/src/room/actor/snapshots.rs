@@ -22,8 +22,8 @@ use tokio::time::Duration;
 use tracing::{debug, warn};
 use yrs::{ReadTxn, Transact};
 
-use super::lifecycle::within;
-use super::{wait_inflight, Inflight, Room};
+use super::commit::{wait_inflight, within, Inflight};
+use super::Room;
 use crate::room::committed::SnapshotSource;
 use crate::storage::{
     DocStore, SnapshotBytes, SnapshotOutcome, StagedSnapshot, StorageError, StoredDoc,

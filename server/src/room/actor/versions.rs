@@ -10,7 +10,7 @@ use tokio::time::{Duration, Instant};
 use tracing::warn;
 use yrs::{ReadTxn, Transact};
 
-use super::lifecycle::within;
+use super::commit::within;
 use super::Room;
 use crate::storage::history::{NewVersion, VersionKind};
 
