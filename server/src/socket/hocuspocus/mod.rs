@@ -107,7 +107,13 @@ async fn serve(socket: Socket, ip: Option<IpAddr>, app: AppState) {
         let (out, out_rx) = Out::new(room.peer_queue, room.peer_queue_bytes, &bell);
         let (events_tx, events_rx) = bell::unbounded(&bell, bell::EVENTS);
         let (writer_tx, writer_rx) = bell::unbounded(&bell, bell::CMDS);
-        let mut writer = Writer::new((out_rx, &bell), writer_rx, events_tx.clone(), &app);
+        let mut writer = Writer::new(
+            (out_rx, &bell),
+            writer_rx,
+            events_tx.clone(),
+            app.metrics.clone(),
+            (room.ping_interval, app.config.idle_timeout),
+        );
         let seen = LastSeen::new();
         let mut conn = Conn {
             app: app.clone(),

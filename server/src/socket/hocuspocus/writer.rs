@@ -31,7 +31,6 @@ use tracing::debug;
 
 use super::bell::{self, BellRx, BellTx, Doorbell};
 use super::handover::{Acks, Ended, Event};
-use crate::app::AppState;
 use crate::close;
 use crate::metrics::Metrics;
 use crate::protocol::hocuspocus as hp;
@@ -158,18 +157,21 @@ pub(super) struct Writer {
 }
 
 impl Writer {
+    /// The writer of the socket whose queue is `rx` behind `bell`, pinging every
+    /// `ping_every` and closing a client silent for `idle_timeout`.
     pub(super) fn new(
         (rx, bell): (OutRx, &Arc<Doorbell>),
         cmds: BellRx<WriterCmd>,
         events: BellTx<Event>,
-        app: &AppState,
+        metrics: Arc<Metrics>,
+        (ping_every, idle_timeout): (Duration, Duration),
     ) -> Writer {
         Writer {
-            ping: PingTimer::new(app.config.room.ping_interval),
-            idle_timeout: app.config.idle_timeout,
+            ping: PingTimer::new(ping_every),
+            idle_timeout,
             ping_due: false,
             flushing: false,
-            metrics: app.metrics.clone(),
+            metrics,
             rx,
             bell: bell.clone(),
             rx_more: false,
@@ -508,5 +510,167 @@ mod tests {
         let made = std::iter::from_fn(|| next_status(("doc", &acks))).count();
         assert_eq!(made, 999_997);
         assert!(next_status(("doc", &acks)).is_none());
+    }
+
+    /// A socket that takes everything at once, recording the frames of each flush.
+    #[derive(Default)]
+    struct Recorder {
+        sent: Vec<WsMessage>,
+        flushes: Vec<usize>,
+        unflushed: usize,
+    }
+
+    impl futures_util::Sink<WsMessage> for Recorder {
+        type Error = crate::socket::transport::WsError;
+        fn poll_ready(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn start_send(mut self: Pin<&mut Self>, msg: WsMessage) -> Result<(), Self::Error> {
+            self.sent.push(msg);
+            self.unflushed += 1;
+            Ok(())
+        }
+        fn poll_flush(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Result<(), Self::Error>> {
+            let n = std::mem::take(&mut self.unflushed);
+            if n > 0 {
+                self.flushes.push(n);
+            }
+            Poll::Ready(Ok(()))
+        }
+        fn poll_close(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl futures_util::Stream for Recorder {
+        type Item = Result<WsMessage, crate::socket::transport::WsError>;
+        fn poll_next(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            Poll::Pending
+        }
+    }
+
+    /// A writer over a queue of `frames` frames, with no ping due for an hour.
+    fn writer(frames: usize) -> (Writer, Out, BellTx<WriterCmd>) {
+        let bell = Arc::new(Doorbell::default());
+        let (out, out_rx) = Out::new(frames, 1 << 20, &bell);
+        let (cmds_tx, cmds_rx) = bell::unbounded(&bell, bell::CMDS);
+        let (events_tx, _events_rx) = bell::unbounded(&bell, bell::EVENTS);
+        let hour = Duration::from_secs(3600);
+        let w = Writer::new(
+            (out_rx, &bell),
+            cmds_rx,
+            events_tx,
+            Arc::new(Metrics::new()),
+            (hour, hour),
+        );
+        (w, out, cmds_tx)
+    }
+
+    fn binaries(sent: &[WsMessage]) -> Vec<Bytes> {
+        sent.iter()
+            .map(|m| match m {
+                WsMessage::Binary(b) => b.clone(),
+                other => panic!("not a frame: {other:?}"),
+            })
+            .collect()
+    }
+
+    /// A full queue leaves in bursts: at most `MAX_FRAMES_PER_FLUSH` frames per flush and
+    /// `MAX_BURSTS_PER_POLL` flushes per poll, after which the writer wakes itself and lets
+    /// the reader have its turn; the rest goes on the next poll, in order.
+    #[tokio::test]
+    async fn a_full_queue_leaves_in_bursts_and_the_writer_yields_between_them() {
+        let total = MAX_FRAMES_PER_FLUSH * MAX_BURSTS_PER_POLL as usize + 10;
+        let (mut w, out, _cmds) = writer(total);
+        for i in 0..total {
+            assert!(out.try_send(Bytes::from((i as u32).to_be_bytes().to_vec())));
+        }
+        let mut socket = Recorder::default();
+        let seen = LastSeen::new();
+        let woken = Arc::new(WakeCount::default());
+        let waker = std::task::Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(w.poll_write(&mut socket, &seen, &mut cx).is_pending());
+        assert_eq!(
+            socket.flushes,
+            vec![MAX_FRAMES_PER_FLUSH; MAX_BURSTS_PER_POLL as usize],
+            "one poll writes its bursts and stops"
+        );
+        assert_eq!(woken.count(), 1, "and wakes itself for the rest");
+        assert!(w.poll_write(&mut socket, &seen, &mut cx).is_pending());
+        assert_eq!(socket.flushes.last(), Some(&10));
+        let frames = binaries(&socket.sent);
+        assert_eq!(frames.len(), total);
+        for (i, f) in frames.iter().enumerate() {
+            assert_eq!(
+                f.as_ref(),
+                (i as u32).to_be_bytes(),
+                "frame {i} out of order"
+            );
+        }
+        // Every frame's share of the queue's budget went back as it was written.
+        for i in 0..total {
+            assert!(
+                out.try_send(Bytes::from(vec![i as u8])),
+                "budget not returned"
+            );
+        }
+    }
+
+    #[derive(Default)]
+    struct WakeCount(std::sync::atomic::AtomicUsize);
+
+    impl WakeCount {
+        fn count(&self) -> usize {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
+
+    impl std::task::Wake for WakeCount {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A room's frame becomes one Hocuspocus frame per message, for the document's address:
+    /// updates and awareness wrapped as they are, a refused update as `SyncStatus(false)`, a
+    /// stateless message as `Stateless`; a durable acknowledgement makes no frame by itself.
+    /// A frame that does not split into messages is dropped whole.
+    #[test]
+    fn a_room_frame_becomes_one_hocuspocus_frame_per_message() {
+        let metrics = Metrics::new();
+        let acks = Acks::default();
+        acks.requested.store(1, Ordering::Relaxed);
+        let update = protocol::encode_update(&[0, 0]);
+        let denied = protocol::encode_permission_denied("read-only");
+        let stateless = protocol::encode_stateless("{\"hi\":1}");
+        let ack = protocol::encode_durable_ack(1);
+        let frame = Bytes::from([&update[..], &denied, &ack, &stateless].concat());
+        let mut frames = Vec::new();
+        let echoed = translate(("a\0s", &acks), &metrics, &frame, |f| frames.push(f));
+        assert!(echoed);
+        assert_eq!(
+            frames,
+            vec![
+                hp::wrap("a\0s", &update),
+                hp::encode_sync_status("a\0s", false),
+                hp::encode_stateless("a\0s", "{\"hi\":1}"),
+            ]
+        );
+        // The refusal was counted, so the acknowledgement owes nothing for it.
+        assert_eq!(acks.owed.load(Ordering::Relaxed), 0);
+        let mut cut = frame.to_vec();
+        cut.truncate(update.len() + 3);
+        let mut none = Vec::new();
+        assert!(!translate(("a", &acks), &metrics, &Bytes::from(cut), |f| {
+            none.push(f)
+        }));
+        assert!(none.is_empty(), "a frame cut short sends nothing of it");
     }
 }
