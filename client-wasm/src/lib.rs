@@ -3,7 +3,8 @@
 //!
 //! - native ([`Client`]): tokio + tokio-tungstenite, for tests, command-line tools and bots;
 //! - `wasm32-unknown-unknown`: the browser's WebSocket, with a JavaScript API made with
-//!   wasm-bindgen (`web.rs`; see README.md and `quire-client.d.ts`).
+//!   wasm-bindgen (`web.rs` and `web/`, one file per class; see README.md and
+//!   `quire-client.d.ts`).
 //!
 //! Both reconnect with exponential backoff and jitter, keep edits made offline and merge them
 //! on reconnect (the sync handshake sends whatever the server lacks), and report whether every

@@ -1,5 +1,5 @@
 //! The lease renewals of one node, batched. Every room renews its lease every third of the
-//! lease time, on a tick shared by the node's rooms (`room::actor::lifecycle`); the renewals
+//! lease time, on a tick shared by the node's rooms (`room::actor::lease`); the renewals
 //! that arrive together go to the database as one statement, so a node renews all its
 //! leases with a statement or two per period instead of one per room.
 
